@@ -1,0 +1,80 @@
+//! The acquisition loop every lock type shares: ask, wait for a notification, ask again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+
+use crate::backend::{Attempt, Claim, LockKind};
+use crate::client::{validate_ttl, ClientInner};
+use crate::error::{Error, Result};
+use crate::key::validate_key;
+use crate::lease::{Held, Lease};
+
+/// Whether to queue for the lock or give up if it is not free now.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Wait,
+    Try,
+}
+
+/// Acquires `key` for `client`, waiting (in FIFO order, on notifications) if `mode` says so.
+///
+/// Cancel safety: from the moment the claim exists until the `Held` is built, a drop guard owns
+/// the claim; dropping this future anywhere spawns a release that removes its queue entry and
+/// any grant that raced with the drop.
+pub(crate) async fn acquire(
+    client: Arc<ClientInner>,
+    key: Arc<str>,
+    ttl: Duration,
+    kind: LockKind,
+    mode: Mode,
+) -> Result<Held> {
+    client.check_open()?;
+    validate_key(&key)?;
+    client.backend.validate_key(&key)?;
+    validate_ttl(ttl)?;
+    let handle = Handle::try_current().map_err(|_| Error::no_runtime())?;
+    let engine = client.engine(&handle)?;
+    let backend = client.backend.clone();
+    let mut closed = client.closed();
+
+    let claim = Claim::new(client.config.namespace.clone(), key, ttl, kind);
+    let lease = Arc::new(Lease::new(client.ids.next(), claim, backend.new_ticket()));
+    let wait = mode == Mode::Wait;
+    if wait && backend.renews_waiters() {
+        engine.track(&lease);
+    }
+
+    // Until disarmed, dropping this (on cancellation or on an error return) releases the claim.
+    let cleanup = scopeguard::guard(lease.clone(), |lease| {
+        drop(client.spawn_release(&handle, lease));
+    });
+
+    let mut attempt = backend.acquire(&lease.claim, &lease.ticket, wait).await?;
+    let grant = loop {
+        match attempt {
+            Attempt::Granted(grant) => break grant,
+            Attempt::Queued { .. } if !wait => {
+                // A try that found the lock busy leaves nothing behind: no release needed.
+                scopeguard::ScopeGuard::into_inner(cleanup).finish();
+                return Err(Error::would_block(lease.claim.key()));
+            }
+            Attempt::Queued { recheck_at } => {
+                let woke = tokio::select! {
+                    woke = backend.wait(&lease.claim, &lease.ticket, recheck_at) => woke?,
+                    _ = closed.wait_for(|closed| *closed) => return Err(Error::closed()),
+                };
+                attempt = match woke {
+                    Some(grant) => Attempt::Granted(grant),
+                    None => backend.acquire(&lease.claim, &lease.ticket, true).await?,
+                };
+            }
+        }
+    };
+
+    lease.set_held(grant);
+    engine.track(&lease);
+    let lease = scopeguard::ScopeGuard::into_inner(cleanup);
+    Ok(Held::new(client, lease, handle))
+}

@@ -1,0 +1,408 @@
+//! The one seam between the lock API and a coordination service.
+//!
+//! Everything users touch (guards, renewal, the lost signal, cancellation, timeouts) is written
+//! once above this trait. A backend only answers five questions about a *claim* (one attempt by
+//! one owner to hold one key):
+//!
+//! | call | Redis | ZooKeeper | memory |
+//! |---|---|---|---|
+//! | [`acquire`](Backend::acquire) | script: grant, or enqueue and return the holder's PTTL | create the sequential node (once), list, watch the predecessor | grant, or join the queue |
+//! | [`wait`](Backend::wait) | pub/sub message for us, or the PTTL deadline | predecessor watch, or a session state change | in-process wake-up, or the holder's expiry |
+//! | [`release`](Backend::release) | compare token, hand the lock to the live queue head | delete our node (found by prefix if need be) | hand off to the queue head |
+//! | [`renew`](Backend::renew) | one script for a batch of owners and queue entries | session epoch check | extend deadlines |
+//!
+//! The backend remembers what it learned about a claim (a subscription, a node name) in its
+//! [`Ticket`](Backend::Ticket), which the layer above creates *before* the first call. So when a
+//! `lock()` future is dropped anywhere, even before the first call returned, the claim and its
+//! ticket are still there to [`release`](Backend::release), which removes every trace.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+
+#[cfg(feature = "memory")]
+pub mod memory;
+
+/// What a claim asks for. Exclusive today; room for readers, writers and permits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// One holder at a time ([`Mutex`](crate::Mutex)).
+    Exclusive,
+}
+
+/// One attempt by one owner to hold one key, from the moment it is queued until it is released.
+///
+/// Backends read the key, namespace, owner token and TTL from it, and may mark it lost when they
+/// learn, on their own, that ownership is gone (a ZooKeeper session expired, a memory lease
+/// timed out and was handed on).
+#[derive(Clone)]
+pub struct Claim {
+    namespace: Arc<str>,
+    key: Arc<str>,
+    owner: Arc<str>,
+    ttl: Duration,
+    kind: LockKind,
+    lost: LostSignal,
+}
+
+impl Claim {
+    pub(crate) fn new(namespace: Arc<str>, key: Arc<str>, ttl: Duration, kind: LockKind) -> Self {
+        Self {
+            namespace,
+            key,
+            owner: uuid::Uuid::new_v4().hyphenated().to_string().into(),
+            ttl,
+            kind,
+            lost: LostSignal::new(),
+        }
+    }
+
+    /// The namespace of the client that made the claim; backends put every name they touch
+    /// under it.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The user's key, already checked against the shared rules and
+    /// [`Backend::validate_key`].
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The owner token: a random v4 UUID in lowercase hyphenated form, unique to this claim.
+    /// Servers compare it before extending or deleting anything.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The lease length asked for.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// What kind of hold is asked for.
+    pub fn kind(&self) -> LockKind {
+        self.kind
+    }
+
+    /// Marks the claim lost: its guard reports [`is_lost`](crate::MutexGuard::is_lost) and
+    /// wakes everything waiting in [`lost`](crate::MutexGuard::lost). Idempotent.
+    pub fn mark_lost(&self) {
+        self.lost.mark();
+    }
+
+    /// Whether the claim was marked lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_set()
+    }
+
+    pub(crate) fn lost_signal(&self) -> &LostSignal {
+        &self.lost
+    }
+}
+
+impl fmt::Debug for Claim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Claim")
+            .field("namespace", &self.namespace)
+            .field("key", &self.key)
+            .field("owner", &self.owner)
+            .field("ttl", &self.ttl)
+            .field("kind", &self.kind)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+/// A one-way "ownership is gone" flag that wakes every watcher.
+#[derive(Clone)]
+pub(crate) struct LostSignal(Arc<watch::Sender<bool>>);
+
+impl LostSignal {
+    fn new() -> Self {
+        Self(Arc::new(watch::Sender::new(false)))
+    }
+
+    pub(crate) fn mark(&self) {
+        self.0
+            .send_if_modified(|lost| !std::mem::replace(lost, true));
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    pub(crate) async fn wait(&self) {
+        let mut rx = self.0.subscribe();
+        // The sender lives as long as `self`, so this only ends when the flag is set.
+        let _ = rx.wait_for(|lost| *lost).await;
+    }
+}
+
+/// The lock is ours: the fencing token and how long the lease is valid on this machine's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// Strictly increasing per key across all grants.
+    pub fence: u64,
+    /// The lease is certainly valid until this instant, measured from when the request that
+    /// produced the grant was *sent* (the layer above subtracts a clock-drift margin too).
+    pub valid_until: Instant,
+}
+
+/// The outcome of one [`Backend::acquire`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Attempt {
+    /// The lock is ours.
+    Granted(Grant),
+    /// Not ours yet. With `wait == true` the claim holds its place in the queue; with
+    /// `wait == false` nothing was left on the server.
+    Queued {
+        /// When to check again even without a notification: the holder's lease deadline, as
+        /// learned from the server. `None` when only a notification can help.
+        recheck_at: Option<Instant>,
+    },
+}
+
+/// The outcome of renewing one claim.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Renewal {
+    /// The lease (or queue entry) is extended and certainly valid until this instant.
+    Extended(Instant),
+    /// The server says the claim does not own the lock: it is lost, stop renewing it.
+    NotOwner,
+    /// The server could not be asked. The layer above retries until the lease deadline.
+    Failed(Error),
+}
+
+/// A coordination service that can hold leased, fenced, FIFO locks.
+///
+/// Implement it with plain `async fn`s. Every method gets the [`Claim`] and the backend's own
+/// per-claim [`Ticket`](Self::Ticket).
+///
+/// # Cancel safety
+///
+/// The layer above drops [`acquire`](Self::acquire) and [`wait`](Self::wait) futures at any
+/// await point (timeouts, aborted tasks) and then calls [`release`](Self::release) for the same
+/// claim from a spawned task. `release` must therefore remove the claim's queue entry *and* a
+/// grant that may have raced with the drop, using only the claim and its ticket.
+///
+/// # Examples
+///
+/// ```
+/// use distlock::backend::MemoryBackend;
+/// use distlock::LockClient;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let backend = MemoryBackend::new();
+/// let client = LockClient::builder(backend.clone()).namespace("billing").build()?;
+/// let guard = client.mutex("invoice:7").lock().await?;
+/// assert_eq!(backend.stats().held, 1);
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub trait Backend: Send + Sync + 'static {
+    /// What the backend remembers about one claim between calls. Created with `Default`
+    /// before the first call.
+    type Ticket: Default + Send + Sync + 'static;
+
+    /// Whether queued claims must be kept alive by the renewal task (Redis queue entries
+    /// expire; ZooKeeper nodes and in-process queues do not).
+    const RENEWS_WAITERS: bool = false;
+
+    /// Rejects keys this service cannot hold, before any I/O. The shared rules (non-empty,
+    /// at most [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, no NUL) are already checked.
+    ///
+    /// # Errors
+    ///
+    /// An [`ErrorKind::InvalidKey`] error naming the broken rule.
+    fn validate_key(&self, key: &str) -> Result<()> {
+        let _ = key;
+        Ok(())
+    }
+
+    /// Takes the lock, or (with `wait`) joins or keeps the claim's place in the FIFO queue.
+    /// Called again after every wake-up, so it must be idempotent and must report a grant that
+    /// a releasing holder handed to this claim.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Backend`] when the service fails; the layer above then releases the claim.
+    fn acquire(
+        &self,
+        claim: &Claim,
+        ticket: &Self::Ticket,
+        wait: bool,
+    ) -> impl Future<Output = Result<Attempt>> + Send;
+
+    /// Sleeps until the claim may have become grantable: a notification, or `recheck_at`.
+    /// Returns a grant if the notification itself proves one, otherwise `None` and the layer
+    /// above calls [`acquire`](Self::acquire) again. Spurious wake-ups are fine; sleep-polling
+    /// on a fixed interval is not.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Backend`] when the service fails while waiting.
+    fn wait(
+        &self,
+        claim: &Claim,
+        ticket: &Self::Ticket,
+        recheck_at: Option<Instant>,
+    ) -> impl Future<Output = Result<Option<Grant>>> + Send;
+
+    /// Removes every trace of the claim: its queue entry, or its grant, handing the lock to the
+    /// next live waiter. Compares the owner server-side. Returns whether the claim held the
+    /// lock. Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Backend`] when the service fails.
+    fn release(
+        &self,
+        claim: &Claim,
+        ticket: &Self::Ticket,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Extends many leases and queue entries, ideally in one round trip. Returns one
+    /// [`Renewal`] per input, in order.
+    fn renew(
+        &self,
+        claims: &[(&Claim, &Self::Ticket)],
+    ) -> impl Future<Output = Vec<Renewal>> + Send;
+
+    /// Closes connections and sessions. Called once by
+    /// [`LockClient::shutdown`](crate::LockClient::shutdown) after pending releases finished.
+    fn shutdown(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+#[cfg(feature = "memory")]
+pub use memory::{MemoryBackend, MemoryStats};
+
+/// A type-erased ticket.
+pub(crate) type AnyTicket = Box<dyn Any + Send + Sync>;
+
+/// [`Backend`] with its types erased, so that one `LockClient` type serves every backend.
+pub(crate) trait DynBackend: Send + Sync + 'static {
+    fn new_ticket(&self) -> AnyTicket;
+    fn renews_waiters(&self) -> bool;
+    fn validate_key(&self, key: &str) -> Result<()>;
+    fn acquire<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+        wait: bool,
+    ) -> BoxFuture<'a, Result<Attempt>>;
+    fn wait<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+        recheck_at: Option<Instant>,
+    ) -> BoxFuture<'a, Result<Option<Grant>>>;
+    fn release<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+    ) -> BoxFuture<'a, Result<bool>>;
+    fn renew<'a>(&'a self, claims: &'a [(&'a Claim, &'a AnyTicket)])
+        -> BoxFuture<'a, Vec<Renewal>>;
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+}
+
+fn typed<T: 'static>(ticket: &AnyTicket) -> Result<&T> {
+    ticket.downcast_ref::<T>().ok_or_else(|| {
+        Error::new(
+            ErrorKind::Backend,
+            "internal error: a ticket was passed to a backend that did not create it",
+        )
+    })
+}
+
+impl<B: Backend> DynBackend for B {
+    fn new_ticket(&self) -> AnyTicket {
+        Box::new(B::Ticket::default())
+    }
+
+    fn renews_waiters(&self) -> bool {
+        B::RENEWS_WAITERS
+    }
+
+    fn validate_key(&self, key: &str) -> Result<()> {
+        Backend::validate_key(self, key)
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+        wait: bool,
+    ) -> BoxFuture<'a, Result<Attempt>> {
+        Box::pin(async move { Backend::acquire(self, claim, typed(ticket)?, wait).await })
+    }
+
+    fn wait<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+        recheck_at: Option<Instant>,
+    ) -> BoxFuture<'a, Result<Option<Grant>>> {
+        Box::pin(async move { Backend::wait(self, claim, typed(ticket)?, recheck_at).await })
+    }
+
+    fn release<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Backend::release(self, claim, typed(ticket)?).await })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        claims: &'a [(&'a Claim, &'a AnyTicket)],
+    ) -> BoxFuture<'a, Vec<Renewal>> {
+        Box::pin(async move {
+            let mut typed_claims = Vec::with_capacity(claims.len());
+            let mut slots = Vec::with_capacity(claims.len());
+            for (claim, ticket) in claims {
+                match typed::<B::Ticket>(ticket) {
+                    Ok(t) => {
+                        slots.push(Ok(typed_claims.len()));
+                        typed_claims.push((*claim, t));
+                    }
+                    Err(e) => slots.push(Err(e)),
+                }
+            }
+            let mut renewed = Backend::renew(self, &typed_claims).await.into_iter();
+            slots
+                .into_iter()
+                .map(|slot| match slot {
+                    Ok(_) => renewed.next().unwrap_or_else(|| {
+                        Renewal::Failed(Error::new(
+                            ErrorKind::Backend,
+                            "backend returned fewer renewals than claims",
+                        ))
+                    }),
+                    Err(e) => Renewal::Failed(e),
+                })
+                .collect()
+        })
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(Backend::shutdown(self))
+    }
+}

@@ -1,0 +1,373 @@
+//! `LockClient`: the handle users keep, its builder and configuration.
+
+use std::fmt;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::{oneshot, watch};
+
+use crate::backend::{Backend, DynBackend};
+use crate::error::{Error, Result};
+use crate::key::validate_namespace;
+use crate::lease::{default_drift, Engine, EngineConfig, Lease, LeaseIds, Pending};
+use crate::mutex::Mutex;
+
+/// The lease length used when none is configured: 30 seconds, renewed every 10.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// The namespace used when none is configured.
+pub const DEFAULT_NAMESPACE: &str = "distlock";
+
+/// The entry point: a connection to one coordination service, and the factory for locks on it.
+///
+/// A `LockClient` is cheap to clone and every clone shares the same connections and the same
+/// background renewal task, so there is no need to wrap it in an `Arc`. It holds a namespace
+/// (every key it touches lives under it) and a default lease TTL.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock::{backend::MemoryBackend, LockClient};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let client = LockClient::builder(MemoryBackend::new())
+///     .namespace("payments")
+///     .ttl(Duration::from_secs(10))
+///     .build()?;
+/// let guard = client.mutex("orders:42").lock().await?;
+/// println!("settling with fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// client.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) backend: Arc<dyn DynBackend>,
+    pub(crate) config: Config,
+    engine: StdMutex<Option<Engine>>,
+    pending: Arc<Pending>,
+    closed: watch::Sender<bool>,
+    pub(crate) ids: LeaseIds,
+}
+
+/// Settings shared by every lock of a client.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) namespace: Arc<str>,
+    pub(crate) ttl: Duration,
+    pub(crate) auto_renew: bool,
+    pub(crate) drift: fn(Duration) -> Duration,
+}
+
+impl LockClient {
+    /// A client on a fresh in-process [`MemoryBackend`](crate::backend::MemoryBackend) with the
+    /// default namespace and TTL. Locks are shared by the clones of this client only.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::memory();
+    /// let guard = client.mutex("migrations").lock().await?;
+    /// assert!(!guard.is_lost());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "memory")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+    pub fn memory() -> Self {
+        let config = Config {
+            namespace: DEFAULT_NAMESPACE.into(),
+            ttl: DEFAULT_TTL,
+            auto_renew: true,
+            drift: default_drift,
+        };
+        Self::from_parts(Arc::new(crate::backend::MemoryBackend::new()), config)
+    }
+
+    /// Starts building a client on `backend`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use distlock::{backend::MemoryBackend, LockClient};
+    /// let client = LockClient::builder(MemoryBackend::new()).namespace("app").build()?;
+    /// assert_eq!(client.namespace(), "app");
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn builder<B: Backend>(backend: B) -> LockClientBuilder {
+        LockClientBuilder {
+            backend: Arc::new(backend),
+            namespace: DEFAULT_NAMESPACE.into(),
+            ttl: DEFAULT_TTL,
+            auto_renew: true,
+        }
+    }
+
+    fn from_parts(backend: Arc<dyn DynBackend>, config: Config) -> Self {
+        Self {
+            inner: Arc::new(ClientInner {
+                backend,
+                config,
+                engine: StdMutex::new(None),
+                pending: Arc::default(),
+                closed: watch::Sender::new(false),
+                ids: LeaseIds::default(),
+            }),
+        }
+    }
+
+    /// A handle to the mutex named `key` in this client's namespace. No I/O happens here; the
+    /// key is checked when the mutex is first locked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// let mutex = client.mutex("orders:42");
+    /// assert_eq!(mutex.key(), "orders:42");
+    /// ```
+    pub fn mutex(&self, key: impl Into<String>) -> Mutex {
+        Mutex::new(self.clone(), key.into())
+    }
+
+    /// The namespace every key of this client lives under.
+    pub fn namespace(&self) -> &str {
+        &self.inner.config.namespace
+    }
+
+    /// The lease TTL locks get unless they set their own.
+    pub fn ttl(&self) -> Duration {
+        self.inner.config.ttl
+    }
+
+    /// Shuts the client down: waiting `lock()` calls return a [`Closed`](crate::ErrorKind::Closed)
+    /// error, new ones fail at once, locks still held are released (their guards report lost),
+    /// pending releases from dropped guards are flushed, then the backend closes its
+    /// connections and sessions. Idempotent.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling it leaves the client closed; releases already started still run.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::memory();
+    /// let guard = client.mutex("k").lock().await?;
+    /// drop(guard); // released in the background ...
+    /// client.shutdown().await; // ... and certainly done here
+    /// assert!(client.mutex("k").lock().await.unwrap_err().is_closed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn shutdown(&self) {
+        let first = !self.inner.closed.send_replace(true);
+        let engine = self
+            .inner
+            .engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(engine) = engine {
+            let (tx, rx) = oneshot::channel();
+            engine.shutdown(tx);
+            // The task hands back every lease it still tracks; release them here.
+            if let Ok(leases) = rx.await {
+                let releases = leases.into_iter().filter(|l| l.finish()).map(|lease| {
+                    let inner = self.inner.clone();
+                    async move {
+                        lease.claim.mark_lost();
+                        if let Err(err) = inner.backend.release(&lease.claim, &lease.ticket).await {
+                            tracing::warn!(key = lease.claim.key(), error = %err, "release at shutdown failed");
+                        }
+                    }
+                });
+                futures::future::join_all(releases).await;
+            }
+        }
+        self.inner.pending.idle().await;
+        if first {
+            self.inner.backend.shutdown().await;
+        }
+    }
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("namespace", &self.inner.config.namespace)
+            .field("ttl", &self.inner.config.ttl)
+            .field("auto_renew", &self.inner.config.auto_renew)
+            .field("closed", &*self.inner.closed.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientInner {
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if *self.closed.borrow() {
+            return Err(Error::closed());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn closed(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+
+    /// The renewal task for the current runtime, started on first use (and again if the runtime
+    /// that ran it has shut down).
+    pub(crate) fn engine(&self, handle: &Handle) -> Result<Engine> {
+        let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+        self.check_open()?;
+        if let Some(engine) = slot.as_ref().filter(|e| e.is_running()) {
+            return Ok(engine.clone());
+        }
+        let engine = Engine::start(
+            handle,
+            self.backend.clone(),
+            EngineConfig {
+                auto_renew: self.config.auto_renew,
+                drift: self.config.drift,
+            },
+        );
+        *slot = Some(engine.clone());
+        Ok(engine)
+    }
+
+    /// Stops renewal of `lease` and releases it in a task on `handle`. The returned receiver
+    /// yields whether the lease was still held.
+    pub(crate) fn spawn_release(
+        self: &Arc<Self>,
+        handle: &Handle,
+        lease: Arc<Lease>,
+    ) -> oneshot::Receiver<Result<bool>> {
+        let (tx, rx) = oneshot::channel();
+        if !lease.finish() {
+            // Already released (by shutdown).
+            let _ = tx.send(Ok(false));
+            return rx;
+        }
+        if let Some(engine) = self
+            .engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            engine.forget(&lease);
+        }
+        let token = self.pending.start();
+        let backend = self.backend.clone();
+        handle.spawn(async move {
+            let result = backend.release(&lease.claim, &lease.ticket).await;
+            if let Err(err) = &result {
+                tracing::warn!(key = lease.claim.key(), error = %err, "release failed; the lease will expire");
+            }
+            let _ = tx.send(result);
+            drop(token);
+        });
+        rx
+    }
+}
+
+/// Builds a [`LockClient`] on any [`Backend`].
+///
+/// Created by [`LockClient::builder`].
+#[must_use = "builder does nothing itself, use `.build()` to build it"]
+pub struct LockClientBuilder {
+    backend: Arc<dyn DynBackend>,
+    namespace: String,
+    ttl: Duration,
+    auto_renew: bool,
+}
+
+impl LockClientBuilder {
+    /// Sets the namespace every key lives under: 1 to
+    /// [`MAX_NAMESPACE_LEN`](crate::MAX_NAMESPACE_LEN) bytes of letters, digits, `-`, `_` or
+    /// `.`. Defaults to [`DEFAULT_NAMESPACE`].
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets the lease TTL: how long a lock outlives a holder that stopped renewing (crashed,
+    /// partitioned). Leases are renewed every third of it. Defaults to [`DEFAULT_TTL`].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Whether held leases are renewed in the background. Defaults to `true`. With `false` a
+    /// lock is held for one TTL at most and its guard reports lost when the TTL runs out, like
+    /// a lease time in other libraries.
+    pub fn auto_renew(mut self, auto_renew: bool) -> Self {
+        self.auto_renew = auto_renew;
+        self
+    }
+
+    /// Builds the client. No I/O happens here.
+    ///
+    /// # Errors
+    ///
+    /// An [`InvalidConfig`](crate::ErrorKind::InvalidConfig) error if the namespace breaks its
+    /// rules or the TTL is zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::{backend::MemoryBackend, LockClient};
+    /// let err = LockClient::builder(MemoryBackend::new()).ttl(Duration::ZERO).build().unwrap_err();
+    /// assert!(err.is_invalid_config());
+    /// ```
+    pub fn build(self) -> Result<LockClient> {
+        validate_namespace(&self.namespace)?;
+        validate_ttl(self.ttl)?;
+        Ok(LockClient::from_parts(
+            self.backend,
+            Config {
+                namespace: self.namespace.into(),
+                ttl: self.ttl,
+                auto_renew: self.auto_renew,
+                drift: default_drift,
+            },
+        ))
+    }
+}
+
+impl fmt::Debug for LockClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClientBuilder")
+            .field("namespace", &self.namespace)
+            .field("ttl", &self.ttl)
+            .field("auto_renew", &self.auto_renew)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The shortest TTL accepted. Shorter leases cannot be renewed reliably over a network.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
+    if ttl.is_zero() {
+        return Err(Error::invalid_config("ttl is zero"));
+    }
+    if ttl < MIN_TTL {
+        return Err(Error::invalid_config(format_args!(
+            "ttl of {ttl:?} is below the minimum of {MIN_TTL:?}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! The one error type of the crate.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+
+/// A `Result` whose error is [`distlock::Error`](Error).
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What went wrong, in a form to match on.
+///
+/// New kinds may be added; match with a wildcard arm, or use the `is_*` predicates on [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The lock is held elsewhere (or has waiters ahead of us) and the call was not allowed to wait:
+    /// [`Mutex::try_lock`](crate::Mutex::try_lock).
+    WouldBlock,
+    /// The deadline of [`Mutex::lock_timeout`](crate::Mutex::lock_timeout) passed before the lock
+    /// was granted.
+    Timeout,
+    /// Ownership was lost: the lease expired, the server refused a renewal, or the session that held
+    /// it ended.
+    Lost,
+    /// The key is empty, too long, contains a NUL byte, or breaks a backend's rule (for example a
+    /// `..` path segment on ZooKeeper).
+    InvalidKey,
+    /// A configuration value is unusable: a zero TTL, an empty namespace, a malformed address.
+    InvalidConfig,
+    /// The coordination service failed or could not be reached.
+    Backend,
+    /// [`LockClient::shutdown`](crate::LockClient::shutdown) was called on this client.
+    Closed,
+    /// The call was made outside a Tokio runtime, so there is nowhere to run lease renewal.
+    NoRuntime,
+}
+
+/// The error of every fallible operation in this crate.
+///
+/// The message says what this layer was doing; the cause, if any, is reached through
+/// [`source`](StdError::source), never repeated in the message. `Error` is cheap to clone.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let client = distlock::LockClient::memory();
+/// let _held = client.mutex("jobs:nightly").lock().await.unwrap();
+/// let err = client.mutex("jobs:nightly").try_lock().await.unwrap_err();
+/// assert!(err.is_would_block());
+/// assert_eq!(err.kind(), distlock::ErrorKind::WouldBlock);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Error {
+    kind: ErrorKind,
+    message: Arc<str>,
+    source: Option<Arc<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl Error {
+    /// Builds an error of `kind` with a lowercase message that describes this layer only.
+    ///
+    /// Backends use this (with [`with_source`](Self::with_source)) to report their failures.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use distlock::{Error, ErrorKind};
+    /// let err = Error::new(ErrorKind::Backend, "server closed the connection");
+    /// assert!(err.is_backend());
+    /// assert_eq!(err.to_string(), "server closed the connection");
+    /// ```
+    pub fn new(kind: ErrorKind, message: impl Into<Arc<str>>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying cause, reachable through [`source`](StdError::source).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::error::Error as _;
+    /// use distlock::{Error, ErrorKind};
+    /// let io = std::io::Error::other("connection reset");
+    /// let err = Error::new(ErrorKind::Backend, "renewal failed").with_source(io);
+    /// assert_eq!(err.source().unwrap().to_string(), "connection reset");
+    /// ```
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(Arc::from(source.into()));
+        self
+    }
+
+    pub(crate) fn would_block(key: &str) -> Self {
+        Self::new(
+            ErrorKind::WouldBlock,
+            format!("lock `{key}` is held or has waiters"),
+        )
+    }
+
+    pub(crate) fn timeout(key: &str) -> Self {
+        Self::new(
+            ErrorKind::Timeout,
+            format!("timed out waiting for lock `{key}`"),
+        )
+    }
+
+    pub(crate) fn lost(key: &str) -> Self {
+        Self::new(ErrorKind::Lost, format!("lock `{key}` was lost"))
+    }
+
+    pub(crate) fn invalid_key(reason: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::InvalidKey, format!("invalid lock key: {reason}"))
+    }
+
+    pub(crate) fn invalid_config(reason: impl fmt::Display) -> Self {
+        Self::new(
+            ErrorKind::InvalidConfig,
+            format!("invalid configuration: {reason}"),
+        )
+    }
+
+    pub(crate) fn closed() -> Self {
+        Self::new(ErrorKind::Closed, "lock client was shut down")
+    }
+
+    pub(crate) fn no_runtime() -> Self {
+        Self::new(
+            ErrorKind::NoRuntime,
+            "no tokio runtime: distlock must be used from within a tokio runtime",
+        )
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The lock is held elsewhere and the call did not wait ([`ErrorKind::WouldBlock`]).
+    pub fn is_would_block(&self) -> bool {
+        self.kind == ErrorKind::WouldBlock
+    }
+
+    /// The wait deadline passed ([`ErrorKind::Timeout`]).
+    pub fn is_timeout(&self) -> bool {
+        self.kind == ErrorKind::Timeout
+    }
+
+    /// Ownership was lost ([`ErrorKind::Lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.kind == ErrorKind::Lost
+    }
+
+    /// The key was rejected before any I/O ([`ErrorKind::InvalidKey`]).
+    pub fn is_invalid_key(&self) -> bool {
+        self.kind == ErrorKind::InvalidKey
+    }
+
+    /// A configuration value was rejected ([`ErrorKind::InvalidConfig`]).
+    pub fn is_invalid_config(&self) -> bool {
+        self.kind == ErrorKind::InvalidConfig
+    }
+
+    /// The coordination service failed ([`ErrorKind::Backend`]).
+    pub fn is_backend(&self) -> bool {
+        self.kind == ErrorKind::Backend
+    }
+
+    /// The client was shut down ([`ErrorKind::Closed`]).
+    pub fn is_closed(&self) -> bool {
+        self.kind == ErrorKind::Closed
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind).field("message", &self.message);
+        if let Some(source) = &self.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
