@@ -68,6 +68,10 @@ pub use error::{Error, ErrorKind, Result};
 pub use key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use mutex::{Mutex, MutexGuard};
 
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 #[cfg(test)]
 mod bounds {
     use super::*;

@@ -1,0 +1,327 @@
+//! Real test servers: `redis-server` and a standalone ZooKeeper on free loopback ports, in
+//! temporary directories, stopped when dropped or when the test process exits.
+//!
+//! Each server runs under a small `sh` wrapper that holds a pipe from this process: when the
+//! pipe closes (drop, panic, or the test binary exiting or being killed), the wrapper kills the
+//! server. So a server shared by every test of a binary (`shared_redis()`) never outlives it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const INSTALL_HINT: &str = "run `sudo scripts/install-test-deps.sh` (installs redis-server and zookeeper from Debian's packages)";
+
+/// How long a server may take to answer after it was started.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A free TCP port on 127.0.0.1. There is a window between this and the server binding it;
+/// `start` retries on another port if the server fails to come up.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port on loopback");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// Finds an executable on PATH, or fails the test naming the install script.
+fn require_binary(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("`{name}` was not found on PATH: {INSTALL_HINT}"))
+}
+
+fn require_file(path: &str) -> PathBuf {
+    let p = PathBuf::from(path);
+    assert!(p.is_file(), "`{path}` is missing: {INSTALL_HINT}");
+    p
+}
+
+/// A child process that dies with its wrapper's stdin.
+struct Supervised {
+    wrapper: Child,
+    lifeline: Option<ChildStdin>,
+}
+
+impl Supervised {
+    /// Runs `program args...` under `sh`, killing it when our end of the pipe closes.
+    fn spawn(program: &Path, args: &[String], log: &Path) -> Self {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(r#""$@" & pid=$!; cat >/dev/null; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null"#)
+            .arg("supervised")
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(std::fs::File::create(log).expect("create server log"))
+            .stderr(std::fs::File::create(log.with_extension("err")).expect("create stderr log"));
+        let mut wrapper = cmd.spawn().expect("spawn sh");
+        let lifeline = wrapper.stdin.take();
+        Self { wrapper, lifeline }
+    }
+
+    fn stop(&mut self) {
+        // Closing the pipe makes the wrapper kill the server and exit.
+        self.lifeline.take();
+        let _ = self.wrapper.wait();
+    }
+
+    fn exited(&mut self) -> bool {
+        matches!(self.wrapper.try_wait(), Ok(Some(_)))
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn read_log(dir: &Path, names: &[&str]) -> String {
+    let mut out = String::new();
+    for name in names {
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(dir.join(name)) {
+            let _ = f.read_to_string(&mut text);
+        }
+        out.push_str(&format!("--- {name} ---\n{text}\n"));
+    }
+    out
+}
+
+/// Sends one line to 127.0.0.1:`port` and returns the first line (or everything) of the reply.
+fn ask(port: u16, request: &[u8]) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(
+        &format!("127.0.0.1:{port}").parse().expect("loopback addr"),
+        Duration::from_millis(500),
+    )?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(request)?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply)?;
+    Ok(reply)
+}
+
+/// Sends `request` and reads until the server closes the connection.
+fn ask_all(port: u16, request: &[u8]) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(
+        &format!("127.0.0.1:{port}").parse().expect("loopback addr"),
+        Duration::from_millis(500),
+    )?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(request)?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply)?;
+    Ok(reply)
+}
+
+/// A `redis-server` on a free loopback port.
+pub struct RedisServer {
+    process: Supervised,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server and waits until it answers PING. Panics with the server's log if it does
+    /// not, and with the install hint if `redis-server` is missing.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let bin = require_binary("redis-server");
+        let mut last_log = String::new();
+        for _attempt in 0..3 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let port = free_port();
+            let mut args: Vec<String> = [
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--dir",
+                &dir.path().display().to_string(),
+                "--logfile",
+                &dir.path().join("redis.log").display().to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let process = Supervised::spawn(&bin, &args, &dir.path().join("stdout.log"));
+            let mut server = Self { process, port, dir };
+            if server.wait_ready() {
+                return server;
+            }
+            last_log = server.log();
+        }
+        panic!("redis-server did not answer PING within {READY_TIMEOUT:?}; its log:\n{last_log}");
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if self.process.exited() {
+                return false;
+            }
+            if let Ok(reply) = ask(self.port, b"PING\r\n") {
+                if reply.starts_with("+PONG") {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's log, for failure messages.
+    pub fn log(&self) -> String {
+        read_log(self.dir.path(), &["redis.log", "stdout.log", "stdout.err"])
+    }
+}
+
+/// One `redis-server` for every test in this binary; tests keep apart by namespace.
+pub fn shared_redis() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+/// Where Debian's `zookeeper` package puts the server jar (its manifest lists the rest).
+const ZK_JAR: &str = "/usr/share/java/zookeeper.jar";
+const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+
+/// A standalone ZooKeeper server on a free loopback port.
+pub struct ZkServer {
+    process: Supervised,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl ZkServer {
+    /// Starts a server and waits until `srvr` says it serves requests. Panics with its log if it
+    /// does not, and with the install hint if Java or the ZooKeeper jars are missing.
+    pub fn start() -> Self {
+        let java = require_binary("java");
+        let jar = require_file(ZK_JAR);
+        let mut classpath = jar.display().to_string();
+        if Path::new(SLF4J_SIMPLE_JAR).is_file() {
+            classpath.push(':');
+            classpath.push_str(SLF4J_SIMPLE_JAR);
+        }
+        let mut last_log = String::new();
+        for _attempt in 0..3 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let port = free_port();
+            let cfg = dir.path().join("zoo.cfg");
+            std::fs::write(
+                &cfg,
+                format!(
+                    "tickTime=500\n\
+                     dataDir={data}\n\
+                     clientPort={port}\n\
+                     clientPortAddress=127.0.0.1\n\
+                     minSessionTimeout=1000\n\
+                     maxSessionTimeout=60000\n\
+                     maxClientCnxns=0\n\
+                     admin.enableServer=false\n\
+                     4lw.commands.whitelist=*\n",
+                    data = dir.path().join("data").display(),
+                ),
+            )
+            .expect("write zoo.cfg");
+            let args: Vec<String> = vec![
+                "-Xms64m".into(),
+                "-Xmx256m".into(),
+                "-XX:+UseSerialGC".into(),
+                "-XX:TieredStopAtLevel=1".into(),
+                "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn".into(),
+                "-Dzookeeper.4lw.commands.whitelist=*".into(),
+                "-Dzookeeper.admin.enableServer=false".into(),
+                "-cp".into(),
+                classpath.clone(),
+                "org.apache.zookeeper.server.ZooKeeperServerMain".into(),
+                cfg.display().to_string(),
+            ];
+            let process = Supervised::spawn(&java, &args, &dir.path().join("zookeeper.log"));
+            let mut server = Self { process, port, dir };
+            if server.wait_ready() {
+                return server;
+            }
+            last_log = server.log();
+        }
+        panic!("ZooKeeper did not start serving within {READY_TIMEOUT:?}; its log:\n{last_log}");
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if self.process.exited() {
+                return false;
+            }
+            // `ruok` answers while the server is still starting; `srvr` names the mode only
+            // once it serves requests.
+            if let Ok(reply) = ask_all(self.port, b"srvr") {
+                if reply.contains("Mode: ") {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `host:port` for a ZooKeeper connect string.
+    pub fn connect_string(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Sends a four-letter command (`srvr`, `mntr`, ...) and returns the whole reply.
+    pub fn four_letter(&self, cmd: &str) -> String {
+        ask_all(self.port, cmd.as_bytes()).expect("four-letter word round trip")
+    }
+
+    /// The server's log, for failure messages.
+    pub fn log(&self) -> String {
+        read_log(self.dir.path(), &["zookeeper.log", "zookeeper.err"])
+    }
+}
+
+/// One ZooKeeper for every test in this binary; tests keep apart by namespace.
+pub fn shared_zookeeper() -> &'static ZkServer {
+    static SERVER: OnceLock<ZkServer> = OnceLock::new();
+    SERVER.get_or_init(ZkServer::start)
+}
+
+/// A namespace unique to one test (and one run), so tests can share a server.
+#[macro_export]
+macro_rules! test_namespace {
+    () => {{
+        fn f() {}
+        let name = std::any::type_name_of_val(&f);
+        let name = name.trim_end_matches("::f").replace("::", ".");
+        format!("t.{}.{}", name, std::process::id())
+    }};
+}
