@@ -19,7 +19,10 @@ fn resp(stream: &mut TcpStream, args: &[&str]) -> String {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut line = String::new();
     reader.read_line(&mut line).unwrap();
-    if let Some(len) = line.strip_prefix('$').and_then(|n| n.trim().parse::<usize>().ok()) {
+    if let Some(len) = line
+        .strip_prefix('$')
+        .and_then(|n| n.trim().parse::<usize>().ok())
+    {
         let mut body = String::new();
         reader.read_line(&mut body).unwrap();
         assert_eq!(body.trim_end().len(), len);
@@ -70,7 +73,12 @@ async fn zookeeper_server_round_trip() {
         while events.recv().await != Some(ZkState::Connected) {}
     })
     .await
-    .unwrap_or_else(|_| panic!("no ZooKeeper session within 10 s; server log:\n{}", server.log()));
+    .unwrap_or_else(|_| {
+        panic!(
+            "no ZooKeeper session within 10 s; server log:\n{}",
+            server.log()
+        )
+    });
     let path = zk
         .create(
             "/smoke",

@@ -1,0 +1,360 @@
+//! The lock contract on the in-process backend. Each contender gets its own `LockClient` (its
+//! own renewal task), as separate processes would.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use distlock::backend::MemoryBackend;
+use distlock::{ErrorKind, LockClient};
+use tokio::time::{sleep, timeout};
+
+fn client(backend: &MemoryBackend) -> LockClient {
+    LockClient::builder(backend.clone()).build().unwrap()
+}
+
+fn client_with(backend: &MemoryBackend, ttl: Duration, auto_renew: bool) -> LockClient {
+    LockClient::builder(backend.clone())
+        .ttl(ttl)
+        .auto_renew(auto_renew)
+        .build()
+        .unwrap()
+}
+
+/// Waits (on the paused or real clock) until the backend lists `n` waiters.
+async fn until_waiters(backend: &MemoryBackend, n: usize) {
+    timeout(Duration::from_secs(10), async {
+        while backend.stats().waiters != n {
+            tokio::task::yield_now().await;
+            sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("expected {n} waiters, have {:?}", backend.stats()));
+}
+
+/// Counts holders inside the critical section; more than one at a time is a violation.
+#[derive(Default)]
+struct Overlap {
+    inside: AtomicUsize,
+    violations: AtomicUsize,
+}
+
+impl Overlap {
+    fn enter(&self) {
+        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn exit(&self) {
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutual_exclusion_and_increasing_fences_under_contention() {
+    let backend = MemoryBackend::new();
+    let overlap = Arc::new(Overlap::default());
+    let fences = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let client = client(&backend);
+        let (overlap, fences) = (overlap.clone(), fences.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..50 {
+                let guard = client.mutex("hot").lock().await.unwrap();
+                overlap.enter();
+                fences.lock().unwrap().push(guard.fencing_token());
+                if i % 3 == 0 {
+                    sleep(Duration::from_micros(200)).await;
+                } else {
+                    tokio::task::yield_now().await;
+                }
+                overlap.exit();
+                if i % 2 == 0 {
+                    guard.release().await.unwrap();
+                } else {
+                    drop(guard);
+                }
+            }
+            client.shutdown().await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        overlap.violations.load(Ordering::SeqCst),
+        0,
+        "two holders at once"
+    );
+    let fences = fences.lock().unwrap();
+    assert_eq!(fences.len(), 16 * 50);
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens not strictly increasing in grant order"
+    );
+    assert_eq!(
+        backend.stats().keys,
+        0,
+        "state left behind: {:?}",
+        backend.stats()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_served_in_arrival_order() {
+    let backend = MemoryBackend::new();
+    let holder = client(&backend).mutex("fifo").lock().await.unwrap();
+    let order = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let mutex = client(&backend).mutex("fifo");
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = mutex.lock().await.unwrap();
+            order.lock().unwrap().push(i);
+            sleep(Duration::from_millis(1)).await;
+            guard.release().await.unwrap();
+        }));
+        until_waiters(&backend, i + 1).await;
+    }
+    holder.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..10).collect::<Vec<_>>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_releasing_holder_cannot_jump_the_queue() {
+    let backend = MemoryBackend::new();
+    let a = client(&backend);
+    let b = client(&backend);
+    let first = a.mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = b.mutex("k");
+        async move { m.lock().await.unwrap().fencing_token() }
+    });
+    until_waiters(&backend, 1).await;
+    first.release().await.unwrap();
+    // A asks again at once: B was first in line, so A waits behind it.
+    let again = a.mutex("k").lock().await.unwrap();
+    let b_fence = waiter.await.unwrap();
+    assert!(again.fencing_token() > b_fence, "A barged ahead of B");
+}
+
+#[tokio::test(start_paused = true)]
+async fn try_lock_and_lock_timeout_report_busy_and_leave_nothing() {
+    let backend = MemoryBackend::new();
+    let a = client(&backend);
+    let b = client(&backend);
+    let held = a.mutex("k").lock().await.unwrap();
+
+    let err = b.mutex("k").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::WouldBlock);
+    assert_eq!(backend.stats().waiters, 0, "try_lock queued itself");
+
+    let err = b
+        .mutex("k")
+        .lock_timeout(Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    b.shutdown().await; // flush the cancelled waiter's cleanup
+    assert_eq!(
+        backend.stats().waiters,
+        0,
+        "timed-out waiter left its entry"
+    );
+
+    // With a waiter queued, try_lock fails even at the moment the lock is free: no barging.
+    let c = client(&backend);
+    let queued = tokio::spawn({
+        let m = c.mutex("k");
+        async move { m.lock().await.unwrap() }
+    });
+    until_waiters(&backend, 1).await;
+    drop(held);
+    let guard = queued.await.unwrap();
+    assert!(a.mutex("k").try_lock().await.unwrap_err().is_would_block());
+    guard.release().await.unwrap();
+    assert!(a.mutex("k").try_lock().await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_is_lost_and_the_next_waiter_gets_in() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_millis(300);
+    let a = client_with(&backend, ttl, false);
+    let b = client(&backend);
+    let start = tokio::time::Instant::now();
+    let stale = a.mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = b.mutex("k");
+        async move { m.lock().await.unwrap() }
+    });
+    until_waiters(&backend, 1).await;
+    assert!(!stale.is_lost());
+
+    timeout(Duration::from_secs(5), stale.lost())
+        .await
+        .expect("lost() never resolved after the TTL");
+    assert!(stale.is_lost());
+    let lost_after = start.elapsed();
+    assert!(lost_after <= ttl, "reported lost only after {lost_after:?}");
+
+    let next = waiter.await.unwrap();
+    let took_over = start.elapsed();
+    assert!(
+        took_over >= ttl && took_over < ttl + Duration::from_millis(50),
+        "next waiter got the lock at {took_over:?}, TTL {ttl:?}"
+    );
+    assert!(next.fencing_token() > stale.fencing_token());
+    assert!(!next.is_lost());
+
+    // Releasing a lost lock reports it, and does not disturb the new holder.
+    let err = stale.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err:?}");
+    assert_eq!(backend.stats().held, 1);
+    next.release().await.unwrap();
+    assert_eq!(backend.stats().keys, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewal_keeps_a_lease_alive_far_past_its_ttl() {
+    let backend = MemoryBackend::new();
+    let a = client_with(&backend, Duration::from_millis(90), true);
+    let b = client(&backend);
+    let guard = a.mutex("k").lock().await.unwrap();
+    for _ in 0..50 {
+        sleep(Duration::from_millis(40)).await;
+        assert!(!guard.is_lost());
+        assert!(b.mutex("k").try_lock().await.unwrap_err().is_would_block());
+    }
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_guard_releases_it_in_the_background() {
+    let backend = MemoryBackend::new();
+    let a = client(&backend);
+    let guard = a.mutex("k").lock().await.unwrap();
+    let moved = tokio::spawn(async move {
+        // Guards are Send + 'static: they can live in another task.
+        let token = guard.fencing_token();
+        drop(guard);
+        token
+    });
+    let first = moved.await.unwrap();
+    let second = timeout(Duration::from_secs(1), client(&backend).mutex("k").lock())
+        .await
+        .expect("the dropped guard was never released")
+        .unwrap();
+    assert!(second.fencing_token() > first);
+    drop(second);
+    a.shutdown().await;
+    tokio::task::yield_now().await;
+    assert_eq!(backend.stats().keys, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_that_races_a_cancelled_waiter_is_passed_on() {
+    let backend = MemoryBackend::new();
+    let holder = client(&backend).mutex("k").lock().await.unwrap();
+    // B is polled by hand, so it cannot run between the handoff and its cancellation.
+    let mut b = Box::pin(client(&backend).mutex("k").lock());
+    assert!(futures::poll!(&mut b).is_pending());
+    assert_eq!(backend.stats().waiters, 1);
+    let c = tokio::spawn(client(&backend).mutex("k").lock());
+    until_waiters(&backend, 2).await;
+
+    // The release hands the lock to B; B is dropped without ever seeing its grant.
+    holder.release().await.unwrap();
+    assert_eq!(backend.stats().waiters, 1, "the lock was not handed to B");
+    drop(b);
+
+    let c = timeout(Duration::from_secs(1), c)
+        .await
+        .expect("B's raced grant was never released")
+        .unwrap()
+        .unwrap();
+    drop(c);
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(backend.stats().keys, 0);
+}
+
+#[tokio::test]
+async fn bad_input_is_a_clear_error_before_any_io() {
+    let backend = MemoryBackend::new();
+    let c = client(&backend);
+    let long = "k".repeat(distlock::MAX_KEY_LEN + 1);
+    for key in ["", "a\0b", long.as_str()] {
+        let err = c.mutex(key).lock().await.unwrap_err();
+        assert!(err.is_invalid_key(), "{key:?}: {err:?}");
+        assert!(c.mutex(key).try_lock().await.unwrap_err().is_invalid_key());
+    }
+    let err = c
+        .mutex("k")
+        .with_ttl(Duration::ZERO)
+        .lock()
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_config(), "{err:?}");
+    assert!(err.to_string().contains("ttl"), "{err}");
+    let err = LockClient::builder(backend.clone())
+        .ttl(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert!(err.is_invalid_config());
+    for ns in ["", "a:b", "a{b}"] {
+        let err = LockClient::builder(backend.clone())
+            .namespace(ns)
+            .build()
+            .unwrap_err();
+        assert!(err.is_invalid_config(), "{ns:?}: {err:?}");
+    }
+    assert_eq!(backend.stats().keys, 0);
+}
+
+#[test]
+fn outside_a_runtime_lock_is_an_error_not_a_panic() {
+    let c = LockClient::memory();
+    let err = futures::executor::block_on(c.mutex("k").lock()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NoRuntime);
+}
+
+#[tokio::test(start_paused = true)]
+async fn namespaces_keep_clients_apart() {
+    let backend = MemoryBackend::new();
+    let a = LockClient::builder(backend.clone())
+        .namespace("a")
+        .build()
+        .unwrap();
+    let b = LockClient::builder(backend.clone())
+        .namespace("b")
+        .build()
+        .unwrap();
+    let _ga = a.mutex("k").try_lock().await.unwrap();
+    let _gb = b.mutex("k").try_lock().await.unwrap();
+    assert_eq!(backend.stats().held, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_wakes_waiters_and_releases_held_locks() {
+    let backend = MemoryBackend::new();
+    let c = client(&backend);
+    let held = c.mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn(c.mutex("k").lock());
+    until_waiters(&backend, 1).await;
+    c.shutdown().await;
+    let err = waiter.await.unwrap().unwrap_err();
+    assert!(err.is_closed(), "{err:?}");
+    assert!(held.is_lost());
+    assert!(c.mutex("other").lock().await.unwrap_err().is_closed());
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(backend.stats().keys, 0, "{:?}", backend.stats());
+    // Releasing after shutdown reports the loss, never panics.
+    assert!(held.release().await.unwrap_err().is_lost());
+}
