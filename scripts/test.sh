@@ -13,4 +13,11 @@ echo "== cargo clippy"
 cargo clippy --locked --all-targets --all-features -- -D warnings
 
 echo "== cargo test"
-cargo test --locked --all-features --workspace
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --locked --all-features --workspace 2>&1 | tee "$log"
+
+# One closing line for the whole run (cargo prints one per test binary, the last of which may
+# be a crate with no tests).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
+     END { printf "distlock: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
