@@ -118,6 +118,32 @@ fn ask_all(port: u16, request: &[u8]) -> std::io::Result<String> {
     Ok(reply)
 }
 
+/// Starts a server (up to three times, each on a fresh port and directory) until `ready`
+/// accepts it. `command` gives the program and arguments for a port and directory.
+fn launch(
+    what: &str,
+    log_files: &[&str],
+    mut command: impl FnMut(u16, &Path) -> (PathBuf, Vec<String>),
+    ready: impl Fn(u16) -> bool,
+) -> (Supervised, u16, tempfile::TempDir) {
+    let mut last_log = String::new();
+    for _attempt in 0..3 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let (program, args) = command(port, dir.path());
+        let mut process = Supervised::spawn(&program, &args, &dir.path().join(log_files[0]));
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline && !process.exited() {
+            if ready(port) {
+                return (process, port, dir);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        last_log = read_log(dir.path(), log_files);
+    }
+    panic!("{what} did not start serving within {READY_TIMEOUT:?}; its log:\n{last_log}");
+}
+
 /// A `redis-server` on a free loopback port.
 pub struct RedisServer {
     process: Supervised,
@@ -135,54 +161,32 @@ impl RedisServer {
     /// Like [`start`](Self::start), with extra `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
         let bin = require_binary("redis-server");
-        let mut last_log = String::new();
-        for _attempt in 0..3 {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let port = free_port();
-            let mut args: Vec<String> = [
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--dir",
-                &dir.path().display().to_string(),
-                "--logfile",
-                &dir.path().join("redis.log").display().to_string(),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            args.extend(extra.iter().map(|s| s.to_string()));
-            let process = Supervised::spawn(&bin, &args, &dir.path().join("stdout.log"));
-            let mut server = Self { process, port, dir };
-            if server.wait_ready() {
-                return server;
-            }
-            last_log = server.log();
-        }
-        panic!("redis-server did not answer PING within {READY_TIMEOUT:?}; its log:\n{last_log}");
-    }
-
-    fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while Instant::now() < deadline {
-            if self.process.exited() {
-                return false;
-            }
-            if let Ok(reply) = ask(self.port, b"PING\r\n") {
-                if reply.starts_with("+PONG") {
-                    return true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        let (process, port, dir) = launch(
+            "redis-server",
+            &["redis.log", "stdout.log", "stdout.err"],
+            |port, dir| {
+                let mut args: Vec<String> = vec![
+                    "--port".into(),
+                    port.to_string(),
+                    "--bind".into(),
+                    "127.0.0.1".into(),
+                    "--save".into(),
+                    String::new(),
+                    "--appendonly".into(),
+                    "no".into(),
+                    "--daemonize".into(),
+                    "no".into(),
+                    "--dir".into(),
+                    dir.display().to_string(),
+                    "--logfile".into(),
+                    dir.join("redis.log").display().to_string(),
+                ];
+                args.extend(extra.iter().map(|s| s.to_string()));
+                (bin.clone(), args)
+            },
+            |port| ask(port, b"PING\r\n").is_ok_and(|reply| reply.starts_with("+PONG")),
+        );
+        Self { process, port, dir }
     }
 
     pub fn port(&self) -> u16 {
@@ -227,66 +231,47 @@ impl ZkServer {
             classpath.push(':');
             classpath.push_str(SLF4J_SIMPLE_JAR);
         }
-        let mut last_log = String::new();
-        for _attempt in 0..3 {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let port = free_port();
-            let cfg = dir.path().join("zoo.cfg");
-            std::fs::write(
-                &cfg,
-                format!(
-                    "tickTime=500\n\
-                     dataDir={data}\n\
-                     clientPort={port}\n\
-                     clientPortAddress=127.0.0.1\n\
-                     minSessionTimeout=1000\n\
-                     maxSessionTimeout=60000\n\
-                     maxClientCnxns=0\n\
-                     admin.enableServer=false\n\
-                     4lw.commands.whitelist=*\n",
-                    data = dir.path().join("data").display(),
-                ),
-            )
-            .expect("write zoo.cfg");
-            let args: Vec<String> = vec![
-                "-Xms64m".into(),
-                "-Xmx256m".into(),
-                "-XX:+UseSerialGC".into(),
-                "-XX:TieredStopAtLevel=1".into(),
-                "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn".into(),
-                "-Dzookeeper.4lw.commands.whitelist=*".into(),
-                "-Dzookeeper.admin.enableServer=false".into(),
-                "-cp".into(),
-                classpath.clone(),
-                "org.apache.zookeeper.server.ZooKeeperServerMain".into(),
-                cfg.display().to_string(),
-            ];
-            let process = Supervised::spawn(&java, &args, &dir.path().join("zookeeper.log"));
-            let mut server = Self { process, port, dir };
-            if server.wait_ready() {
-                return server;
-            }
-            last_log = server.log();
-        }
-        panic!("ZooKeeper did not start serving within {READY_TIMEOUT:?}; its log:\n{last_log}");
-    }
-
-    fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while Instant::now() < deadline {
-            if self.process.exited() {
-                return false;
-            }
+        let (process, port, dir) = launch(
+            "ZooKeeper",
+            &["zookeeper.log", "zookeeper.err"],
+            |port, dir| {
+                let cfg = dir.join("zoo.cfg");
+                std::fs::write(
+                    &cfg,
+                    format!(
+                        "tickTime=500\n\
+                         dataDir={data}\n\
+                         clientPort={port}\n\
+                         clientPortAddress=127.0.0.1\n\
+                         minSessionTimeout=1000\n\
+                         maxSessionTimeout=60000\n\
+                         maxClientCnxns=0\n\
+                         admin.enableServer=false\n\
+                         4lw.commands.whitelist=*\n",
+                        data = dir.join("data").display(),
+                    ),
+                )
+                .expect("write zoo.cfg");
+                let args = vec![
+                    "-Xms64m".into(),
+                    "-Xmx256m".into(),
+                    "-XX:+UseSerialGC".into(),
+                    "-XX:TieredStopAtLevel=1".into(),
+                    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn".into(),
+                    "-Dzookeeper.4lw.commands.whitelist=*".into(),
+                    "-Dzookeeper.admin.enableServer=false".into(),
+                    "-cp".into(),
+                    classpath.clone(),
+                    "org.apache.zookeeper.server.ZooKeeperServerMain".into(),
+                    cfg.display().to_string(),
+                ];
+                (java.clone(), args)
+            },
             // `ruok` answers while the server is still starting; `srvr` names the mode only
             // once it serves requests.
-            if let Ok(reply) = ask_all(self.port, b"srvr") {
-                if reply.contains("Mode: ") {
-                    return true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
+            |port| ask_all(port, b"srvr").is_ok_and(|reply| reply.contains("Mode: ")),
+        );
+        Self { process, port, dir }
     }
 
     pub fn port(&self) -> u16 {
