@@ -94,6 +94,37 @@ impl LockClient {
         Self::from_parts(Arc::new(crate::backend::MemoryBackend::new()), config)
     }
 
+    /// A client on the Redis server at `url` (`redis://[user:password@]host:port/db`), with
+    /// the default namespace and TTL. For pools or other settings use
+    /// [`RedisBackend::builder`](crate::backend::RedisBackend::builder) and
+    /// [`LockClient::builder`].
+    ///
+    /// # Errors
+    ///
+    /// See [`RedisBackendBuilder::build`](crate::backend::RedisBackendBuilder::build).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::redis("redis://127.0.0.1:6379/").await?;
+    /// let guard = client.mutex("orders:42").lock().await?;
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub async fn redis(url: &str) -> Result<Self> {
+        let backend = crate::backend::RedisBackend::connect(url).await?;
+        Self::builder(backend).build()
+    }
+
     /// Starts building a client on `backend`.
     ///
     /// # Examples

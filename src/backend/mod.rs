@@ -30,6 +30,8 @@ use crate::error::{Error, ErrorKind, Result};
 
 #[cfg(feature = "memory")]
 pub mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 /// What a claim asks for. Exclusive today; room for readers, writers and permits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -291,6 +293,9 @@ pub trait Backend: Send + Sync + 'static {
 
 #[cfg(feature = "memory")]
 pub use memory::{MemoryBackend, MemoryStats};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisTicket};
 
 /// A type-erased ticket.
 pub(crate) type AnyTicket = Box<dyn Any + Send + Sync>;

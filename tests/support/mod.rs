@@ -306,7 +306,12 @@ macro_rules! test_namespace {
     () => {{
         fn f() {}
         let name = std::any::type_name_of_val(&f);
-        let name = name.trim_end_matches("::f").replace("::", ".");
+        let name: String = name
+            .trim_end_matches("::f")
+            .split("::")
+            .filter(|part| !part.starts_with('{'))
+            .collect::<Vec<_>>()
+            .join(".");
         format!("t.{}.{}", name, std::process::id())
     }};
 }

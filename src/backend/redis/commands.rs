@@ -1,0 +1,123 @@
+//! Where commands go: our own auto-reconnecting connection, or a pool the application already
+//! has. Every call has a deadline; connection failures are retried a few times, which is safe
+//! because every script is idempotent.
+
+use std::time::Duration;
+
+use ::redis::aio::ConnectionManager;
+use ::redis::{FromRedisValue, RedisError, ScriptInvocation};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The deadline of one command, including getting a connection from a pool.
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pauses before the retries of a call that failed on the connection.
+const RETRY_PAUSES: [Duration; 3] = [
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+];
+
+#[derive(Clone)]
+pub(crate) enum Commands {
+    Own(ConnectionManager),
+    #[cfg(feature = "redis-deadpool")]
+    Deadpool(deadpool_redis::Pool),
+    #[cfg(feature = "redis-bb8")]
+    Bb8(bb8::Pool<bb8_redis::RedisConnectionManager>),
+}
+
+enum Failure {
+    Redis(RedisError),
+    Pool(Error),
+    Timeout,
+}
+
+impl Commands {
+    /// Runs a script, retrying connection failures.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        what: &str,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T> {
+        let mut pauses = RETRY_PAUSES.iter();
+        loop {
+            let failure = match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(f)) => f,
+                Err(_) => Failure::Timeout,
+            };
+            let retry = match &failure {
+                Failure::Redis(e) => {
+                    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+                }
+                Failure::Pool(_) | Failure::Timeout => true,
+            };
+            match pauses.next() {
+                Some(pause) if retry => tokio::time::sleep(*pause).await,
+                _ => return Err(describe(what, failure)),
+            }
+        }
+    }
+
+    async fn invoke_once<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+    ) -> std::result::Result<T, Failure> {
+        match self {
+            Self::Own(conn) => inv
+                .invoke_async(&mut conn.clone())
+                .await
+                .map_err(Failure::Redis),
+            #[cfg(feature = "redis-deadpool")]
+            Self::Deadpool(pool) => {
+                let mut conn = pool.get().await.map_err(|e| {
+                    Failure::Pool(
+                        Error::new(ErrorKind::Backend, "no connection from the deadpool pool")
+                            .with_source(e),
+                    )
+                })?;
+                inv.invoke_async(&mut conn).await.map_err(Failure::Redis)
+            }
+            #[cfg(feature = "redis-bb8")]
+            Self::Bb8(pool) => {
+                let mut conn = pool.get().await.map_err(|e| {
+                    Failure::Pool(
+                        Error::new(ErrorKind::Backend, "no connection from the bb8 pool")
+                            .with_source(e),
+                    )
+                })?;
+                inv.invoke_async(&mut *conn).await.map_err(Failure::Redis)
+            }
+        }
+    }
+}
+
+fn describe(what: &str, failure: Failure) -> Error {
+    match failure {
+        Failure::Redis(e) => redis_error(what, e),
+        Failure::Pool(e) => e,
+        Failure::Timeout => Error::new(
+            ErrorKind::Backend,
+            format!("redis {what} timed out after {CALL_TIMEOUT:?}"),
+        ),
+    }
+}
+
+/// Names the failures users must tell apart, and keeps the cause as the source.
+pub(crate) fn redis_error(what: &str, e: RedisError) -> Error {
+    let code = e.code().unwrap_or_default();
+    let text = e.to_string();
+    let message = if code == "WRONGTYPE" || text.contains("WRONGTYPE") {
+        format!("redis {what} failed: a lock key holds a value of another Redis type (WRONGTYPE)")
+    } else if matches!(e.kind(), ::redis::ErrorKind::AuthenticationFailed)
+        || matches!(code, "NOAUTH" | "WRONGPASS" | "NOPERM")
+    {
+        format!("redis {what} failed: authentication or permission refused")
+    } else if e.is_connection_refusal() {
+        format!("redis {what} failed: the server refused the connection")
+    } else {
+        format!("redis {what} failed")
+    };
+    Error::new(ErrorKind::Backend, message).with_source(e)
+}

@@ -1,0 +1,473 @@
+//! The Redis backend: FIFO locks with direct handoff announced over pub/sub.
+//!
+//! Per lock key, under one hash tag so every script is Cluster-safe:
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<ns>:{<key>}` | hash | `o` owner token, `f` fencing token; PX = lease |
+//! | `<ns>:{<key>}:q` | list | waiting owner tokens, in arrival order |
+//! | `<ns>:{<key>}:w` | zset | waiting owner → liveness deadline (server time, ms) |
+//! | `<ns>:{<key>}:fence` | string | fencing counter, expires after an hour unused |
+//! | `<ns>:{<key>}:ch` | channel | handoff announcements |
+//!
+//! A release hands the lock straight to the live head of the queue (owner set, fence
+//! incremented, a short unconfirmed lease) and publishes it; the new owner learns of its grant
+//! from the message and confirms it with its first renewal. A waiter that misses the message
+//! re-checks at the holder's PTTL deadline, or when the pub/sub connection comes back.
+
+mod commands;
+mod notify;
+
+use std::sync::{Arc, LazyLock, Mutex as StdMutex};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::Script;
+use tokio::time::{sleep_until, Instant};
+
+use self::commands::{redis_error, Commands, CALL_TIMEOUT};
+use self::notify::{Hub, Subscription, Wake};
+use super::{Attempt, Backend, Claim, Grant, Renewal};
+use crate::error::{Error, ErrorKind, Result};
+
+/// How long the fencing counter of an unused key lives. After it expires, the next grant starts
+/// from server time in microseconds, which is larger than any token handed out before.
+const FENCE_TTL: Duration = Duration::from_secs(3600);
+
+/// The lease a handed-off lock gets until its new owner confirms it. It bounds how long a lock
+/// handed to a waiter that just died stays stuck.
+const DEFAULT_HANDOFF_TTL: Duration = Duration::from_secs(2);
+
+/// A handoff whose lease would run out sooner than this is confirmed with the server first.
+const HANDOFF_MIN_LEFT: Duration = Duration::from_millis(100);
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{}\n{}", include_str!("scripts/common.lua"), body))
+}
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/acquire.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/release.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/renew.lua")));
+
+/// Locks on a Redis server (or Valkey, KeyDB, Tair: the same scripts run there).
+///
+/// Commands go over its own auto-reconnecting connection, or through a `deadpool-redis` or
+/// `bb8-redis` pool the application already has. Waiters share one dedicated pub/sub
+/// connection per backend. `RedisBackend` is a cheap `Clone` handle.
+///
+/// # Examples
+///
+/// ```no_run
+/// use distlock::{backend::RedisBackend, LockClient};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let backend = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
+/// let client = LockClient::builder(backend).namespace("billing").build()?;
+/// let guard = client.mutex("invoice:7").lock().await?;
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    commands: Commands,
+    hub: Hub,
+    handoff_ttl: Duration,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("handoff_ttl", &self.inner.handoff_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Source {
+    Own,
+    #[cfg(feature = "redis-deadpool")]
+    Deadpool(deadpool_redis::Pool),
+    #[cfg(feature = "redis-bb8")]
+    Bb8(bb8::Pool<bb8_redis::RedisConnectionManager>),
+}
+
+/// Builds a [`RedisBackend`]. Created by [`RedisBackend::builder`].
+#[must_use = "builder does nothing itself, use `.build()` to build it"]
+pub struct RedisBackendBuilder {
+    url: String,
+    source: Source,
+    handoff_ttl: Duration,
+}
+
+impl std::fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("handoff_ttl", &self.handoff_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// Starts building a backend for the server at `url` (`redis://[user:password@]host:port/db`,
+    /// or `rediss://` with the `redis-tls` feature). The URL is used for the pub/sub connection,
+    /// and for commands unless a pool is given.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let backend = distlock::backend::RedisBackend::builder("redis://app:secret@10.0.0.5:6379/")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            url: url.into(),
+            source: Source::Own,
+            handoff_ttl: DEFAULT_HANDOFF_TTL,
+        }
+    }
+
+    /// Connects to the server at `url` with its own connections.
+    ///
+    /// # Errors
+    ///
+    /// See [`RedisBackendBuilder::build`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is left behind but a background pub/sub task that stops when the
+    /// backend is dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let backend = distlock::backend::RedisBackend::connect("redis://127.0.0.1:6379/").await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::builder(url).build().await
+    }
+}
+
+impl RedisBackendBuilder {
+    /// Sends commands through a `deadpool-redis` pool instead of an own connection.
+    #[cfg(feature = "redis-deadpool")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-deadpool")))]
+    pub fn deadpool(mut self, pool: deadpool_redis::Pool) -> Self {
+        self.source = Source::Deadpool(pool);
+        self
+    }
+
+    /// Sends commands through a `bb8-redis` pool instead of an own connection.
+    #[cfg(feature = "redis-bb8")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-bb8")))]
+    pub fn bb8(mut self, pool: bb8::Pool<bb8_redis::RedisConnectionManager>) -> Self {
+        self.source = Source::Bb8(pool);
+        self
+    }
+
+    /// The lease a lock handed to a waiter gets until the waiter confirms it (at its first
+    /// renewal, a third of the way in). Bounds how long a lock handed to a waiter that died
+    /// just before stays stuck. Defaults to 2 seconds.
+    pub fn handoff_ttl(mut self, ttl: Duration) -> Self {
+        self.handoff_ttl = ttl;
+        self
+    }
+
+    /// Connects and checks the server answers (authenticating if the URL says so).
+    ///
+    /// # Errors
+    ///
+    /// - [`InvalidConfig`](crate::ErrorKind::InvalidConfig) for a malformed URL or a handoff
+    ///   TTL under 10 ms,
+    /// - [`Backend`](crate::ErrorKind::Backend) if the server cannot be reached or refuses the
+    ///   credentials,
+    /// - [`NoRuntime`](crate::ErrorKind::NoRuntime) outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let err = distlock::backend::RedisBackend::builder("not a url").build().await.unwrap_err();
+    /// assert!(err.is_invalid_config());
+    /// # }
+    /// ```
+    pub async fn build(self) -> Result<RedisBackend> {
+        if self.handoff_ttl < crate::MIN_TTL {
+            return Err(Error::invalid_config(format_args!(
+                "handoff ttl of {:?} is below the minimum of {:?}",
+                self.handoff_ttl,
+                crate::MIN_TTL
+            )));
+        }
+        let client = ::redis::Client::open(self.url.as_str()).map_err(|e| {
+            Error::invalid_config("malformed redis url").with_source(e)
+        })?;
+        tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+        let commands = match self.source {
+            Source::Own => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CALL_TIMEOUT))
+                    .set_response_timeout(Some(CALL_TIMEOUT))
+                    .set_number_of_retries(2);
+                let conn = ConnectionManager::new_with_config(client.clone(), config)
+                    .await
+                    .map_err(|e| redis_error("connect", e))?;
+                Commands::Own(conn)
+            }
+            #[cfg(feature = "redis-deadpool")]
+            Source::Deadpool(pool) => Commands::Deadpool(pool),
+            #[cfg(feature = "redis-bb8")]
+            Source::Bb8(pool) => Commands::Bb8(pool),
+        };
+        // One round trip proves the server answers with these credentials.
+        let probe = Script::new("return 1");
+        commands
+            .invoke::<i64>("connect", &probe.prepare_invoke())
+            .await?;
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                commands,
+                hub: Hub::start(client),
+                handoff_ttl: self.handoff_ttl,
+            }),
+        })
+    }
+}
+
+/// The names of one lock's keys and channel.
+struct Keys {
+    lock: String,
+    queue: String,
+    waiters: String,
+    fence: String,
+    channel: String,
+}
+
+impl Keys {
+    fn new(claim: &Claim) -> Self {
+        // Namespaces hold no braces or colons, so `<ns>:{` starts every name, and every name
+        // of one key shares its hash tag. Suffixes end in distinct letters, and lock names end
+        // in `}`, so no two keys' names can coincide.
+        let lock = format!("{}:{{{}}}", claim.namespace(), claim.key());
+        Self {
+            queue: format!("{lock}:q"),
+            waiters: format!("{lock}:w"),
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:ch"),
+            lock,
+        }
+    }
+}
+
+/// What one claim keeps between calls: its subscription while it waits, and the pairing of
+/// local and server clocks from its last request, to place a handoff on the local clock.
+#[derive(Default)]
+pub struct RedisTicket {
+    sub: StdMutex<Option<Subscription>>,
+    clock: StdMutex<Option<(Instant, i64)>>,
+}
+
+impl std::fmt::Debug for RedisTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTicket").finish_non_exhaustive()
+    }
+}
+
+impl RedisTicket {
+    fn subscribed(&self) -> bool {
+        self.sub.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    fn set_sub(&self, sub: Option<Subscription>) {
+        // Dropped outside the lock: dropping unregisters from the hub.
+        let old = std::mem::replace(&mut *self.sub.lock().unwrap_or_else(|p| p.into_inner()), sub);
+        drop(old);
+    }
+
+    fn mailbox(&self) -> Option<Arc<notify::Mailbox>> {
+        self.sub
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|s| s.mailbox.clone())
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn fence_of(raw: i64) -> Result<u64> {
+    u64::try_from(raw).map_err(|_| {
+        Error::new(
+            ErrorKind::Backend,
+            format!("redis returned an invalid fencing token {raw}"),
+        )
+    })
+}
+
+impl RedisBackend {
+    async fn run_acquire(&self, claim: &Claim, ticket: &RedisTicket, keys: &Keys, wait: bool) -> Result<Attempt> {
+        let mut inv = ACQUIRE.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.queue)
+            .key(&keys.waiters)
+            .key(&keys.fence)
+            .arg(claim.owner())
+            .arg(millis(claim.ttl()))
+            .arg(u8::from(wait))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channel);
+        let sent = Instant::now();
+        let (granted, value, server_ms): (i64, i64, i64) =
+            self.inner.commands.invoke("acquire", &inv).await?;
+        *ticket.clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent, server_ms));
+        if granted == 1 {
+            return Ok(Attempt::Granted(Grant {
+                fence: fence_of(value)?,
+                valid_until: sent + claim.ttl(),
+            }));
+        }
+        // The holder's remaining lease; without one, check again after our own TTL.
+        let wait_for = u64::try_from(value)
+            .ok()
+            .filter(|ms| *ms > 0)
+            .map_or(claim.ttl(), Duration::from_millis);
+        Ok(Attempt::Queued {
+            recheck_at: Some(Instant::now() + wait_for),
+        })
+    }
+}
+
+impl Backend for RedisBackend {
+    type Ticket = RedisTicket;
+    const RENEWS_WAITERS: bool = true;
+
+    async fn acquire(&self, claim: &Claim, ticket: &RedisTicket, wait: bool) -> Result<Attempt> {
+        let keys = Keys::new(claim);
+        if wait && !ticket.subscribed() {
+            // Look first without queueing: a free lock costs one round trip. Only a claim that
+            // must wait subscribes, and it subscribes before it queues, so no handoff to it can
+            // be published unheard.
+            let first = self.run_acquire(claim, ticket, &keys, false).await?;
+            if matches!(first, Attempt::Granted(_)) {
+                return Ok(first);
+            }
+            let sub = self.inner.hub.subscribe(&keys.channel, claim.owner()).await?;
+            ticket.set_sub(Some(sub));
+        }
+        let attempt = self.run_acquire(claim, ticket, &keys, wait).await?;
+        if matches!(attempt, Attempt::Granted(_)) {
+            ticket.set_sub(None);
+        }
+        Ok(attempt)
+    }
+
+    async fn wait(
+        &self,
+        _claim: &Claim,
+        ticket: &RedisTicket,
+        recheck_at: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let Some(mailbox) = ticket.mailbox() else {
+            if let Some(at) = recheck_at {
+                sleep_until(at).await;
+            }
+            return Ok(None);
+        };
+        let wake = match recheck_at {
+            Some(at) => tokio::select! {
+                wake = mailbox.recv() => wake,
+                () = sleep_until(at) => Wake::Recheck,
+            },
+            None => mailbox.recv().await,
+        };
+        let Wake::Granted(handoff) = wake else {
+            return Ok(None);
+        };
+        // Place the handoff on the local clock: our last request was sent at `sent`, when the
+        // server's clock read at most `server_ms`; the handoff happened `server delta` later.
+        let clock = *ticket.clock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((sent, server_ms)) = clock else {
+            return Ok(None);
+        };
+        let Ok(since) = u64::try_from(handoff.server_ms - server_ms) else {
+            return Ok(None);
+        };
+        let valid_until = sent + Duration::from_millis(since) + Duration::from_millis(handoff.px);
+        if valid_until < Instant::now() + HANDOFF_MIN_LEFT {
+            // Too late to trust: let `acquire` confirm it with the server.
+            return Ok(None);
+        }
+        ticket.set_sub(None);
+        Ok(Some(Grant {
+            fence: handoff.fence,
+            valid_until,
+        }))
+    }
+
+    async fn release(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
+        ticket.set_sub(None);
+        let keys = Keys::new(claim);
+        let mut inv = RELEASE.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.queue)
+            .key(&keys.waiters)
+            .key(&keys.fence)
+            .arg(claim.owner())
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channel);
+        let held: i64 = self.inner.commands.invoke("release", &inv).await?;
+        Ok(held == 1)
+    }
+
+    async fn renew(&self, claims: &[(&Claim, &RedisTicket)]) -> Vec<Renewal> {
+        let mut inv = RENEW.prepare_invoke();
+        for (claim, _) in claims {
+            let keys = Keys::new(claim);
+            inv.key(keys.lock)
+                .key(keys.waiters)
+                .key(keys.queue)
+                .arg(claim.owner())
+                .arg(millis(claim.ttl()));
+        }
+        let sent = Instant::now();
+        match self.inner.commands.invoke::<Vec<i64>>("renew", &inv).await {
+            Ok(results) if results.len() == claims.len() => claims
+                .iter()
+                .zip(results)
+                .map(|((claim, _), r)| match r {
+                    1 | 2 => Renewal::Extended(sent + claim.ttl()),
+                    _ => Renewal::NotOwner,
+                })
+                .collect(),
+            Ok(_) => {
+                let err = Error::new(ErrorKind::Backend, "redis renew returned a malformed reply");
+                claims.iter().map(|_| Renewal::Failed(err.clone())).collect()
+            }
+            Err(err) => claims.iter().map(|_| Renewal::Failed(err.clone())).collect(),
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! The pub/sub hub: one dedicated connection per backend, shared by every waiter.
+//!
+//! Waiters register a mailbox under (channel, owner token). A channel is subscribed while at
+//! least one mailbox uses it. Handoff messages (`"<owner> <fence> <server ms> <px>"`) go to the
+//! mailbox of the owner they name. When the connection drops, the hub reconnects, resubscribes
+//! and tells every mailbox to re-check, since messages may have been missed meanwhile.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use ::redis::aio::PubSubSink;
+use tokio::sync::{mpsc, watch, Notify};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// How long a subscriber waits for the pub/sub connection before giving up.
+const CONNECT_WAIT: Duration = Duration::from_secs(5);
+const RECONNECT_MIN: Duration = Duration::from_millis(20);
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// A handoff announced on a lock's channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Handoff {
+    pub(crate) fence: u64,
+    pub(crate) server_ms: i64,
+    pub(crate) px: u64,
+}
+
+/// What woke a waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    Granted(Handoff),
+    /// Messages may have been missed (reconnect): ask the server.
+    Recheck,
+}
+
+#[derive(Default)]
+pub(crate) struct Mailbox {
+    slot: StdMutex<Option<Wake>>,
+    notify: Notify,
+}
+
+impl Mailbox {
+    fn put(&self, wake: Wake) {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        // A grant is never overwritten by a mere re-check.
+        if !matches!(*slot, Some(Wake::Granted(_))) {
+            *slot = Some(wake);
+        }
+        drop(slot);
+        self.notify.notify_one();
+    }
+
+    /// Waits for the next wake-up.
+    pub(crate) async fn recv(&self) -> Wake {
+        loop {
+            if let Some(wake) = self.slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                return wake;
+            }
+            // `notify_one` stores a permit, so a wake-up between the check and here is kept.
+            self.notify.notified().await;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Channel {
+    mailboxes: HashMap<Arc<str>, Arc<Mailbox>>,
+    subscribed: bool,
+}
+
+struct HubInner {
+    channels: StdMutex<HashMap<Arc<str>, Channel>>,
+    sink: watch::Sender<Option<PubSubSink>>,
+    cmd: mpsc::UnboundedSender<Arc<str>>,
+}
+
+/// Handle to the hub; the task ends when the last handle is dropped.
+#[derive(Clone)]
+pub(crate) struct Hub {
+    inner: Arc<HubInner>,
+}
+
+/// A registered mailbox; dropping it unregisters and, for the last one, unsubscribes.
+pub(crate) struct Subscription {
+    hub: Weak<HubInner>,
+    channel: Arc<str>,
+    owner: Arc<str>,
+    pub(crate) mailbox: Arc<Mailbox>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let Some(hub) = self.hub.upgrade() else {
+            return;
+        };
+        let mut channels = hub.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ch) = channels.get_mut(&self.channel) {
+            ch.mailboxes.remove(&self.owner);
+            if ch.mailboxes.is_empty() {
+                channels.remove(&self.channel);
+                // The hub task unsubscribes unless someone subscribed again meanwhile.
+                let _ = hub.cmd.send(self.channel.clone());
+            }
+        }
+    }
+}
+
+impl Hub {
+    /// Starts the hub task on the current runtime. The connection is made in the background.
+    pub(crate) fn start(client: ::redis::Client) -> Self {
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let inner = Arc::new(HubInner {
+            channels: StdMutex::new(HashMap::new()),
+            sink: watch::Sender::new(None),
+            cmd: cmd_tx,
+        });
+        tokio::spawn(run(client, Arc::downgrade(&inner), cmd_rx));
+        Self { inner }
+    }
+
+    /// Registers `owner`'s mailbox on `channel` and makes sure the channel is subscribed before
+    /// returning, so no message published after this call is missed.
+    pub(crate) async fn subscribe(&self, channel: &str, owner: &str) -> Result<Subscription> {
+        let channel: Arc<str> = channel.into();
+        let owner: Arc<str> = owner.into();
+        let mailbox = Arc::new(Mailbox::default());
+        let subscribed = {
+            let mut channels = self.inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let ch = channels.entry(channel.clone()).or_default();
+            ch.mailboxes.insert(owner.clone(), mailbox.clone());
+            ch.subscribed
+        };
+        let sub = Subscription {
+            hub: Arc::downgrade(&self.inner),
+            channel: channel.clone(),
+            owner,
+            mailbox,
+        };
+        if !subscribed {
+            let mut sink = self.sink().await?;
+            sink.subscribe(&*channel).await.map_err(|e| {
+                Error::new(ErrorKind::Backend, "redis subscribe failed").with_source(e)
+            })?;
+            let mut channels = self.inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(ch) = channels.get_mut(&channel) {
+                ch.subscribed = true;
+            }
+        }
+        Ok(sub)
+    }
+
+    async fn sink(&self) -> Result<PubSubSink> {
+        let mut rx = self.inner.sink.subscribe();
+        let ready = tokio::time::timeout(CONNECT_WAIT, rx.wait_for(Option::is_some)).await;
+        match ready {
+            Ok(Ok(sink)) => sink.clone().ok_or_else(unreachable_err),
+            _ => Err(unreachable_err()),
+        }
+    }
+}
+
+fn unreachable_err() -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        "redis pub/sub connection is not available",
+    )
+}
+
+fn parse(payload: &str) -> Option<(&str, Handoff)> {
+    let mut parts = payload.split(' ');
+    let owner = parts.next()?;
+    let fence = parts.next()?.parse().ok()?;
+    let server_ms = parts.next()?.parse().ok()?;
+    let px = parts.next()?.parse().ok()?;
+    Some((
+        owner,
+        Handoff {
+            fence,
+            server_ms,
+            px,
+        },
+    ))
+}
+
+async fn run(
+    client: ::redis::Client,
+    hub: Weak<HubInner>,
+    mut cmd: mpsc::UnboundedReceiver<Arc<str>>,
+) {
+    let mut backoff = RECONNECT_MIN;
+    let mut first = true;
+    loop {
+        let pubsub = tokio::select! {
+            r = client.get_async_pubsub() => r,
+            c = cmd.recv() => {
+                if c.is_none() { return; }
+                continue;
+            }
+        };
+        let (mut sink, mut stream) = match pubsub {
+            Ok(p) => p.split(),
+            Err(err) => {
+                tracing::debug!(error = %err, "redis pub/sub connect failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RECONNECT_MAX);
+                if hub.strong_count() == 0 {
+                    return;
+                }
+                continue;
+            }
+        };
+        backoff = RECONNECT_MIN;
+        let Some(inner) = hub.upgrade() else { return };
+        // Resubscribe what is in use, then let every waiter re-check what it may have missed.
+        let wanted: Vec<Arc<str>> = {
+            let mut channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+            channels.values_mut().for_each(|c| c.subscribed = false);
+            channels.keys().cloned().collect()
+        };
+        let mut ok = true;
+        for ch in &wanted {
+            if sink.subscribe(&**ch).await.is_err() {
+                ok = false;
+                break;
+            }
+        }
+        if !ok {
+            continue;
+        }
+        {
+            let mut channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+            for ch in &wanted {
+                if let Some(c) = channels.get_mut(ch) {
+                    c.subscribed = true;
+                }
+            }
+            if !first {
+                for c in channels.values() {
+                    c.mailboxes.values().for_each(|m| m.put(Wake::Recheck));
+                }
+            }
+        }
+        first = false;
+        inner.sink.send_replace(Some(sink.clone()));
+        drop(inner);
+
+        loop {
+            tokio::select! {
+                msg = stream.next() => {
+                    let Some(msg) = msg else { break };
+                    let Some(inner) = hub.upgrade() else { return };
+                    let channel = msg.get_channel_name().to_owned();
+                    let Ok(payload) = msg.get_payload::<String>() else { continue };
+                    let Some((owner, handoff)) = parse(&payload) else { continue };
+                    let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(mailbox) = channels.get(channel.as_str()).and_then(|c| c.mailboxes.get(owner)) {
+                        mailbox.put(Wake::Granted(handoff));
+                    }
+                }
+                c = cmd.recv() => {
+                    let Some(channel) = c else { return };
+                    let Some(inner) = hub.upgrade() else { return };
+                    let in_use = |inner: &HubInner| {
+                        inner.channels.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&channel)
+                    };
+                    if !in_use(&inner) {
+                        let _ = sink.unsubscribe(&*channel).await;
+                        // A waiter may have subscribed while the UNSUBSCRIBE was in flight and
+                        // been overtaken by it: subscribe again for it.
+                        if in_use(&inner) {
+                            let _ = sink.subscribe(&*channel).await;
+                        }
+                    }
+                }
+            }
+        }
+        // The connection dropped.
+        tracing::debug!("redis pub/sub connection lost; reconnecting");
+        if let Some(inner) = hub.upgrade() {
+            inner.sink.send_replace(None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_handoff_messages() {
+        let (owner, h) = parse("a-b-c 1763000000000001 1763000000000 2000").unwrap();
+        assert_eq!(owner, "a-b-c");
+        assert_eq!(
+            h,
+            Handoff {
+                fence: 1_763_000_000_000_001,
+                server_ms: 1_763_000_000_000,
+                px: 2000
+            }
+        );
+        assert!(parse("garbage").is_none());
+        assert!(parse("o x 1 2").is_none());
+    }
+}

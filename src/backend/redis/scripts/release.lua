@@ -1,0 +1,23 @@
+-- Remove every trace of an owner: its grant (handing the lock to the next live waiter) or its
+-- queue entry. Idempotent.
+-- KEYS: lock, queue, waiters, fence
+-- ARGV: owner, fence ttl ms, handoff ttl ms, channel
+-- Returns 1 if the owner held the lock, 0 otherwise.
+local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, fence_ttl, handoff_ttl, channel = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local now, now_us = clock()
+
+local holder = redis.call('HGET', lock, 'o')
+local held = 0
+if holder == owner then
+  redis.call('DEL', lock)
+  held = 1
+else
+  if redis.call('ZREM', waiters, owner) == 1 then
+    redis.call('LREM', queue, 1, owner)
+  end
+end
+if held == 1 or not holder then
+  hand_off(lock, queue, waiters, fence, now, now_us, fence_ttl, handoff_ttl, channel)
+end
+return held
