@@ -11,6 +11,10 @@ use crate::error::{Error, Result};
 use crate::key::validate_key;
 use crate::lease::{Held, Lease};
 
+/// The first and the longest pause between re-checks while the backend is unreachable.
+const MIN_OUTAGE_PAUSE: Duration = Duration::from_millis(50);
+const MAX_OUTAGE_PAUSE: Duration = Duration::from_secs(2);
+
 /// Whether to queue for the lock or give up if it is not free now.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -52,6 +56,7 @@ pub(crate) async fn acquire(
     });
 
     let mut attempt = backend.acquire(&lease.claim, &lease.ticket, wait).await?;
+    let mut outage = Duration::ZERO;
     let grant = loop {
         match attempt {
             Attempt::Granted(grant) => break grant,
@@ -62,12 +67,30 @@ pub(crate) async fn acquire(
             }
             Attempt::Queued { recheck_at } => {
                 let woke = tokio::select! {
-                    woke = backend.wait(&lease.claim, &lease.ticket, recheck_at) => woke?,
+                    woke = backend.wait(&lease.claim, &lease.ticket, recheck_at) => woke,
                     _ = closed.wait_for(|closed| *closed) => return Err(Error::closed()),
                 };
-                attempt = match woke {
-                    Some(grant) => Attempt::Granted(grant),
-                    None => backend.acquire(&lease.claim, &lease.ticket, true).await?,
+                let next = match woke {
+                    Ok(Some(grant)) => Ok(Attempt::Granted(grant)),
+                    Ok(None) => backend.acquire(&lease.claim, &lease.ticket, true).await,
+                    Err(e) => Err(e),
+                };
+                attempt = match next {
+                    Ok(attempt) => {
+                        outage = Duration::ZERO;
+                        attempt
+                    }
+                    // A queued claim rides out a passing outage (a restart, a dropped
+                    // connection): it asks again after a growing pause, or sooner when the
+                    // backend wakes it (reconnected). `lock_timeout` bounds the whole wait.
+                    Err(e) if e.is_transient() => {
+                        outage = (outage * 2).clamp(MIN_OUTAGE_PAUSE, MAX_OUTAGE_PAUSE);
+                        tracing::warn!(key = lease.claim.key(), error = %e, pause = ?outage, "lock wait: backend unavailable, retrying");
+                        Attempt::Queued {
+                            recheck_at: Some(tokio::time::Instant::now() + outage),
+                        }
+                    }
+                    Err(e) => return Err(e),
                 };
             }
         }

@@ -61,6 +61,7 @@ pub struct Error {
     kind: ErrorKind,
     message: Arc<str>,
     source: Option<Arc<dyn StdError + Send + Sync + 'static>>,
+    transient: bool,
 }
 
 impl Error {
@@ -81,7 +82,29 @@ impl Error {
             kind,
             message: message.into(),
             source: None,
+            transient: false,
         }
+    }
+
+    /// Marks the failure as passing (a dropped connection, a timeout): a queued `lock()`
+    /// retries it instead of giving up. Backends mark what they know to be transient.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use distlock::{Error, ErrorKind};
+    /// let err = Error::new(ErrorKind::Backend, "connection reset").transient();
+    /// assert!(err.is_transient());
+    /// ```
+    #[must_use]
+    pub fn transient(mut self) -> Self {
+        self.transient = true;
+        self
+    }
+
+    /// Whether the failure is known to be passing; see [`transient`](Self::transient).
+    pub fn is_transient(&self) -> bool {
+        self.transient
     }
 
     /// Attaches the underlying cause, reachable through [`source`](StdError::source).

@@ -118,10 +118,442 @@ async fn mutual_exclusion_and_increasing_fences() {
     for t in tasks {
         timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
     }
-    assert_eq!(overlap.violations.load(Ordering::SeqCst), 0, "two holders at once");
+    assert_eq!(
+        overlap.violations.load(Ordering::SeqCst),
+        0,
+        "two holders at once"
+    );
     let fences = fences.lock().unwrap().clone();
     assert_eq!(fences.len(), 200);
-    assert!(fences.windows(2).all(|w| w[0] < w[1]), "fences not increasing: {fences:?}");
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not increasing: {fences:?}"
+    );
     let left = keys_in(&shared_redis().url(), &ns).await;
-    assert!(left.iter().all(|k| k.ends_with(":fence")), "keys left: {left:?}");
+    assert!(
+        left.iter().all(|k| k.ends_with(":fence")),
+        "keys left: {left:?}"
+    );
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_arrival_order() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let holder = client(&ns).await.mutex("fifo").lock().await.unwrap();
+    let order = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let mutex = client(&ns).await.mutex("fifo");
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = mutex.lock().await.unwrap();
+            order.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        until_queued(&url, &ns, "fifo", i + 1).await;
+    }
+    holder.release().await.unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(10), t).await.unwrap().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn try_lock_and_lock_timeout_leave_no_queue_entry() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let a = client(&ns).await;
+    let b = client(&ns).await;
+    let held = a.mutex("k").lock().await.unwrap();
+    let err = b.mutex("k").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err:?}");
+    assert_eq!(queue_len(&url, &ns, "k").await, 0);
+    let err = b
+        .mutex("k")
+        .lock_timeout(Duration::from_millis(150))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    b.shutdown().await;
+    held.release().await.unwrap();
+    a.shutdown().await;
+    let left = keys_in(&url, &ns).await;
+    assert!(
+        left.iter().all(|k| k.ends_with(":fence")),
+        "keys left: {left:?}"
+    );
+}
+
+#[cfg(all(feature = "redis-deadpool", feature = "redis-bb8"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadpool_and_bb8_pools_exclude_each_other() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let pool = deadpool_redis::Config::from_url(url.clone())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let via_deadpool = RedisBackend::builder(url.clone())
+        .deadpool(pool)
+        .build()
+        .await
+        .unwrap();
+    let manager = bb8_redis::RedisConnectionManager::new(url.clone()).unwrap();
+    let pool = bb8::Pool::builder().build(manager).await.unwrap();
+    let via_bb8 = RedisBackend::builder(url.clone())
+        .bb8(pool)
+        .build()
+        .await
+        .unwrap();
+    let clients = vec![
+        LockClient::builder(via_deadpool)
+            .namespace(&ns)
+            .build()
+            .unwrap(),
+        LockClient::builder(via_bb8).namespace(&ns).build().unwrap(),
+        client(&ns).await,
+    ];
+    let overlap = Arc::new(Overlap::default());
+    let grants = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for c in clients {
+        let (overlap, grants) = (overlap.clone(), grants.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                let guard = c.mutex("pooled").lock().await.unwrap();
+                overlap.enter();
+                grants.fetch_add(1, Ordering::SeqCst);
+                sleep(Duration::from_micros(500)).await;
+                overlap.exit();
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
+    }
+    assert_eq!(grants.load(Ordering::SeqCst), 60);
+    assert_eq!(overlap.violations.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn acl_users_log_in_and_stay_inside_their_namespace() {
+    let ns = test_namespace!();
+    let server = shared_redis();
+    let user = format!("u{}", std::process::id());
+    let mut admin = raw(&server.url()).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("reset")
+        .arg("on")
+        .arg(">s3cret")
+        .arg(format!("~{ns}:*"))
+        .arg(format!("&{ns}:*"))
+        .arg("+@all")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://{user}:s3cret@127.0.0.1:{}/", server.port());
+    let c = client_at(&url, &ns).await;
+    let guard = c.mutex("k").lock().await.unwrap();
+    assert!(c.mutex("k").try_lock().await.unwrap_err().is_would_block());
+    guard.release().await.unwrap();
+
+    // The same user cannot touch another namespace: the server refuses, the error says so.
+    let elsewhere = client_at(&url, "other-ns").await;
+    let err = elsewhere.mutex("k").try_lock().await.unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(err.to_string().contains("permission"), "{err}");
+
+    // A wrong password is a clear error at connect time.
+    let bad = format!("redis://{user}:wrong@127.0.0.1:{}/", server.port());
+    let err = RedisBackend::connect(&bad).await.unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(err.to_string().contains("authentication"), "{err}");
+}
+
+#[tokio::test]
+async fn deleting_the_key_behind_our_back_marks_the_guard_lost() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let c = LockClient::builder(backend)
+        .namespace(&ns)
+        .ttl(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let guard = c.mutex("k").lock().await.unwrap();
+    let mut conn = raw(&url).await;
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(format!("{ns}:{{k}}"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    let started = Instant::now();
+    timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("lost() did not resolve after the key was deleted");
+    assert!(guard.is_lost());
+    // Noticed at the next renewal, a third of the TTL in, not at the TTL.
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    let err = guard.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err:?}");
+}
+
+const CHILD_ENV: &str = "DISTLOCK_TEST_CHILD_HOLDER";
+const CHILD_TTL: Duration = Duration::from_millis(1500);
+
+#[tokio::test]
+async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        // The child: take the lock, say so, and hold it until killed.
+        let (url, ns) = spec.split_once(' ').unwrap();
+        let backend = RedisBackend::connect(url).await.unwrap();
+        let c = LockClient::builder(backend)
+            .namespace(ns)
+            .ttl(CHILD_TTL)
+            .build()
+            .unwrap();
+        let guard = c.mutex("k").lock().await.unwrap();
+        println!("HOLDING {}", guard.fencing_token());
+        std::future::pending::<()>().await;
+    }
+    use std::io::BufRead;
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, format!("{url} {ns}"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let child_fence: u64 = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("HOLDING ").and_then(|f| f.parse().ok()))
+    })
+    .await
+    .unwrap()
+    .expect("the child never reported holding the lock");
+
+    let c = client(&ns).await;
+    let waiter = tokio::spawn(c.mutex("k").lock());
+    until_queued(&url, &ns, "k", 1).await;
+    // Past the child's first renewals, so the lease was refreshed before it died.
+    sleep(CHILD_TTL).await;
+    child.kill().unwrap(); // SIGKILL
+    let killed = Instant::now();
+    child.wait().unwrap();
+    let guard = timeout(CHILD_TTL * 3, waiter)
+        .await
+        .expect("the lock of a killed holder was never freed")
+        .unwrap()
+        .unwrap();
+    let waited = killed.elapsed();
+    assert!(
+        waited <= CHILD_TTL + Duration::from_millis(300),
+        "took {waited:?} after the kill, TTL {CHILD_TTL:?}"
+    );
+    assert!(guard.fencing_token() > child_fence);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_resume_after_redis_restarts() {
+    let ns = test_namespace!();
+    let mut server = RedisServer::start();
+    let url = server.url();
+    let ttl = Duration::from_millis(1500);
+    let make = |url: String, ns: String| async move {
+        let backend = RedisBackend::connect(&url).await.unwrap();
+        LockClient::builder(backend)
+            .namespace(ns)
+            .ttl(ttl)
+            .build()
+            .unwrap()
+    };
+    let old = make(url.clone(), ns.clone())
+        .await
+        .mutex("k")
+        .lock()
+        .await
+        .unwrap();
+    let overlap = Arc::new(Overlap::default());
+    let fences = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let c = make(url.clone(), ns.clone()).await;
+        let (overlap, fences) = (overlap.clone(), fences.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = c.mutex("k").lock().await.unwrap();
+            overlap.enter();
+            fences.lock().unwrap().push(guard.fencing_token());
+            sleep(Duration::from_millis(50)).await;
+            overlap.exit();
+            guard.release().await.unwrap();
+        }));
+        until_queued(&url, &ns, "k", i + 1).await;
+    }
+    // Redis goes away for a moment and comes back empty (no persistence).
+    let _server = tokio::task::spawn_blocking(move || {
+        server.restart_after(|| std::thread::sleep(Duration::from_millis(300)));
+        server
+    })
+    .await
+    .unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(20), t)
+            .await
+            .expect("a waiter did not resume after the restart")
+            .unwrap();
+    }
+    assert_eq!(overlap.violations.load(Ordering::SeqCst), 0, "double grant");
+    // The old holder learns its lock is gone at its next renewal.
+    timeout(ttl, old.lost())
+        .await
+        .expect("the holder from before the restart was not told it lost the lock");
+    let fences = fences.lock().unwrap().clone();
+    assert!(
+        fences.iter().all(|f| *f > old.fencing_token()),
+        "{fences:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_lock_futures_leave_no_keys() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let overlap = Arc::new(Overlap::default());
+    let cancelled = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    let mut tasks = Vec::new();
+    for h in 0..2u64 {
+        let c = client(&ns).await;
+        clients.push(c.clone());
+        let overlap = overlap.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..40u64 {
+                let guard = c.mutex("torture").lock().await.unwrap();
+                overlap.enter();
+                sleep(Duration::from_micros(200 * ((i + h) % 4))).await;
+                overlap.exit();
+                drop(guard);
+            }
+        }));
+    }
+    for w in 0..4u64 {
+        let c = client(&ns).await;
+        clients.push(c.clone());
+        let (overlap, cancelled) = (overlap.clone(), cancelled.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut x = w * 7919 + 13;
+            for _ in 0..120 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let r = (x >> 33) % 1000;
+                let mutex = c.mutex("torture");
+                let got = if r % 2 == 0 {
+                    timeout(Duration::from_micros(r * 3), mutex.lock())
+                        .await
+                        .ok()
+                } else {
+                    let task = tokio::spawn(mutex.lock());
+                    for _ in 0..(r % 7) {
+                        tokio::task::yield_now().await;
+                    }
+                    task.abort();
+                    task.await.ok()
+                };
+                match got {
+                    Some(g) => {
+                        let g = g.unwrap();
+                        overlap.enter();
+                        overlap.exit();
+                        drop(g);
+                    }
+                    None => {
+                        cancelled.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(120), t).await.unwrap().unwrap();
+    }
+    for c in &clients {
+        c.shutdown().await;
+    }
+    assert_eq!(overlap.violations.load(Ordering::SeqCst), 0);
+    assert!(
+        cancelled.load(Ordering::SeqCst) > 100,
+        "too few cancellations"
+    );
+    // Nothing is left but the fencing counter, which carries a TTL.
+    let left = keys_in(&url, &ns).await;
+    let mut conn = raw(&url).await;
+    for key in &left {
+        assert!(key.ends_with(":fence"), "keys left: {left:?}");
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(pttl > 0, "{key} has no TTL");
+    }
+}
+
+#[tokio::test]
+async fn bad_keys_and_foreign_values_are_clear_errors() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let c = client(&ns).await;
+    for key in ["", "nul\0byte"] {
+        assert!(c.mutex(key).lock().await.unwrap_err().is_invalid_key());
+    }
+    assert!(keys_in(&url, &ns).await.is_empty());
+
+    let mut conn = raw(&url).await;
+    let _: () = redis::cmd("SET")
+        .arg(format!("{ns}:{{typed}}"))
+        .arg("not a lock")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = c.mutex("typed").lock().await.unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    // The foreign value is untouched.
+    let v: String = redis::cmd("GET")
+        .arg(format!("{ns}:{{typed}}"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(v, "not a lock");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_clear_error_not_a_hang() {
+    let port = support::free_port();
+    let started = Instant::now();
+    let err = RedisBackend::connect(&format!("redis://127.0.0.1:{port}/"))
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let err = RedisBackend::connect("redis://").await.unwrap_err();
+    assert!(err.is_invalid_config() || err.is_backend(), "{err:?}");
 }

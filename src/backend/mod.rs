@@ -291,11 +291,11 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
-#[cfg(feature = "memory")]
-pub use memory::{MemoryBackend, MemoryStats};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisTicket};
+#[cfg(feature = "memory")]
+pub use memory::{MemoryBackend, MemoryStats};
 
 /// A type-erased ticket.
 pub(crate) type AnyTicket = Box<dyn Any + Send + Sync>;

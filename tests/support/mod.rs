@@ -149,6 +149,32 @@ pub struct RedisServer {
     process: Supervised,
     port: u16,
     dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+fn redis_args(port: u16, dir: &Path, extra: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--port".into(),
+        port.to_string(),
+        "--bind".into(),
+        "127.0.0.1".into(),
+        "--save".into(),
+        String::new(),
+        "--appendonly".into(),
+        "no".into(),
+        "--daemonize".into(),
+        "no".into(),
+        "--dir".into(),
+        dir.display().to_string(),
+        "--logfile".into(),
+        dir.join("redis.log").display().to_string(),
+    ];
+    args.extend(extra.iter().cloned());
+    args
+}
+
+fn redis_ready(port: u16) -> bool {
+    ask(port, b"PING\r\n").is_ok_and(|reply| reply.starts_with("+PONG"))
 }
 
 impl RedisServer {
@@ -161,32 +187,47 @@ impl RedisServer {
     /// Like [`start`](Self::start), with extra `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
         let bin = require_binary("redis-server");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let (process, port, dir) = launch(
             "redis-server",
             &["redis.log", "stdout.log", "stdout.err"],
-            |port, dir| {
-                let mut args: Vec<String> = vec![
-                    "--port".into(),
-                    port.to_string(),
-                    "--bind".into(),
-                    "127.0.0.1".into(),
-                    "--save".into(),
-                    String::new(),
-                    "--appendonly".into(),
-                    "no".into(),
-                    "--daemonize".into(),
-                    "no".into(),
-                    "--dir".into(),
-                    dir.display().to_string(),
-                    "--logfile".into(),
-                    dir.join("redis.log").display().to_string(),
-                ];
-                args.extend(extra.iter().map(|s| s.to_string()));
-                (bin.clone(), args)
-            },
-            |port| ask(port, b"PING\r\n").is_ok_and(|reply| reply.starts_with("+PONG")),
+            |port, dir| (bin.clone(), redis_args(port, dir, &extra)),
+            redis_ready,
         );
-        Self { process, port, dir }
+        Self {
+            process,
+            port,
+            dir,
+            extra,
+        }
+    }
+
+    /// Kills the server (SIGKILL: no persistence, every key is gone) and starts a new one on
+    /// the same port once `down` has run.
+    pub fn restart_after(&mut self, down: impl FnOnce()) {
+        self.process.stop();
+        down();
+        let bin = require_binary("redis-server");
+        let args = redis_args(self.port, self.dir.path(), &self.extra);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.process = Supervised::spawn(&bin, &args, &self.dir.path().join("stdout.log"));
+            let started = Instant::now();
+            while !self.process.exited() && started.elapsed() < Duration::from_secs(5) {
+                if redis_ready(self.port) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // The port may still be in TIME_WAIT or taken; try again until the deadline.
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}; its log:\n{}",
+                self.port,
+                self.log()
+            );
+            self.process.stop();
+        }
     }
 
     pub fn port(&self) -> u16 {

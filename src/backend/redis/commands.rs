@@ -55,6 +55,7 @@ impl Commands {
             };
             match pauses.next() {
                 Some(pause) if retry => tokio::time::sleep(*pause).await,
+                _ if retry => return Err(describe(what, failure).transient()),
                 _ => return Err(describe(what, failure)),
             }
         }

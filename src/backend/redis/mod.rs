@@ -219,9 +219,8 @@ impl RedisBackendBuilder {
                 crate::MIN_TTL
             )));
         }
-        let client = ::redis::Client::open(self.url.as_str()).map_err(|e| {
-            Error::invalid_config("malformed redis url").with_source(e)
-        })?;
+        let client = ::redis::Client::open(self.url.as_str())
+            .map_err(|e| Error::invalid_config("malformed redis url").with_source(e))?;
         tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
         let commands = match self.source {
             Source::Own => {
@@ -300,7 +299,10 @@ impl RedisTicket {
 
     fn set_sub(&self, sub: Option<Subscription>) {
         // Dropped outside the lock: dropping unregisters from the hub.
-        let old = std::mem::replace(&mut *self.sub.lock().unwrap_or_else(|p| p.into_inner()), sub);
+        let old = std::mem::replace(
+            &mut *self.sub.lock().unwrap_or_else(|p| p.into_inner()),
+            sub,
+        );
         drop(old);
     }
 
@@ -327,7 +329,13 @@ fn fence_of(raw: i64) -> Result<u64> {
 }
 
 impl RedisBackend {
-    async fn run_acquire(&self, claim: &Claim, ticket: &RedisTicket, keys: &Keys, wait: bool) -> Result<Attempt> {
+    async fn run_acquire(
+        &self,
+        claim: &Claim,
+        ticket: &RedisTicket,
+        keys: &Keys,
+        wait: bool,
+    ) -> Result<Attempt> {
         let mut inv = ACQUIRE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.queue)
@@ -374,7 +382,11 @@ impl Backend for RedisBackend {
             if matches!(first, Attempt::Granted(_)) {
                 return Ok(first);
             }
-            let sub = self.inner.hub.subscribe(&keys.channel, claim.owner()).await?;
+            let sub = self
+                .inner
+                .hub
+                .subscribe(&keys.channel, claim.owner())
+                .await?;
             ticket.set_sub(Some(sub));
         }
         let attempt = self.run_acquire(claim, ticket, &keys, wait).await?;
@@ -465,9 +477,15 @@ impl Backend for RedisBackend {
                 .collect(),
             Ok(_) => {
                 let err = Error::new(ErrorKind::Backend, "redis renew returned a malformed reply");
-                claims.iter().map(|_| Renewal::Failed(err.clone())).collect()
+                claims
+                    .iter()
+                    .map(|_| Renewal::Failed(err.clone()))
+                    .collect()
             }
-            Err(err) => claims.iter().map(|_| Renewal::Failed(err.clone())).collect(),
+            Err(err) => claims
+                .iter()
+                .map(|_| Renewal::Failed(err.clone()))
+                .collect(),
         }
     }
 }

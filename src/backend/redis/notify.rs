@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
-use futures::StreamExt;
 use ::redis::aio::PubSubSink;
+use futures::StreamExt;
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -128,7 +128,11 @@ impl Hub {
         let owner: Arc<str> = owner.into();
         let mailbox = Arc::new(Mailbox::default());
         let subscribed = {
-            let mut channels = self.inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let mut channels = self
+                .inner
+                .channels
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             let ch = channels.entry(channel.clone()).or_default();
             ch.mailboxes.insert(owner.clone(), mailbox.clone());
             ch.subscribed
@@ -144,7 +148,11 @@ impl Hub {
             sink.subscribe(&*channel).await.map_err(|e| {
                 Error::new(ErrorKind::Backend, "redis subscribe failed").with_source(e)
             })?;
-            let mut channels = self.inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let mut channels = self
+                .inner
+                .channels
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             if let Some(ch) = channels.get_mut(&channel) {
                 ch.subscribed = true;
             }
