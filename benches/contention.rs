@@ -4,8 +4,17 @@
 //!
 //! `<impl> workers=W cs_ms=C acq_per_s=… p50_ms=… p99_ms=… max_ms=… fairness_min_over_max=… server_ops_per_acq=… overlaps=0`
 //!
-//! Run: `cargo bench --bench contention [-- --workers 8 --cs-ms 1 --secs 5 --impl memory]`.
-//! `--workers` and `--cs-ms` take comma-separated lists.
+//! Run: `cargo bench --bench contention --all-features [-- --workers 8 --cs-ms 1 --secs 5 --impl memory,redis,rslock]`.
+//! `--workers`, `--cs-ms` and `--impl` take comma-separated lists. Redis runs start their own
+//! `redis-server` on a free loopback port (tests/support), shared by `redis` and `rslock`.
+//!
+//! `server_ops_per_acq` is the INFO `total_commands_processed` delta per acquisition, which
+//! counts the calls a Lua script makes inside the server too; a second line, starting with `#`,
+//! gives the round trips (top-level commands) per acquisition.
+
+#[path = "../tests/support/mod.rs"]
+#[allow(unused_macros)]
+mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -53,34 +62,74 @@ struct Outcome {
     elapsed: Duration,
 }
 
+/// One worker's lock: distlock on any backend, or rslock.
+enum Locker {
+    Distlock(LockClient),
+    #[cfg(feature = "redis")]
+    Rslock(rslock::LockManager),
+}
+
+impl Locker {
+    /// Takes the lock, runs `section`, releases it; returns how long the lock took.
+    async fn cycle(&self, section: impl std::future::Future<Output = ()>) -> Duration {
+        let asked = Instant::now();
+        match self {
+            Self::Distlock(client) => {
+                let guard = client.mutex("bench:contention").lock().await.expect("lock");
+                let waited = asked.elapsed();
+                section.await;
+                guard.release().await.expect("release");
+                waited
+            }
+            #[cfg(feature = "redis")]
+            Self::Rslock(manager) => {
+                let lock = manager
+                    .acquire_no_guard("bench:contention", Duration::from_secs(30))
+                    .await
+                    .expect("rslock");
+                let waited = asked.elapsed();
+                section.await;
+                manager.unlock(&lock).await;
+                waited
+            }
+        }
+    }
+
+    async fn close(self) {
+        if let Self::Distlock(client) = self {
+            client.shutdown().await;
+        }
+    }
+}
+
 /// Runs W workers, one client each, on one key for `secs`.
-async fn contend(clients: Vec<LockClient>, cs: Duration, secs: f64) -> Outcome {
+async fn contend(lockers: Vec<Locker>, cs: Duration, secs: f64) -> Outcome {
     let stop = Arc::new(AtomicBool::new(false));
     let inside = Arc::new(AtomicUsize::new(0));
     let overlaps = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for client in clients {
+    for locker in lockers {
         let (stop, inside, overlaps) = (stop.clone(), inside.clone(), overlaps.clone());
         tasks.push(tokio::spawn(async move {
-            let mutex = client.mutex("bench:contention");
             let mut waits = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                let asked = Instant::now();
-                let guard = mutex.lock().await.expect("lock");
-                waits.push(asked.elapsed());
-                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                    overlaps.fetch_add(1, Ordering::SeqCst);
-                }
-                if cs.is_zero() {
-                    tokio::task::yield_now().await;
-                } else {
-                    busy_or_sleep(cs).await;
-                }
-                inside.fetch_sub(1, Ordering::SeqCst);
-                guard.release().await.expect("release");
+                let waited = locker
+                    .cycle(async {
+                        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        if cs.is_zero() {
+                            tokio::task::yield_now().await;
+                        } else {
+                            busy_or_sleep(cs).await;
+                        }
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    })
+                    .await;
+                waits.push(waited);
             }
-            client.shutdown().await;
+            locker.close().await;
             waits
         }));
     }
@@ -101,20 +150,22 @@ async fn contend(clients: Vec<LockClient>, cs: Duration, secs: f64) -> Outcome {
     }
 }
 
-/// Holds for `cs` precisely: the tokio timer rounds up to the next millisecond tick (a 1 ms
-/// sleep takes about 2 ms), so sections of a millisecond or more sleep a blocking-pool thread,
-/// and shorter ones spin.
+/// Holds for `cs` precisely on a blocking-pool thread: the tokio timer rounds a 1 ms sleep up to
+/// about 2 ms and `thread::sleep` overshoots by the kernel's timer slack, so sleep until shortly
+/// before the end and spin the rest.
 async fn busy_or_sleep(cs: Duration) {
-    if cs >= Duration::from_millis(1) {
-        tokio::task::spawn_blocking(move || std::thread::sleep(cs))
-            .await
-            .expect("sleeper");
-    } else {
+    const SPIN: Duration = Duration::from_micros(150);
+    tokio::task::spawn_blocking(move || {
         let until = Instant::now() + cs;
+        if let Some(nap) = cs.checked_sub(SPIN) {
+            std::thread::sleep(nap);
+        }
         while Instant::now() < until {
             std::hint::spin_loop();
         }
-    }
+    })
+    .await
+    .expect("section");
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -125,14 +176,15 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e3
 }
 
-fn report(name: &str, workers: usize, cs_ms: f64, mut o: Outcome, ops: Option<f64>) {
+fn report(name: &str, workers: usize, cs_ms: f64, mut o: Outcome, ops: Option<Ops>) {
     o.waits.sort();
     let total = o.waits.len();
     let min = o.per_worker.iter().copied().min().unwrap_or(0) as f64;
     let max = o.per_worker.iter().copied().max().unwrap_or(0).max(1) as f64;
-    let ops = ops.map_or_else(|| "n/a".to_string(), |v| format!("{v:.2}"));
+    let per_acq = |n: u64| n as f64 / total.max(1) as f64;
+    let ops_field = ops.map_or_else(|| "n/a".to_string(), |o| format!("{:.2}", per_acq(o.total)));
     println!(
-        "{name} workers={workers} cs_ms={cs_ms} acq_per_s={:.0} p50_ms={:.3} p99_ms={:.3} max_ms={:.3} fairness_min_over_max={:.2} server_ops_per_acq={ops} overlaps={}",
+        "{name} workers={workers} cs_ms={cs_ms} acq_per_s={:.0} p50_ms={:.3} p99_ms={:.3} max_ms={:.3} fairness_min_over_max={:.2} server_ops_per_acq={ops_field} overlaps={}",
         total as f64 / o.elapsed.as_secs_f64(),
         percentile(&o.waits, 0.50),
         percentile(&o.waits, 0.99),
@@ -140,6 +192,65 @@ fn report(name: &str, workers: usize, cs_ms: f64, mut o: Outcome, ops: Option<f6
         min / max,
         o.overlaps,
     );
+    if let Some(o) = ops {
+        println!(
+            "# {name} workers={workers} cs_ms={cs_ms} round_trips_per_acq={:.2} (top-level commands; server_ops counts script-internal calls too)",
+            per_acq(o.top_level)
+        );
+    }
+}
+
+/// Server-side command counts over a run.
+#[derive(Clone, Copy, Default)]
+struct Ops {
+    /// INFO `total_commands_processed`, script-internal calls included.
+    total: u64,
+    /// Commands only a client sends: scripts, (un)subscribes, and SET for rslock (our scripts
+    /// call SET only when a fence counter restarts, once per key and run).
+    top_level: u64,
+}
+
+#[cfg(feature = "redis")]
+async fn server_ops(url: &str) -> Ops {
+    let mut conn = redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let stats: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut conn)
+        .await
+        .expect("info");
+    let commands: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("info");
+    let total = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let top_level = commands
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            let calls: u64 = rest.split(',').next()?.parse().ok()?;
+            matches!(
+                name,
+                "evalsha" | "eval" | "subscribe" | "unsubscribe" | "set" | "script|load"
+            )
+            .then_some(calls)
+        })
+        .sum();
+    Ops { total, top_level }
+}
+
+/// One `redis-server` for every Redis run of this process.
+#[cfg(feature = "redis")]
+fn redis_url() -> String {
+    support::shared_redis().url()
 }
 
 fn main() {
@@ -156,17 +267,49 @@ fn main() {
                     match name.as_str() {
                         "memory" => {
                             let backend = MemoryBackend::new();
-                            let clients = (0..workers)
+                            let lockers = (0..workers)
                                 .map(|_| {
-                                    LockClient::builder(backend.clone())
-                                        .build()
-                                        .expect("client")
+                                    Locker::Distlock(
+                                        LockClient::builder(backend.clone())
+                                            .build()
+                                            .expect("client"),
+                                    )
                                 })
                                 .collect();
-                            let outcome = contend(clients, cs, args.secs).await;
+                            let outcome = contend(lockers, cs, args.secs).await;
                             report("distlock-memory", workers, cs_ms, outcome, None);
                         }
-                        other => eprintln!("unknown --impl {other}; known: memory"),
+                        #[cfg(feature = "redis")]
+                        "redis" | "rslock" => {
+                            let url = redis_url();
+                            let mut lockers = Vec::new();
+                            for _ in 0..workers {
+                                lockers.push(if name == "redis" {
+                                    let backend = distlock::backend::RedisBackend::connect(&url)
+                                        .await
+                                        .expect("redis backend");
+                                    Locker::Distlock(
+                                        LockClient::builder(backend).build().expect("client"),
+                                    )
+                                } else {
+                                    Locker::Rslock(rslock::LockManager::new(vec![url.clone()]))
+                                });
+                            }
+                            let before = server_ops(&url).await;
+                            let outcome = contend(lockers, cs, args.secs).await;
+                            let after = server_ops(&url).await;
+                            let ops = Ops {
+                                total: after.total - before.total,
+                                top_level: after.top_level - before.top_level,
+                            };
+                            let label = if name == "redis" {
+                                "distlock-redis"
+                            } else {
+                                "rslock"
+                            };
+                            report(label, workers, cs_ms, outcome, Some(ops));
+                        }
+                        other => eprintln!("unknown --impl {other}; known: memory, redis, rslock"),
                     }
                 }
             }

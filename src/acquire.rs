@@ -52,7 +52,7 @@ pub(crate) async fn acquire(
 
     // Until disarmed, dropping this (on cancellation or on an error return) releases the claim.
     let cleanup = scopeguard::guard(lease.clone(), |lease| {
-        drop(client.spawn_release(&handle, lease));
+        client.spawn_release(&handle, lease);
     });
 
     let mut attempt = backend.acquire(&lease.claim, &lease.ticket, wait).await?;

@@ -278,18 +278,11 @@ impl ClientInner {
         Ok(engine)
     }
 
-    /// Stops renewal of `lease` and releases it in a task on `handle`. The returned receiver
-    /// yields whether the lease was still held.
-    pub(crate) fn spawn_release(
-        self: &Arc<Self>,
-        handle: &Handle,
-        lease: Arc<Lease>,
-    ) -> oneshot::Receiver<Result<bool>> {
-        let (tx, rx) = oneshot::channel();
+    /// Stops renewal of `lease` for good. Returns `false` if it was already stopped (released
+    /// before, or by shutdown).
+    pub(crate) fn stop(&self, lease: &Lease) -> bool {
         if !lease.finish() {
-            // Already released (by shutdown).
-            let _ = tx.send(Ok(false));
-            return rx;
+            return false;
         }
         if let Some(engine) = self
             .engine
@@ -297,19 +290,43 @@ impl ClientInner {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
         {
-            engine.forget(&lease);
+            engine.forget(lease);
         }
+        true
+    }
+
+    /// Stops renewal of `lease` and releases it in a task on `handle`.
+    pub(crate) fn spawn_release(self: &Arc<Self>, handle: &Handle, lease: Arc<Lease>) {
+        if self.stop(&lease) {
+            self.release_in_task(handle, lease);
+        }
+    }
+
+    /// Releases a stopped lease in a task on `handle`; `shutdown` waits for it.
+    pub(crate) fn release_in_task(self: &Arc<Self>, handle: &Handle, lease: Arc<Lease>) {
         let token = self.pending.start();
         let backend = self.backend.clone();
         handle.spawn(async move {
-            let result = backend.release(&lease.claim, &lease.ticket).await;
-            if let Err(err) = &result {
+            if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
                 tracing::warn!(key = lease.claim.key(), error = %err, "release failed; the lease will expire");
             }
-            let _ = tx.send(result);
             drop(token);
         });
-        rx
+    }
+
+    /// Releases a stopped lease here; if this future is dropped first, the release finishes
+    /// in a task on `handle`.
+    pub(crate) async fn release_now(
+        self: &Arc<Self>,
+        handle: &Handle,
+        lease: &Arc<Lease>,
+    ) -> Result<bool> {
+        let _token = self.pending.start();
+        let backstop =
+            scopeguard::guard(lease.clone(), |lease| self.release_in_task(handle, lease));
+        let result = self.backend.release(&lease.claim, &lease.ticket).await;
+        scopeguard::ScopeGuard::into_inner(backstop);
+        result
     }
 }
 

@@ -355,12 +355,11 @@ impl Held {
     pub(crate) async fn release(mut self) -> Result<()> {
         self.armed = false;
         let was_lost = self.is_lost();
-        let done = self.client.spawn_release(&self.handle, self.lease.clone());
-        let held = match done.await {
-            Ok(result) => result?,
-            // The runtime is shutting down and dropped the task.
-            Err(_) => return Err(Error::closed()),
-        };
+        if !self.client.stop(&self.lease) {
+            // Shutdown released it already.
+            return Err(Error::lost(self.key()));
+        }
+        let held = self.client.release_now(&self.handle, &self.lease).await?;
         if was_lost || !held {
             return Err(Error::lost(self.key()));
         }
@@ -372,7 +371,7 @@ impl Drop for Held {
     fn drop(&mut self) {
         if self.armed {
             // The result is logged by the task; nobody is left to receive it.
-            drop(self.client.spawn_release(&self.handle, self.lease.clone()));
+            self.client.spawn_release(&self.handle, self.lease.clone());
         }
     }
 }

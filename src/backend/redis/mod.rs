@@ -350,13 +350,14 @@ impl RedisBackend {
         let sent = Instant::now();
         let (granted, value, server_ms): (i64, i64, i64) =
             self.inner.commands.invoke("acquire", &inv).await?;
-        *ticket.clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent, server_ms));
         if granted == 1 {
             return Ok(Attempt::Granted(Grant {
                 fence: fence_of(value)?,
                 valid_until: sent + claim.ttl(),
             }));
         }
+        // Queued: remember when the server's clock read `server_ms`, to place a handoff.
+        *ticket.clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent, server_ms));
         // The holder's remaining lease; without one, check again after our own TTL.
         let wait_for = u64::try_from(value)
             .ok()
@@ -375,19 +376,28 @@ impl Backend for RedisBackend {
     async fn acquire(&self, claim: &Claim, ticket: &RedisTicket, wait: bool) -> Result<Attempt> {
         let keys = Keys::new(claim);
         if wait && !ticket.subscribed() {
-            // Look first without queueing: a free lock costs one round trip. Only a claim that
-            // must wait subscribes, and it subscribes before it queues, so no handoff to it can
-            // be published unheard.
-            let first = self.run_acquire(claim, ticket, &keys, false).await?;
-            if matches!(first, Attempt::Granted(_)) {
-                return Ok(first);
-            }
-            let sub = self
+            // A claim subscribes before it queues, so no handoff to it is published unheard.
+            // On a channel this client already listens to that costs nothing; otherwise look
+            // first without queueing, so a free lock costs one round trip, and subscribe only
+            // if we must wait.
+            if let Some(sub) = self
                 .inner
                 .hub
-                .subscribe(&keys.channel, claim.owner())
-                .await?;
-            ticket.set_sub(Some(sub));
+                .subscribe_if_ready(&keys.channel, claim.owner())
+            {
+                ticket.set_sub(Some(sub));
+            } else {
+                let first = self.run_acquire(claim, ticket, &keys, false).await?;
+                if matches!(first, Attempt::Granted(_)) {
+                    return Ok(first);
+                }
+                let sub = self
+                    .inner
+                    .hub
+                    .subscribe(&keys.channel, claim.owner())
+                    .await?;
+                ticket.set_sub(Some(sub));
+            }
         }
         let attempt = self.run_acquire(claim, ticket, &keys, wait).await?;
         if matches!(attempt, Attempt::Granted(_)) {

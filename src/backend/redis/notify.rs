@@ -2,10 +2,12 @@
 //!
 //! Waiters register a mailbox under (channel, owner token). A channel is subscribed while at
 //! least one mailbox uses it. Handoff messages (`"<owner> <fence> <server ms> <px>"`) go to the
-//! mailbox of the owner they name. When the connection drops, the hub reconnects, resubscribes
-//! and tells every mailbox to re-check, since messages may have been missed meanwhile.
+//! mailbox of the owner they name. A channel whose last waiter left stays subscribed for
+//! [`LINGER`], so a hot lock costs no SUBSCRIBE/UNSUBSCRIBE per wait. When the connection drops,
+//! the hub reconnects, resubscribes and tells every mailbox to re-check, since messages may
+//! have been missed meanwhile.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -19,6 +21,8 @@ use crate::error::{Error, ErrorKind, Result};
 const CONNECT_WAIT: Duration = Duration::from_secs(5);
 const RECONNECT_MIN: Duration = Duration::from_millis(20);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
+/// How long a channel stays subscribed after its last waiter left.
+const LINGER: Duration = Duration::from_secs(2);
 
 /// A handoff announced on a lock's channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +73,8 @@ impl Mailbox {
 struct Channel {
     mailboxes: HashMap<Arc<str>, Arc<Mailbox>>,
     subscribed: bool,
+    /// Set while no mailbox uses the channel.
+    idle_since: Option<tokio::time::Instant>,
 }
 
 struct HubInner {
@@ -100,8 +106,8 @@ impl Drop for Subscription {
         if let Some(ch) = channels.get_mut(&self.channel) {
             ch.mailboxes.remove(&self.owner);
             if ch.mailboxes.is_empty() {
-                channels.remove(&self.channel);
-                // The hub task unsubscribes unless someone subscribed again meanwhile.
+                // The hub task unsubscribes after `LINGER` unless it is used again meanwhile.
+                ch.idle_since = Some(tokio::time::Instant::now());
                 let _ = hub.cmd.send(self.channel.clone());
             }
         }
@@ -121,6 +127,26 @@ impl Hub {
         Self { inner }
     }
 
+    /// Registers `owner`'s mailbox on `channel` if the channel is subscribed already (no I/O).
+    pub(crate) fn subscribe_if_ready(&self, channel: &str, owner: &str) -> Option<Subscription> {
+        let mut channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let ch = channels.get_mut(channel).filter(|c| c.subscribed)?;
+        let owner: Arc<str> = owner.into();
+        let mailbox = Arc::new(Mailbox::default());
+        ch.mailboxes.insert(owner.clone(), mailbox.clone());
+        ch.idle_since = None;
+        Some(Subscription {
+            hub: Arc::downgrade(&self.inner),
+            channel: channel.into(),
+            owner,
+            mailbox,
+        })
+    }
+
     /// Registers `owner`'s mailbox on `channel` and makes sure the channel is subscribed before
     /// returning, so no message published after this call is missed.
     pub(crate) async fn subscribe(&self, channel: &str, owner: &str) -> Result<Subscription> {
@@ -135,6 +161,7 @@ impl Hub {
                 .unwrap_or_else(|p| p.into_inner());
             let ch = channels.entry(channel.clone()).or_default();
             ch.mailboxes.insert(owner.clone(), mailbox.clone());
+            ch.idle_since = None;
             ch.subscribed
         };
         let sub = Subscription {
@@ -255,8 +282,37 @@ async fn run(
         inner.sink.send_replace(Some(sink.clone()));
         drop(inner);
 
+        // Channels to look at once their linger time is up, in order.
+        let mut idle: VecDeque<(tokio::time::Instant, Arc<str>)> = VecDeque::new();
         loop {
+            let next_idle = idle.front().map(|(at, _)| *at);
             tokio::select! {
+                () = tokio::time::sleep_until(next_idle.unwrap_or_else(tokio::time::Instant::now)), if next_idle.is_some() => {
+                    let Some((_, channel)) = idle.pop_front() else { continue };
+                    let Some(inner) = hub.upgrade() else { return };
+                    let expired = |inner: &HubInner| {
+                        let mut channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                        let done = channels.get(&channel).is_some_and(|c| {
+                            c.mailboxes.is_empty()
+                                && c.idle_since.is_some_and(|t| t.elapsed() >= LINGER)
+                        });
+                        if done {
+                            channels.remove(&channel);
+                        }
+                        done
+                    };
+                    let in_use = |inner: &HubInner| {
+                        inner.channels.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&channel)
+                    };
+                    if expired(&inner) {
+                        let _ = sink.unsubscribe(&*channel).await;
+                        // A waiter may have subscribed while the UNSUBSCRIBE was in flight and
+                        // been overtaken by it: subscribe again for it.
+                        if in_use(&inner) {
+                            let _ = sink.subscribe(&*channel).await;
+                        }
+                    }
+                }
                 msg = stream.next() => {
                     let Some(msg) = msg else { break };
                     let Some(inner) = hub.upgrade() else { return };
@@ -270,18 +326,7 @@ async fn run(
                 }
                 c = cmd.recv() => {
                     let Some(channel) = c else { return };
-                    let Some(inner) = hub.upgrade() else { return };
-                    let in_use = |inner: &HubInner| {
-                        inner.channels.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&channel)
-                    };
-                    if !in_use(&inner) {
-                        let _ = sink.unsubscribe(&*channel).await;
-                        // A waiter may have subscribed while the UNSUBSCRIBE was in flight and
-                        // been overtaken by it: subscribe again for it.
-                        if in_use(&inner) {
-                            let _ = sink.subscribe(&*channel).await;
-                        }
-                    }
+                    idle.push_back((tokio::time::Instant::now() + LINGER, channel));
                 }
             }
         }

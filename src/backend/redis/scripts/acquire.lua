@@ -1,32 +1,32 @@
 -- Take the lock, or join (or keep our place in) its FIFO queue.
 -- KEYS: lock, queue, waiters, fence
 -- ARGV: owner, ttl ms, wait (1|0), fence ttl ms, handoff ttl ms, channel
--- Returns {1, fence, server ms} when the lock is ours, {0, holder pttl, server ms} otherwise.
+-- Returns {1, fence, 0} when the lock is ours, {0, holder pttl, server ms} otherwise.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local fence_ttl, handoff_ttl, channel = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
-local now, now_us = clock()
 
 local holder = redis.call('HGET', lock, 'o')
 if holder == owner then
   -- Ours already (handed to us, or asked again): confirm the full lease.
   redis.call('PEXPIRE', lock, ttl)
-  return {1, tonumber(redis.call('HGET', lock, 'f')), now}
+  return {1, tonumber(redis.call('HGET', lock, 'f')), 0}
 end
 
 if not holder then
-  local head = live_head(queue, waiters, now)
+  local head = live_head(queue, waiters)
   if not head or head == owner then
     if head then
       redis.call('LPOP', queue)
       redis.call('ZREM', waiters, owner)
     end
-    return {1, grant(lock, fence, owner, ttl, now_us, fence_ttl), now}
+    return {1, grant(lock, fence, owner, ttl, fence_ttl), 0}
   end
   -- Free, but another live waiter is first (the last holder expired): it gets the lock.
-  hand_off(lock, queue, waiters, fence, now, now_us, fence_ttl, handoff_ttl, channel)
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, channel)
 end
 
+local now = clock()
 if wait then
   if not redis.call('ZSCORE', waiters, owner) then
     redis.call('RPUSH', queue, owner)

@@ -5,10 +5,15 @@
 --   fence    string counter, long TTL; restarts at server time in microseconds
 -- Every time is the server's TIME; no client clock reaches a score.
 
+-- Server time in ms and in µs, read once per script and only if needed.
+local NOW, NOW_US
 local function clock()
-  local t = redis.call('TIME')
-  local s, us = tonumber(t[1]), tonumber(t[2])
-  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
+  if not NOW then
+    local t = redis.call('TIME')
+    local s, us = tonumber(t[1]), tonumber(t[2])
+    NOW, NOW_US = s * 1000 + math.floor(us / 1000), s * 1000000 + us
+  end
+  return NOW, NOW_US
 end
 
 local function int(n)
@@ -22,32 +27,35 @@ local function keep(key, ms)
   end
 end
 
--- The next fencing token: one more than the last, or server time in microseconds when the
--- counter has expired, so tokens keep increasing while the counter itself cannot leak.
-local function next_fence(fence, now_us, fence_ttl)
+-- The next fencing token: one more than the last; a new counter (the old one expired, which
+-- it does `fence_ttl` after it was created) starts at server time in microseconds. Grants come
+-- far less often than once a microsecond, so that is above every token handed out before, and
+-- the counter itself cannot leak.
+local function next_fence(fence, fence_ttl)
   local f = redis.call('INCR', fence)
   if f == 1 then
+    local _, now_us = clock()
     f = now_us
-    redis.call('SET', fence, int(f))
+    redis.call('SET', fence, int(f), 'PX', fence_ttl)
   end
-  redis.call('PEXPIRE', fence, fence_ttl)
   return f
 end
 
-local function grant(lock, fence, owner, px, now_us, fence_ttl)
-  local f = next_fence(fence, now_us, fence_ttl)
+local function grant(lock, fence, owner, px, fence_ttl)
+  local f = next_fence(fence, fence_ttl)
   redis.call('HSET', lock, 'o', owner, 'f', int(f))
   redis.call('PEXPIRE', lock, px)
   return f
 end
 
 -- The first queued owner whose liveness deadline has not passed; dead ones are dropped.
-local function live_head(queue, waiters, now)
+local function live_head(queue, waiters)
   while true do
     local head = redis.call('LINDEX', queue, 0)
     if not head then
       return nil
     end
+    local now = clock()
     local deadline = redis.call('ZSCORE', waiters, head)
     if deadline and tonumber(deadline) > now then
       return head
@@ -61,13 +69,13 @@ end
 
 -- Gives the free lock to the live head of the queue, for a short unconfirmed lease, and
 -- announces it: "<owner> <fence> <server ms> <px>".
-local function hand_off(lock, queue, waiters, fence, now, now_us, fence_ttl, handoff_ttl, channel)
-  local head = live_head(queue, waiters, now)
+local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, channel)
+  local head = live_head(queue, waiters)
   if not head then
     return
   end
   redis.call('LPOP', queue)
   redis.call('ZREM', waiters, head)
-  local f = grant(lock, fence, head, handoff_ttl, now_us, fence_ttl)
-  redis.call('PUBLISH', channel, head .. ' ' .. int(f) .. ' ' .. int(now) .. ' ' .. handoff_ttl)
+  local f = grant(lock, fence, head, handoff_ttl, fence_ttl)
+  redis.call('PUBLISH', channel, head .. ' ' .. int(f) .. ' ' .. int(clock()) .. ' ' .. handoff_ttl)
 end

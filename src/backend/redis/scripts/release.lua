@@ -5,7 +5,6 @@
 -- Returns 1 if the owner held the lock, 0 otherwise.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, fence_ttl, handoff_ttl, channel = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local now, now_us = clock()
 
 local holder = redis.call('HGET', lock, 'o')
 local held = 0
@@ -18,6 +17,6 @@ else
   end
 end
 if held == 1 or not holder then
-  hand_off(lock, queue, waiters, fence, now, now_us, fence_ttl, handoff_ttl, channel)
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, channel)
 end
 return held

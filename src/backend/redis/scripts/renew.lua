@@ -2,7 +2,6 @@
 -- KEYS: lock, waiters, queue for each claim
 -- ARGV: owner, ttl ms for each claim
 -- Returns per claim: 1 lease extended, 2 queue entry extended, 0 neither (not ours).
-local now = clock()
 local out = {}
 for i = 1, #ARGV / 2 do
   local lock, waiters, queue = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
@@ -11,7 +10,7 @@ for i = 1, #ARGV / 2 do
     redis.call('PEXPIRE', lock, ttl)
     out[i] = 1
   elseif redis.call('ZSCORE', waiters, owner) then
-    redis.call('ZADD', waiters, now + ttl, owner)
+    redis.call('ZADD', waiters, clock() + ttl, owner)
     keep(queue, 2 * ttl)
     keep(waiters, 2 * ttl)
     out[i] = 2
