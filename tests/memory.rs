@@ -1,13 +1,16 @@
 //! The lock contract on the in-process backend. Each contender gets its own `LockClient` (its
 //! own renewal task), as separate processes would.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use distlock::backend::MemoryBackend;
 use distlock::{ErrorKind, LockClient};
 use tokio::time::{sleep, timeout};
+
+mod support;
+
+use support::contract::contend;
 
 fn client(backend: &MemoryBackend) -> LockClient {
     LockClient::builder(backend.clone()).build().unwrap()
@@ -33,67 +36,11 @@ async fn until_waiters(backend: &MemoryBackend, n: usize) {
     .unwrap_or_else(|_| panic!("expected {n} waiters, have {:?}", backend.stats()));
 }
 
-/// Counts holders inside the critical section; more than one at a time is a violation.
-#[derive(Default)]
-struct Overlap {
-    inside: AtomicUsize,
-    violations: AtomicUsize,
-}
-
-impl Overlap {
-    fn enter(&self) {
-        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
-            self.violations.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-    fn exit(&self) {
-        self.inside.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mutual_exclusion_and_increasing_fences_under_contention() {
     let backend = MemoryBackend::new();
-    let overlap = Arc::new(Overlap::default());
-    let fences = Arc::new(StdMutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for _ in 0..16 {
-        let client = client(&backend);
-        let (overlap, fences) = (overlap.clone(), fences.clone());
-        tasks.push(tokio::spawn(async move {
-            for i in 0..50 {
-                let guard = client.mutex("hot").lock().await.unwrap();
-                overlap.enter();
-                fences.lock().unwrap().push(guard.fencing_token());
-                if i % 3 == 0 {
-                    sleep(Duration::from_micros(200)).await;
-                } else {
-                    tokio::task::yield_now().await;
-                }
-                overlap.exit();
-                if i % 2 == 0 {
-                    guard.release().await.unwrap();
-                } else {
-                    drop(guard);
-                }
-            }
-            client.shutdown().await;
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(
-        overlap.violations.load(Ordering::SeqCst),
-        0,
-        "two holders at once"
-    );
-    let fences = fences.lock().unwrap();
-    assert_eq!(fences.len(), 16 * 50);
-    assert!(
-        fences.windows(2).all(|w| w[0] < w[1]),
-        "fencing tokens not strictly increasing in grant order"
-    );
+    let clients = (0..16).map(|_| client(&backend)).collect();
+    contend(clients, "hot", 50, Duration::from_micros(200)).await;
     assert_eq!(
         backend.stats().keys,
         0,

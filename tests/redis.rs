@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use distlock::backend::RedisBackend;
 use distlock::LockClient;
+use support::contract::{contend, Overlap};
 use support::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -73,62 +74,14 @@ async fn until_queued(url: &str, ns: &str, key: &str, n: usize) {
     .unwrap_or_else(|_| panic!("expected {n} queued waiters"));
 }
 
-#[derive(Default)]
-struct Overlap {
-    inside: AtomicUsize,
-    violations: AtomicUsize,
-}
-
-impl Overlap {
-    fn enter(&self) {
-        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
-            self.violations.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-    fn exit(&self) {
-        self.inside.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_and_increasing_fences() {
     let ns = test_namespace!();
-    let overlap = Arc::new(Overlap::default());
-    let fences = Arc::new(StdMutex::new(Vec::new()));
-    let mut tasks = Vec::new();
+    let mut clients = Vec::new();
     for _ in 0..8 {
-        let client = client(&ns).await;
-        let (overlap, fences) = (overlap.clone(), fences.clone());
-        tasks.push(tokio::spawn(async move {
-            for i in 0..25 {
-                let guard = client.mutex("hot").lock().await.unwrap();
-                overlap.enter();
-                fences.lock().unwrap().push(guard.fencing_token());
-                sleep(Duration::from_micros(300)).await;
-                overlap.exit();
-                if i % 2 == 0 {
-                    guard.release().await.unwrap();
-                } else {
-                    drop(guard);
-                }
-            }
-            client.shutdown().await;
-        }));
+        clients.push(client(&ns).await);
     }
-    for t in tasks {
-        timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
-    }
-    assert_eq!(
-        overlap.violations.load(Ordering::SeqCst),
-        0,
-        "two holders at once"
-    );
-    let fences = fences.lock().unwrap().clone();
-    assert_eq!(fences.len(), 200);
-    assert!(
-        fences.windows(2).all(|w| w[0] < w[1]),
-        "fences not increasing: {fences:?}"
-    );
+    contend(clients, "hot", 25, Duration::from_micros(300)).await;
     let left = keys_in(&shared_redis().url(), &ns).await;
     assert!(
         left.iter().all(|k| k.ends_with(":fence")),
@@ -234,7 +187,7 @@ async fn deadpool_and_bb8_pools_exclude_each_other() {
         timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
     }
     assert_eq!(grants.load(Ordering::SeqCst), 60);
-    assert_eq!(overlap.violations.load(Ordering::SeqCst), 0);
+    assert_eq!(overlap.violations(), 0);
 }
 
 #[tokio::test]
@@ -419,7 +372,7 @@ async fn waiters_resume_after_redis_restarts() {
             .expect("a waiter did not resume after the restart")
             .unwrap();
     }
-    assert_eq!(overlap.violations.load(Ordering::SeqCst), 0, "double grant");
+    assert_eq!(overlap.violations(), 0, "double grant");
     // The old holder learns its lock is gone at its next renewal.
     timeout(ttl, old.lost())
         .await
@@ -497,7 +450,7 @@ async fn cancelled_lock_futures_leave_no_keys() {
     for c in &clients {
         c.shutdown().await;
     }
-    assert_eq!(overlap.violations.load(Ordering::SeqCst), 0);
+    assert_eq!(overlap.violations(), 0);
     assert!(
         cancelled.load(Ordering::SeqCst) > 100,
         "too few cancellations"

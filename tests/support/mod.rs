@@ -6,6 +6,8 @@
 //! server. So a server shared by every test of a binary (`shared_redis()`) never outlives it.
 #![allow(dead_code)]
 
+pub mod contract;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
