@@ -17,7 +17,7 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::backend::{AnyTicket, Claim, DynBackend, Grant, Renewal};
 use crate::client::ClientInner;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// The smallest pause before retrying a failed renewal.
 const MIN_RETRY: Duration = Duration::from_millis(10);
@@ -235,10 +235,8 @@ async fn round(
         if lease.is_done() {
             continue;
         }
-        let drift = (config.drift)(lease.claim.ttl());
-        let held = lease.schedule().held;
-        if let Some(g) = held {
-            if now + drift >= g.valid_until {
+        if lease.schedule().held.is_some() {
+            if lost_at(&lease, config).is_some_and(|at| now >= at) {
                 tracing::warn!(
                     key = lease.claim.key(),
                     "lease expired before it could be renewed"
@@ -259,7 +257,19 @@ async fn round(
 
     let sent = Instant::now();
     let pairs: Vec<(&Claim, &AnyTicket)> = to_renew.iter().map(|l| (&l.claim, &l.ticket)).collect();
-    let results = backend.renew(&pairs).await;
+    // A renewal stuck on a dead connection must not hold back the lost signal: stop waiting
+    // for it when the first lease of the batch runs out.
+    let first_expiry = to_renew.iter().filter_map(|l| lost_at(l, config)).min();
+    let results = match first_expiry {
+        Some(at) => tokio::time::timeout_at(at, backend.renew(&pairs))
+            .await
+            .unwrap_or_else(|_| {
+                let stuck =
+                    Error::new(ErrorKind::Backend, "renewal got no reply in time").transient();
+                vec![Renewal::Failed(stuck); pairs.len()]
+            }),
+        None => backend.renew(&pairs).await,
+    };
     drop(pairs);
     for (lease, result) in to_renew.into_iter().zip(results) {
         if lease.is_done() {
@@ -286,6 +296,13 @@ async fn round(
             Renewal::NotOwner => {
                 lease.schedule().next = sent + lease.claim.ttl() / 3;
             }
+            Renewal::Failed(err)
+                if lost_at(&lease, config).is_some_and(|at| Instant::now() >= at) =>
+            {
+                tracing::warn!(key = lease.claim.key(), error = %err, "lock lost: no renewal before the lease ran out");
+                lease.claim.mark_lost();
+                continue;
+            }
             Renewal::Failed(err) => {
                 tracing::debug!(key = lease.claim.key(), error = %err, "renewal failed, retrying");
                 let mut s = lease.schedule();
@@ -298,6 +315,17 @@ async fn round(
         }
         reschedule(leases, due, lease, config);
     }
+}
+
+/// When a held lease must be taken as lost: its deadline less the drift margin.
+fn lost_at(lease: &Lease, config: EngineConfig) -> Option<Instant> {
+    let held = lease.schedule().held?;
+    let drift = (config.drift)(lease.claim.ttl());
+    Some(
+        held.valid_until
+            .checked_sub(drift)
+            .unwrap_or(held.valid_until),
+    )
 }
 
 fn reschedule(
