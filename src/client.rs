@@ -125,6 +125,40 @@ impl LockClient {
         Self::builder(backend).build()
     }
 
+    /// Connects to a ZooKeeper ensemble (`host:port[,host:port...][/chroot]`) with the
+    /// defaults of [`ZkBackend`](crate::backend::ZkBackend), under the default namespace: key
+    /// `k` is the znode `/distlock/k`, shared with Curator's `InterProcessMutex` on that path.
+    /// The lease TTL is the session timeout: a guard reports lost once the session is gone or
+    /// cannot be confirmed for that long.
+    ///
+    /// # Errors
+    ///
+    /// See [`ZkBackendBuilder::build`](crate::backend::ZkBackendBuilder::build).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped connect closes its half-open session.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::zookeeper("127.0.0.1:2181").await?;
+    /// let guard = client.mutex("orders/42").lock().await?;
+    /// # drop(guard);
+    /// client.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "zookeeper")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+    pub async fn zookeeper(connect: &str) -> Result<Self> {
+        let backend = crate::backend::ZkBackend::connect(connect).await?;
+        let ttl = backend.session_timeout();
+        Self::builder(backend).ttl(ttl).build()
+    }
+
     /// Starts building a client on `backend`.
     ///
     /// # Examples

@@ -32,6 +32,8 @@ use crate::error::{Error, ErrorKind, Result};
 pub mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 /// What a claim asks for. Exclusive today; room for readers, writers and permits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -294,6 +296,9 @@ pub trait Backend: Send + Sync + 'static {
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisTicket};
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+pub use self::zookeeper::{ZkAcl, ZkBackend, ZkBackendBuilder, ZkTicket, DEFAULT_SESSION_TIMEOUT};
 #[cfg(feature = "memory")]
 pub use memory::{MemoryBackend, MemoryStats};
 

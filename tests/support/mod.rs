@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod contract;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -146,6 +147,36 @@ fn launch(
     panic!("{what} did not start serving within {READY_TIMEOUT:?}; its log:\n{last_log}");
 }
 
+/// Starts `program` again on the same `port` and directory, retrying while the port is still
+/// in TIME_WAIT, until `ready`.
+fn respawn(
+    what: &str,
+    program: &Path,
+    args: &[String],
+    port: u16,
+    dir: &Path,
+    log_files: &[&str],
+    ready: fn(u16) -> bool,
+) -> Supervised {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let mut process = Supervised::spawn(program, args, &dir.join(log_files[0]));
+        let started = Instant::now();
+        while !process.exited() && started.elapsed() < Duration::from_secs(20) {
+            if ready(port) {
+                return process;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not restart on port {port}; its log:\n{}",
+            read_log(dir, log_files)
+        );
+        process.stop();
+    }
+}
+
 /// A `redis-server` on a free loopback port.
 pub struct RedisServer {
     process: Supervised,
@@ -211,25 +242,15 @@ impl RedisServer {
         down();
         let bin = require_binary("redis-server");
         let args = redis_args(self.port, self.dir.path(), &self.extra);
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            self.process = Supervised::spawn(&bin, &args, &self.dir.path().join("stdout.log"));
-            let started = Instant::now();
-            while !self.process.exited() && started.elapsed() < Duration::from_secs(5) {
-                if redis_ready(self.port) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            // The port may still be in TIME_WAIT or taken; try again until the deadline.
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not restart on port {}; its log:\n{}",
-                self.port,
-                self.log()
-            );
-            self.process.stop();
-        }
+        self.process = respawn(
+            "redis-server",
+            &bin,
+            &args,
+            self.port,
+            self.dir.path(),
+            &["redis.log", "stdout.log", "stdout.err"],
+            redis_ready,
+        );
     }
 
     pub fn port(&self) -> u16 {
@@ -256,6 +277,56 @@ pub fn shared_redis() -> &'static RedisServer {
 const ZK_JAR: &str = "/usr/share/java/zookeeper.jar";
 const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
 
+const ZK_LOGS: &[&str] = &["zookeeper.log", "zookeeper.err"];
+
+/// `java ... ZooKeeperServerMain zoo.cfg` for a port and directory (writes the config).
+fn zk_command(port: u16, dir: &Path) -> (PathBuf, Vec<String>) {
+    let java = require_binary("java");
+    let jar = require_file(ZK_JAR);
+    let mut classpath = jar.display().to_string();
+    if Path::new(SLF4J_SIMPLE_JAR).is_file() {
+        classpath.push(':');
+        classpath.push_str(SLF4J_SIMPLE_JAR);
+    }
+    let cfg = dir.join("zoo.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "tickTime=500\n\
+             dataDir={data}\n\
+             clientPort={port}\n\
+             clientPortAddress=127.0.0.1\n\
+             minSessionTimeout=1000\n\
+             maxSessionTimeout=60000\n\
+             maxClientCnxns=0\n\
+             admin.enableServer=false\n\
+             4lw.commands.whitelist=*\n",
+            data = dir.join("data").display(),
+        ),
+    )
+    .expect("write zoo.cfg");
+    let args = vec![
+        "-Xms64m".into(),
+        "-Xmx256m".into(),
+        "-XX:+UseSerialGC".into(),
+        "-XX:TieredStopAtLevel=1".into(),
+        "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn".into(),
+        "-Dzookeeper.4lw.commands.whitelist=*".into(),
+        "-Dzookeeper.admin.enableServer=false".into(),
+        "-cp".into(),
+        classpath,
+        "org.apache.zookeeper.server.ZooKeeperServerMain".into(),
+        cfg.display().to_string(),
+    ];
+    (java, args)
+}
+
+/// `ruok` answers while the server is still starting; `srvr` names the mode only once it
+/// serves requests.
+fn zk_ready(port: u16) -> bool {
+    ask_all(port, b"srvr").is_ok_and(|reply| reply.contains("Mode: "))
+}
+
 /// A standalone ZooKeeper server on a free loopback port.
 pub struct ZkServer {
     process: Supervised,
@@ -267,54 +338,25 @@ impl ZkServer {
     /// Starts a server and waits until `srvr` says it serves requests. Panics with its log if it
     /// does not, and with the install hint if Java or the ZooKeeper jars are missing.
     pub fn start() -> Self {
-        let java = require_binary("java");
-        let jar = require_file(ZK_JAR);
-        let mut classpath = jar.display().to_string();
-        if Path::new(SLF4J_SIMPLE_JAR).is_file() {
-            classpath.push(':');
-            classpath.push_str(SLF4J_SIMPLE_JAR);
-        }
-        let (process, port, dir) = launch(
-            "ZooKeeper",
-            &["zookeeper.log", "zookeeper.err"],
-            |port, dir| {
-                let cfg = dir.join("zoo.cfg");
-                std::fs::write(
-                    &cfg,
-                    format!(
-                        "tickTime=500\n\
-                         dataDir={data}\n\
-                         clientPort={port}\n\
-                         clientPortAddress=127.0.0.1\n\
-                         minSessionTimeout=1000\n\
-                         maxSessionTimeout=60000\n\
-                         maxClientCnxns=0\n\
-                         admin.enableServer=false\n\
-                         4lw.commands.whitelist=*\n",
-                        data = dir.join("data").display(),
-                    ),
-                )
-                .expect("write zoo.cfg");
-                let args = vec![
-                    "-Xms64m".into(),
-                    "-Xmx256m".into(),
-                    "-XX:+UseSerialGC".into(),
-                    "-XX:TieredStopAtLevel=1".into(),
-                    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn".into(),
-                    "-Dzookeeper.4lw.commands.whitelist=*".into(),
-                    "-Dzookeeper.admin.enableServer=false".into(),
-                    "-cp".into(),
-                    classpath.clone(),
-                    "org.apache.zookeeper.server.ZooKeeperServerMain".into(),
-                    cfg.display().to_string(),
-                ];
-                (java.clone(), args)
-            },
-            // `ruok` answers while the server is still starting; `srvr` names the mode only
-            // once it serves requests.
-            |port| ask_all(port, b"srvr").is_ok_and(|reply| reply.contains("Mode: ")),
-        );
+        let (process, port, dir) = launch("ZooKeeper", ZK_LOGS, zk_command, zk_ready);
         Self { process, port, dir }
+    }
+
+    /// Stops the server (SIGKILL), runs `down`, and starts it again on the same port and data
+    /// directory: sessions and znodes survive, as after a real restart.
+    pub fn restart_after(&mut self, down: impl FnOnce()) {
+        self.process.stop();
+        down();
+        let (java, args) = zk_command(self.port, self.dir.path());
+        self.process = respawn(
+            "ZooKeeper",
+            &java,
+            &args,
+            self.port,
+            self.dir.path(),
+            ZK_LOGS,
+            zk_ready,
+        );
     }
 
     pub fn port(&self) -> u16 {
@@ -333,7 +375,7 @@ impl ZkServer {
 
     /// The server's log, for failure messages.
     pub fn log(&self) -> String {
-        read_log(self.dir.path(), &["zookeeper.log", "zookeeper.err"])
+        read_log(self.dir.path(), ZK_LOGS)
     }
 }
 

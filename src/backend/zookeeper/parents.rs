@@ -1,0 +1,117 @@
+//! Lock nodes (the parents of claim nodes) are deleted once nobody here uses them.
+//!
+//! `zookeeper-async` cannot create container nodes (R5), so parents are persistent and would
+//! pile up, one per key ever locked, each counting sequence numbers toward overflow. A parent is
+//! deleted (with its empty ancestors below the namespace) a short while after the last claim of
+//! this backend on it ends; the pause keeps a hot key from paying a delete and a re-create per
+//! acquisition. A parent still in use elsewhere refuses (`NotEmpty`), and an acquirer that finds
+//! its parent gone re-creates it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use super::client::Zk;
+
+/// How long an unused parent stays.
+const LINGER: Duration = Duration::from_secs(1);
+
+pub(super) struct Parents {
+    zk: Arc<dyn Zk>,
+    in_use: StdMutex<HashMap<String, Use>>,
+    closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Use {
+    claims: usize,
+    generation: u64,
+}
+
+impl Parents {
+    pub(super) fn new(zk: Arc<dyn Zk>) -> Arc<Self> {
+        Arc::new(Self {
+            zk,
+            in_use: StdMutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Use>> {
+        self.in_use.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn enter(&self, path: &str) {
+        let mut table = self.table();
+        let entry = table.entry(path.to_owned()).or_default();
+        entry.claims += 1;
+        entry.generation += 1;
+    }
+
+    /// Ends one claim's use of `path`; the last one schedules the delete.
+    pub(super) fn leave(self: &Arc<Self>, path: &str) {
+        let generation = {
+            let mut table = self.table();
+            let Some(entry) = table.get_mut(path) else {
+                return;
+            };
+            entry.claims = entry.claims.saturating_sub(1);
+            if entry.claims > 0 {
+                return;
+            }
+            entry.generation
+        };
+        let (this, path) = (self.clone(), path.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(LINGER).await;
+            if this.closed.load(Ordering::Acquire) || !this.take_if_idle(&path, generation) {
+                return;
+            }
+            this.delete_upward(&path).await;
+        });
+    }
+
+    fn take_if_idle(&self, path: &str, generation: u64) -> bool {
+        let mut table = self.table();
+        let idle = table
+            .get(path)
+            .is_some_and(|e| e.claims == 0 && e.generation == generation);
+        if idle {
+            table.remove(path);
+        }
+        idle
+    }
+
+    /// Deletes every idle parent now: called by `shutdown` before the session closes.
+    pub(super) async fn flush(&self) {
+        self.closed.store(true, Ordering::Release);
+        let idle: Vec<String> = {
+            let mut table = self.table();
+            let idle: Vec<String> = table
+                .iter()
+                .filter(|(_, e)| e.claims == 0)
+                .map(|(p, _)| p.clone())
+                .collect();
+            for p in &idle {
+                table.remove(p);
+            }
+            idle
+        };
+        for path in idle {
+            self.delete_upward(&path).await;
+        }
+    }
+
+    /// Deletes `path`, then each ancestor that became empty, stopping below the namespace node
+    /// and at the first that is not empty (or not there).
+    async fn delete_upward(&self, path: &str) {
+        let mut at = path;
+        while at.rfind('/').is_some_and(|i| i > 0) {
+            if self.zk.delete(at).await.is_err() {
+                return;
+            }
+            at = &at[..at.rfind('/').unwrap_or(0)];
+        }
+    }
+}

@@ -1,0 +1,590 @@
+//! The lock contract against a real ZooKeeper (one per test binary, a namespace per test).
+//! Contenders use separate `LockClient`s with their own sessions, as separate processes would.
+#![cfg(feature = "zookeeper")]
+
+mod support;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use distlock::backend::{ZkAcl, ZkBackend};
+use distlock::LockClient;
+use support::contract::contend;
+use support::proxy::Proxy;
+use support::{shared_zookeeper, ZkServer};
+use tokio::time::{sleep, timeout, Instant};
+use zookeeper_async::ZooKeeper;
+
+const SESSION: Duration = Duration::from_secs(4);
+
+async fn client_at(connect: &str, ns: &str, session: Duration) -> LockClient {
+    let backend = ZkBackend::builder(connect)
+        .session_timeout(session)
+        .call_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    LockClient::builder(backend)
+        .namespace(ns)
+        .ttl(session)
+        .build()
+        .unwrap()
+}
+
+async fn client(ns: &str) -> LockClient {
+    client_at(&shared_zookeeper().connect_string(), ns, SESSION).await
+}
+
+struct NoWatch;
+impl zookeeper_async::Watcher for NoWatch {
+    fn handle(&self, _: zookeeper_async::WatchedEvent) {}
+}
+
+/// A plain client for looking at the tree.
+async fn raw(connect: &str) -> ZooKeeper {
+    let zk = ZooKeeper::connect(connect, Duration::from_secs(10), NoWatch)
+        .await
+        .unwrap();
+    // The first call waits for the session.
+    timeout(Duration::from_secs(10), zk.exists("/", false))
+        .await
+        .unwrap()
+        .unwrap();
+    zk
+}
+
+/// Every znode under `root` (not `root` itself), depth first.
+async fn znodes_under(zk: &ZooKeeper, root: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_owned()];
+    while let Some(path) = todo.pop() {
+        let Ok(kids) = zk.get_children(&path, false).await else {
+            continue;
+        };
+        for k in kids {
+            let child = format!("{path}/{k}");
+            out.push(child.clone());
+            todo.push(child);
+        }
+    }
+    out
+}
+
+async fn children(zk: &ZooKeeper, path: &str) -> Vec<String> {
+    zk.get_children(path, false).await.unwrap_or_default()
+}
+
+/// Waits until the lock node has `n` children (holder included).
+async fn until_contenders(zk: &ZooKeeper, path: &str, n: usize) {
+    timeout(Duration::from_secs(10), async {
+        while children(zk, path).await.len() != n {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("expected {n} contenders under {path}"));
+}
+
+/// Waits out the lingering delete of idle lock nodes and checks nothing is left.
+async fn assert_no_znodes(zk: &ZooKeeper, ns: &str) {
+    let root = format!("/{ns}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = znodes_under(zk, &root).await;
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "znodes left under {root}: {left:?}"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_and_increasing_fences() {
+    let ns = test_namespace!();
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(client(&ns).await);
+    }
+    contend(clients, "hot", 20, Duration::from_micros(300)).await;
+    let zk = raw(&shared_zookeeper().connect_string()).await;
+    assert_no_znodes(&zk, &ns).await;
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_arrival_order() {
+    let ns = test_namespace!();
+    let zk = raw(&shared_zookeeper().connect_string()).await;
+    let path = format!("/{ns}/fifo");
+    let holder = client(&ns).await.mutex("fifo").lock().await.unwrap();
+    let order = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let mutex = client(&ns).await.mutex("fifo");
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = mutex.lock().await.unwrap();
+            order.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        until_contenders(&zk, &path, i + 2).await;
+    }
+    holder.release().await.unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(10), t).await.unwrap().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
+}
+
+/// `zk_packets_received` from `mntr`.
+fn packets_received(server: &ZkServer) -> u64 {
+    server
+        .four_letter("mntr")
+        .lines()
+        .find_map(|l| l.strip_prefix("zk_packets_received"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("mntr reports zk_packets_received")
+}
+
+#[tokio::test]
+async fn a_release_wakes_only_the_next_waiter() {
+    let ns = test_namespace!();
+    let server = shared_zookeeper();
+    let zk = raw(&server.connect_string()).await;
+    let path = format!("/{ns}/herd");
+    let holder = client(&ns).await.mutex("herd").lock().await.unwrap();
+    let (granted_tx, mut granted_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    const WAITERS: usize = 8;
+    for i in 0..WAITERS {
+        let mutex = client(&ns).await.mutex("herd");
+        let granted_tx = granted_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = mutex.lock().await.unwrap();
+            granted_tx.send(i).unwrap();
+            // Hold on, so the next handoff does not blur the count.
+            sleep(Duration::from_millis(300)).await;
+            guard.release().await.unwrap();
+        }));
+        until_contenders(&zk, &path, i + 2).await;
+    }
+    sleep(Duration::from_millis(100)).await;
+    let before = packets_received(server);
+    holder.release().await.unwrap();
+    assert_eq!(granted_rx.recv().await, Some(0));
+    let after = packets_received(server);
+    // The holder's delete, and nothing from the waiters: the next one learns it is first from
+    // its watch alone, the others are not woken at all. (A herd would be one or more requests
+    // per waiter; pings of idle sessions are the only other traffic and are rare at 4 s.)
+    let spent = after - before;
+    assert!(
+        spent < 3,
+        "{spent} packets between release and grant with {WAITERS} waiters"
+    );
+    for t in tasks {
+        timeout(Duration::from_secs(20), t).await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn try_lock_and_lock_timeout_leave_no_node() {
+    let ns = test_namespace!();
+    let zk = raw(&shared_zookeeper().connect_string()).await;
+    let path = format!("/{ns}/k");
+    let a = client(&ns).await;
+    let b = client(&ns).await;
+    let held = a.mutex("k").lock().await.unwrap();
+    let err = b.mutex("k").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err:?}");
+    assert_eq!(children(&zk, &path).await.len(), 1);
+    let err = b
+        .mutex("k")
+        .lock_timeout(Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    // The timed-out claim's node goes in a spawned task.
+    timeout(Duration::from_secs(5), async {
+        while children(&zk, &path).await.len() != 1 {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the node of a timed-out lock() stayed");
+    held.release().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+    assert_no_znodes(&zk, &ns).await;
+}
+
+#[tokio::test]
+async fn an_idle_lock_node_is_deleted_after_release() {
+    let ns = test_namespace!();
+    let zk = raw(&shared_zookeeper().connect_string()).await;
+    let c = client(&ns).await;
+    let guard = c.mutex("orders/7").lock().await.unwrap();
+    assert!(zk
+        .exists(&format!("/{ns}/orders/7"), false)
+        .await
+        .unwrap()
+        .is_some());
+    guard.release().await.unwrap();
+    // Without shutdown: the lingering delete removes the lock node and its empty parent.
+    assert_no_znodes(&zk, &ns).await;
+    // And a later lock re-creates them.
+    let guard = c.mutex("orders/7").lock().await.unwrap();
+    guard.release().await.unwrap();
+    c.shutdown().await;
+    assert_no_znodes(&zk, &ns).await;
+}
+
+#[tokio::test]
+async fn bad_keys_are_refused_before_any_io() {
+    let ns = test_namespace!();
+    let zk = raw(&shared_zookeeper().connect_string()).await;
+    let c = client(&ns).await;
+    for key in [
+        "..",
+        "a/../b",
+        "/abs",
+        "a//b",
+        "trail/",
+        "nul\0",
+        "bell\u{7}",
+        "",
+    ] {
+        let err = c.mutex(key).try_lock().await.unwrap_err();
+        assert!(err.is_invalid_key(), "{key:?}: {err:?}");
+    }
+    let long = "k".repeat(distlock::MAX_KEY_LEN + 1);
+    assert!(c.mutex(long).try_lock().await.unwrap_err().is_invalid_key());
+    assert!(zk.exists(&format!("/{ns}"), false).await.unwrap().is_none());
+    assert!(zk.exists("/b", false).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn another_identity_cannot_delete_our_node() {
+    let ns = test_namespace!();
+    let connect = shared_zookeeper().connect_string();
+    let backend = ZkBackend::builder(connect.clone())
+        .digest("alice:wonderland")
+        .acl(ZkAcl::CreatorAll)
+        .build()
+        .await
+        .unwrap();
+    let c = LockClient::builder(backend).namespace(&ns).build().unwrap();
+    let guard = c.mutex("k").lock().await.unwrap();
+    let path = format!("/{ns}/k");
+    let mallory = raw(&connect).await;
+    mallory
+        .add_auth("digest", b"mallory:x".to_vec())
+        .await
+        .unwrap();
+    let kids = children(&mallory, &path).await;
+    assert_eq!(kids.len(), 0, "listing needs READ, which mallory lacks");
+    assert_eq!(
+        mallory.get_acl(&path).await.unwrap_err(),
+        zookeeper_async::ZkError::NoAuth
+    );
+    // Alice's own second session may see and delete; mallory may not.
+    let alice = raw(&connect).await;
+    alice
+        .add_auth("digest", b"alice:wonderland".to_vec())
+        .await
+        .unwrap();
+    let acl = alice.get_acl(&path).await.unwrap().0;
+    assert_eq!(acl.len(), 1, "{acl:?}");
+    assert_eq!(acl[0].scheme, "digest");
+    let node = format!("{path}/{}", children(&alice, &path).await[0]);
+    let err = mallory.delete(&node, None).await.unwrap_err();
+    assert_eq!(err, zookeeper_async::ZkError::NoAuth);
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+    c.shutdown().await;
+    assert_no_znodes(&alice, &ns).await;
+}
+
+const CHILD_ENV: &str = "DISTLOCK_TEST_ZK_CHILD_HOLDER";
+const CHILD_SESSION: Duration = Duration::from_secs(2);
+
+#[tokio::test]
+async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_session_timeout() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        // The child: take the lock, say so, and hold it until killed.
+        let (connect, ns) = spec.split_once(' ').unwrap();
+        let c = client_at(connect, ns, CHILD_SESSION).await;
+        let guard = c.mutex("k").lock().await.unwrap();
+        println!("HOLDING {}", guard.fencing_token());
+        std::future::pending::<()>().await;
+    }
+    use std::io::BufRead;
+    let ns = test_namespace!();
+    let connect = shared_zookeeper().connect_string();
+    let zk = raw(&connect).await;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_holder_killed_with_sigkill_frees_the_lock_within_its_session_timeout",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, format!("{connect} {ns}"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let child_fence: u64 = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("HOLDING ").and_then(|f| f.parse().ok()))
+    })
+    .await
+    .unwrap()
+    .expect("the child never reported holding the lock");
+
+    let c = client(&ns).await;
+    let waiter = tokio::spawn(c.mutex("k").lock());
+    until_contenders(&zk, &format!("/{ns}/k"), 2).await;
+    child.kill().unwrap(); // SIGKILL: no close, the session must time out
+    let killed = Instant::now();
+    child.wait().unwrap();
+    let guard = timeout(CHILD_SESSION * 4, waiter)
+        .await
+        .expect("the lock of a killed holder was never freed")
+        .unwrap()
+        .unwrap();
+    let waited = killed.elapsed();
+    // The server expires sessions on tick boundaries (500 ms here).
+    assert!(
+        waited <= CHILD_SESSION + Duration::from_millis(1200),
+        "took {waited:?} after the kill, session timeout {CHILD_SESSION:?}"
+    );
+    assert!(guard.fencing_token() > child_fence);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blip_shorter_than_the_session_keeps_locks_and_wakes_waiters() {
+    let ns = test_namespace!();
+    let server = shared_zookeeper();
+    let proxy = Proxy::start(server.port());
+    let behind = client_at(&format!("127.0.0.1:{}", proxy.port()), &ns, SESSION).await;
+    let direct = client(&ns).await;
+    let zk = raw(&server.connect_string()).await;
+
+    let kept = behind.mutex("kept").lock().await.unwrap();
+    let moved = direct.mutex("moved").lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = behind.mutex("moved");
+        async move { m.lock().await }
+    });
+    until_contenders(&zk, &format!("/{ns}/moved"), 2).await;
+
+    proxy.cut();
+    // The release's watch event is lost with the connection.
+    moved.release().await.unwrap();
+    sleep(Duration::from_millis(1000)).await;
+    proxy.pass();
+
+    let got = timeout(Duration::from_secs(6), waiter)
+        .await
+        .expect("a waiter was not woken after the link came back")
+        .unwrap()
+        .unwrap();
+    assert!(
+        !kept.is_lost(),
+        "a blip shorter than the session lost a lock"
+    );
+    // The lock is still ours on the server: nobody else gets it.
+    assert!(direct
+        .mutex("kept")
+        .try_lock()
+        .await
+        .unwrap_err()
+        .is_would_block());
+    got.release().await.unwrap();
+    kept.release().await.unwrap();
+    behind.shutdown().await;
+    direct.shutdown().await;
+    assert_no_znodes(&zk, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_longer_than_the_session_loses_the_lock_before_anyone_else_gets_it() {
+    let ns = test_namespace!();
+    let server = shared_zookeeper();
+    let proxy = Proxy::start(server.port());
+    let session = Duration::from_secs(2);
+    let behind = client_at(&format!("127.0.0.1:{}", proxy.port()), &ns, session).await;
+    let direct = client(&ns).await;
+    let zk = raw(&server.connect_string()).await;
+
+    let held = behind.mutex("k").lock().await.unwrap();
+    let fence = held.fencing_token();
+    let waiter = tokio::spawn({
+        let m = direct.mutex("k");
+        async move {
+            let g = m.lock().await;
+            (Instant::now(), g)
+        }
+    });
+    until_contenders(&zk, &format!("/{ns}/k"), 2).await;
+
+    // Packets vanish; the TCP connection looks alive to both ends.
+    proxy.blackhole();
+    let cut = Instant::now();
+    timeout(session * 3, held.lost())
+        .await
+        .expect("the partitioned holder was never told it lost the lock");
+    let lost_at = Instant::now();
+    let (granted_at, guard) = timeout(session * 4, waiter)
+        .await
+        .expect("the waiter never got the lock of the partitioned holder")
+        .unwrap();
+    let guard = guard.unwrap();
+    assert!(
+        lost_at <= granted_at,
+        "the old holder learned of its loss {:?} after the new one was granted",
+        lost_at - granted_at
+    );
+    assert!(lost_at - cut <= session + Duration::from_millis(500));
+    assert!(guard.fencing_token() > fence);
+    proxy.heal();
+    let err = held.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err:?}");
+    guard.release().await.unwrap();
+    direct.shutdown().await;
+    behind.shutdown().await;
+    assert_no_znodes(&zk, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_resume_after_zookeeper_restarts() {
+    let ns = test_namespace!();
+    let mut server = ZkServer::start();
+    let connect = server.connect_string();
+    let session = Duration::from_secs(8);
+    let holder_client = client_at(&connect, &ns, session).await;
+    let holder = holder_client.mutex("k").lock().await.unwrap();
+    let overlap = Arc::new(support::contract::Overlap::default());
+    let fences = Arc::new(StdMutex::new(Vec::new()));
+    let zk = raw(&connect).await;
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let c = client_at(&connect, &ns, session).await;
+        let (overlap, fences) = (overlap.clone(), fences.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = c.mutex("k").lock().await.unwrap();
+            overlap.enter();
+            fences.lock().unwrap().push(guard.fencing_token());
+            sleep(Duration::from_millis(50)).await;
+            overlap.exit();
+            guard.release().await.unwrap();
+            c.shutdown().await;
+        }));
+        until_contenders(&zk, &format!("/{ns}/k"), i + 2).await;
+    }
+    drop(zk);
+    // Down and back on the same data directory: sessions and nodes survive.
+    let _server = tokio::task::spawn_blocking(move || {
+        server.restart_after(|| std::thread::sleep(Duration::from_millis(300)));
+        server
+    })
+    .await
+    .unwrap();
+    assert!(
+        !holder.is_lost(),
+        "a restart within the session lost the lock"
+    );
+    let holder_fence = holder.fencing_token();
+    holder.release().await.unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(30), t)
+            .await
+            .expect("a waiter did not resume after the restart")
+            .unwrap();
+    }
+    assert_eq!(overlap.violations(), 0, "double grant");
+    let fences = fences.lock().unwrap().clone();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    assert!(fences.iter().all(|f| *f > holder_fence), "{fences:?}");
+    holder_client.shutdown().await;
+    let zk = raw(&connect).await;
+    assert_no_znodes(&zk, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_lock_futures_leave_no_znodes() {
+    let ns = test_namespace!();
+    let overlap = Arc::new(support::contract::Overlap::default());
+    let cancelled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    let mut tasks = Vec::new();
+    for h in 0..2u64 {
+        let c = client(&ns).await;
+        clients.push(c.clone());
+        let overlap = overlap.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..30u64 {
+                let guard = c.mutex("torture").lock().await.unwrap();
+                overlap.enter();
+                sleep(Duration::from_micros(300 * ((i + h) % 4))).await;
+                overlap.exit();
+                drop(guard);
+            }
+        }));
+    }
+    for w in 0..4u64 {
+        let c = client(&ns).await;
+        clients.push(c.clone());
+        let (overlap, cancelled) = (overlap.clone(), cancelled.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut x = w * 7919 + 13;
+            for _ in 0..80 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let r = (x >> 33) % 1000;
+                let mutex = c.mutex("torture");
+                let got = if r % 2 == 0 {
+                    timeout(Duration::from_micros(r * 4), mutex.lock())
+                        .await
+                        .ok()
+                } else {
+                    let task = tokio::spawn(mutex.lock());
+                    for _ in 0..(r % 7) {
+                        tokio::task::yield_now().await;
+                    }
+                    task.abort();
+                    task.await.ok()
+                };
+                match got {
+                    Some(g) => {
+                        let g = g.unwrap();
+                        overlap.enter();
+                        overlap.exit();
+                        drop(g);
+                    }
+                    None => {
+                        cancelled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(120), t).await.unwrap().unwrap();
+    }
+    for c in &clients {
+        c.shutdown().await;
+    }
+    assert_eq!(overlap.violations(), 0);
+    assert!(
+        cancelled.load(std::sync::atomic::Ordering::SeqCst) > 100,
+        "too few cancellations"
+    );
+    let zk = raw(&shared_zookeeper().connect_string()).await;
+    assert_no_znodes(&zk, &ns).await;
+}
