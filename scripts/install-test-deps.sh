@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Installs the servers the tests start: redis-server and ZooKeeper (with Java), from Debian's
-# packages. Idempotent: does nothing when they are already present.
+# Installs what the tests start: redis-server, ZooKeeper (with Java), and Apache Curator with a
+# JDK for the Curator interop tests, from Debian's packages. Idempotent: does nothing when they
+# are already present.
 set -euo pipefail
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || need+=(zookeeper)
 [ -f /usr/share/java/slf4j-simple.jar ] || need+=(libslf4j-java)
+[ -f /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
+command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
 
 if [ ${#need[@]} -eq 0 ]; then
-  echo "install-test-deps: redis-server and zookeeper are present"
+  echo "install-test-deps: redis-server, zookeeper and curator are present"
   exit 0
 fi
 

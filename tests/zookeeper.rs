@@ -10,6 +10,7 @@ use std::time::Duration;
 use distlock::backend::{ZkAcl, ZkBackend};
 use distlock::LockClient;
 use support::contract::contend;
+use support::curator::Curator;
 use support::proxy::Proxy;
 use support::{shared_zookeeper, ZkServer};
 use tokio::time::{sleep, timeout, Instant};
@@ -587,4 +588,104 @@ async fn cancelled_lock_futures_leave_no_znodes() {
     );
     let zk = raw(&shared_zookeeper().connect_string()).await;
     assert_no_znodes(&zk, &ns).await;
+}
+
+/// Blocking calls to the Java child, off the async workers.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+fn assert_curator_names(names: &[String]) {
+    for name in names {
+        let (prefix, seq) = name.split_at(name.len() - 10);
+        assert!(seq.bytes().all(|b| b.is_ascii_digit()), "{name}");
+        let uuid = prefix
+            .strip_prefix("_c_")
+            .and_then(|p| p.strip_suffix("-lock-"))
+            .unwrap_or_else(|| panic!("not a protected Curator lock node: {name}"));
+        assert_eq!(uuid.len(), 36, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_holds_and_rust_waits_its_turn() {
+    let ns = test_namespace!();
+    let connect = shared_zookeeper().connect_string();
+    let path = format!("/{ns}/shared");
+    let zk = raw(&connect).await;
+    let mut curator = blocking(|| Curator::start(&connect, &path));
+    assert_eq!(blocking(|| curator.ask("try 5000")), "GOT");
+
+    let c = client(&ns).await;
+    let err = c.mutex("shared").try_lock().await.unwrap_err();
+    assert!(
+        err.is_would_block(),
+        "Rust took a lock Curator holds: {err:?}"
+    );
+    let waiter = tokio::spawn({
+        let m = c.mutex("shared");
+        async move { m.lock().await }
+    });
+    until_contenders(&zk, &path, 2).await;
+    assert_curator_names(&children(&zk, &path).await);
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiter.is_finished(),
+        "Rust was granted while Curator held the lock"
+    );
+
+    assert_eq!(blocking(|| curator.ask("release")), "RELEASED");
+    let guard = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("Rust was not woken when Curator released")
+        .unwrap()
+        .unwrap();
+    // And now Curator is the one kept out.
+    assert_eq!(blocking(|| curator.ask("try 200")), "BUSY");
+    guard.release().await.unwrap();
+    assert_eq!(blocking(|| curator.ask("quit")), "BYE");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_holds_and_curator_queues_in_fifo_order() {
+    let ns = test_namespace!();
+    let connect = shared_zookeeper().connect_string();
+    let path = format!("/{ns}/shared");
+    let zk = raw(&connect).await;
+    let a = client(&ns).await;
+    let b = client(&ns).await;
+    let held = a.mutex("shared").lock().await.unwrap();
+    let mut curator = blocking(|| Curator::start(&connect, &path));
+    assert_eq!(blocking(|| curator.ask("try 300")), "BUSY");
+
+    // Curator queues, then a second Rust client behind it.
+    blocking(|| curator.send("lock"));
+    until_contenders(&zk, &path, 2).await;
+    let rust_waiter = tokio::spawn({
+        let m = b.mutex("shared");
+        async move { m.lock().await }
+    });
+    until_contenders(&zk, &path, 3).await;
+    assert_curator_names(&children(&zk, &path).await);
+    assert_eq!(blocking(|| curator.reply(Duration::from_millis(300))), None);
+
+    held.release().await.unwrap();
+    assert_eq!(
+        blocking(|| curator.reply(Duration::from_secs(10))).as_deref(),
+        Some("GOT"),
+        "Curator, next in line, was not granted"
+    );
+    sleep(Duration::from_millis(200)).await;
+    assert!(!rust_waiter.is_finished(), "Rust jumped ahead of Curator");
+    assert_eq!(blocking(|| curator.ask("release")), "RELEASED");
+    let guard = timeout(Duration::from_secs(5), rust_waiter)
+        .await
+        .expect("Rust was not woken after Curator released")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
+    assert_eq!(blocking(|| curator.ask("quit")), "BYE");
+    a.shutdown().await;
+    b.shutdown().await;
 }

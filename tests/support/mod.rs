@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod contract;
+pub mod curator;
 pub mod proxy;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -16,7 +17,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub const INSTALL_HINT: &str = "run `sudo scripts/install-test-deps.sh` (installs redis-server and zookeeper from Debian's packages)";
+pub const INSTALL_HINT: &str = "run `sudo scripts/install-test-deps.sh` (installs redis-server, zookeeper, curator and a JDK from Debian's packages)";
 
 /// How long a server may take to answer after it was started.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -29,7 +30,7 @@ pub fn free_port() -> u16 {
 }
 
 /// Finds an executable on PATH, or fails the test naming the install script.
-fn require_binary(name: &str) -> PathBuf {
+pub fn require_binary(name: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
@@ -37,7 +38,7 @@ fn require_binary(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("`{name}` was not found on PATH: {INSTALL_HINT}"))
 }
 
-fn require_file(path: &str) -> PathBuf {
+pub fn require_file(path: &str) -> PathBuf {
     let p = PathBuf::from(path);
     assert!(p.is_file(), "`{path}` is missing: {INSTALL_HINT}");
     p
