@@ -6,11 +6,14 @@
 //!
 //! Run: `cargo bench --bench contention --all-features [-- --workers 8 --cs-ms 1 --secs 5 --impl memory,redis,rslock]`.
 //! `--workers`, `--cs-ms` and `--impl` take comma-separated lists. Redis runs start their own
-//! `redis-server` on a free loopback port (tests/support), shared by `redis` and `rslock`.
+//! `redis-server` on a free loopback port (tests/support), shared by `redis` and `rslock`;
+//! ZooKeeper runs start a standalone ZooKeeper, shared by `zookeeper` and `curator` (Apache
+//! Curator 5's `InterProcessMutex` in a JVM, `tests/java/CuratorBench.java`, same workload).
 //!
 //! `server_ops_per_acq` is the INFO `total_commands_processed` delta per acquisition, which
 //! counts the calls a Lua script makes inside the server too; a second line, starting with `#`,
-//! gives the round trips (top-level commands) per acquisition.
+//! gives the round trips (top-level commands) per acquisition. For ZooKeeper it is the `mntr`
+//! `zk_packets_received` delta per acquisition.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_macros)]
@@ -192,22 +195,23 @@ fn report(name: &str, workers: usize, cs_ms: f64, mut o: Outcome, ops: Option<Op
         min / max,
         o.overlaps,
     );
-    if let Some(o) = ops {
+    if let Some(top_level) = ops.and_then(|o| o.top_level) {
         println!(
             "# {name} workers={workers} cs_ms={cs_ms} round_trips_per_acq={:.2} (top-level commands; server_ops counts script-internal calls too)",
-            per_acq(o.top_level)
+            per_acq(top_level)
         );
     }
 }
 
-/// Server-side command counts over a run.
+/// Server-side request counts over a run.
 #[derive(Clone, Copy, Default)]
 struct Ops {
-    /// INFO `total_commands_processed`, script-internal calls included.
+    /// Redis: INFO `total_commands_processed`, script-internal calls included. ZooKeeper:
+    /// `mntr` `zk_packets_received` (pings included).
     total: u64,
-    /// Commands only a client sends: scripts, (un)subscribes, and SET for rslock (our scripts
-    /// call SET only when a fence counter restarts, once per key and run).
-    top_level: u64,
+    /// Redis only: commands only a client sends: scripts, (un)subscribes, and SET for rslock
+    /// (our scripts call SET only when a fence counter restarts, once per key and run).
+    top_level: Option<u64>,
 }
 
 #[cfg(feature = "redis")]
@@ -244,7 +248,21 @@ async fn server_ops(url: &str) -> Ops {
             .then_some(calls)
         })
         .sum();
-    Ops { total, top_level }
+    Ops {
+        total,
+        top_level: Some(top_level),
+    }
+}
+
+/// `mntr` `zk_packets_received`: every request the server got, pings included.
+#[cfg(feature = "zookeeper")]
+fn zk_packets(server: &support::ZkServer) -> u64 {
+    server
+        .four_letter("mntr")
+        .lines()
+        .find_map(|l| l.strip_prefix("zk_packets_received"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("mntr reports zk_packets_received")
 }
 
 /// One `redis-server` for every Redis run of this process.
@@ -300,7 +318,7 @@ fn main() {
                             let after = server_ops(&url).await;
                             let ops = Ops {
                                 total: after.total - before.total,
-                                top_level: after.top_level - before.top_level,
+                                top_level: after.top_level.zip(before.top_level).map(|(a, b)| a - b),
                             };
                             let label = if name == "redis" {
                                 "distlock-redis"
@@ -309,7 +327,52 @@ fn main() {
                             };
                             report(label, workers, cs_ms, outcome, Some(ops));
                         }
-                        other => eprintln!("unknown --impl {other}; known: memory, redis, rslock"),
+                        #[cfg(feature = "zookeeper")]
+                        "zookeeper" => {
+                            let server = support::shared_zookeeper();
+                            let mut lockers = Vec::new();
+                            for _ in 0..workers {
+                                let backend =
+                                    distlock::backend::ZkBackend::connect(&server.connect_string())
+                                        .await
+                                        .expect("zookeeper backend");
+                                let ttl = backend.session_timeout();
+                                lockers.push(Locker::Distlock(
+                                    LockClient::builder(backend).ttl(ttl).build().expect("client"),
+                                ));
+                            }
+                            let before = zk_packets(server);
+                            let outcome = contend(lockers, cs, args.secs).await;
+                            let ops = Ops {
+                                total: zk_packets(server) - before,
+                                top_level: None,
+                            };
+                            report("distlock-zookeeper", workers, cs_ms, outcome, Some(ops));
+                        }
+                        #[cfg(feature = "zookeeper")]
+                        "curator" => {
+                            let server = support::shared_zookeeper();
+                            let before = zk_packets(server);
+                            let line = support::curator::bench(&server.connect_string(), workers, cs_ms, args.secs);
+                            let packets = zk_packets(server) - before;
+                            // The Java side counts acquisitions; add the server's figure.
+                            let acquisitions: f64 = line
+                                .split_whitespace()
+                                .find_map(|f| f.strip_prefix("acquisitions="))
+                                .and_then(|v| v.parse().ok())
+                                .unwrap_or(f64::NAN);
+                            let line = line.split(" acquisitions=").next().unwrap_or_default();
+                            println!(
+                                "{}",
+                                line.replace(
+                                    "server_ops_per_acq=n/a",
+                                    &format!("server_ops_per_acq={:.2}", packets as f64 / acquisitions)
+                                )
+                            );
+                        }
+                        other => eprintln!(
+                            "unknown --impl {other}; known: memory, redis, rslock, zookeeper, curator"
+                        ),
                     }
                 }
             }

@@ -21,7 +21,10 @@
 //! - [`RedisBackend`](backend::RedisBackend) (feature `redis`; `redis-deadpool` and `redis-bb8`
 //!   take a connection pool): a FIFO queue per key in Redis with direct handoff announced over
 //!   one shared pub/sub connection per client. Open it with `LockClient::redis(url)`.
-//! - ZooKeeper (feature `zookeeper`, Curator-compatible) is being built on the same seam.
+//! - [`ZkBackend`](backend::ZkBackend) (feature `zookeeper`): Curator `InterProcessMutex`
+//!   compatible locks (`_c_<uuid>-lock-<seq>` nodes, predecessor watches) on one session per
+//!   client; a Java service using Curator on the same path excludes ours. Open it with
+//!   `LockClient::zookeeper(connect)`.
 //!
 //! # Examples
 //!
@@ -72,7 +75,7 @@ pub use key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use mutex::{Mutex, MutexGuard};
 
 // The README shows every backend, so its examples compile with all of them.
-#[cfg(all(doctest, feature = "redis"))]
+#[cfg(all(doctest, feature = "redis", feature = "zookeeper"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 

@@ -1,6 +1,7 @@
-//! Apache Curator 5 (Debian's `libcurator-recipes-java`) driving an `InterProcessMutex` in a
-//! Java child process, for interop tests: `tests/java/CuratorLock.java`, compiled with `javac`
-//! once per test binary.
+//! Apache Curator 5 (Debian's `libcurator-recipes-java`) in a Java child process: an
+//! `InterProcessMutex` driven over stdin for the interop tests (`tests/java/CuratorLock.java`)
+//! and the contention workload for the benchmark (`tests/java/CuratorBench.java`), compiled
+//! with `javac` once per test binary.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -39,13 +40,14 @@ fn classes() -> &'static PathBuf {
     DIR.get_or_init(|| {
         let javac = require_binary("javac");
         let dir = tempfile::tempdir().expect("tempdir").keep();
-        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLock.java");
+        let sources = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/java");
         let out = Command::new(javac)
             .arg("-d")
             .arg(&dir)
             .arg("-cp")
             .arg(classpath())
-            .arg(source)
+            .arg(sources.join("CuratorLock.java"))
+            .arg(sources.join("CuratorBench.java"))
             .output()
             .expect("run javac");
         assert!(
@@ -55,6 +57,32 @@ fn classes() -> &'static PathBuf {
         );
         dir
     })
+}
+
+fn java(args: &[&str]) -> Command {
+    let mut cmd = Command::new(require_binary("java"));
+    cmd.args(["-Xmx256m", "-cp"])
+        .arg(format!("{}:{}", classes().display(), classpath()))
+        .args(args);
+    cmd
+}
+
+/// Runs the contention workload on Curator (`workers` sessions, one path) and returns its
+/// standard line, followed by ` acquisitions=N`.
+pub fn bench(connect: &str, workers: usize, cs_ms: f64, secs: f64) -> String {
+    let out = java(&[
+        "CuratorBench",
+        connect,
+        "/distlock/bench:contention",
+        &workers.to_string(),
+        &cs_ms.to_string(),
+        &secs.to_string(),
+    ])
+    .stderr(Stdio::inherit())
+    .output()
+    .expect("run the curator benchmark");
+    assert!(out.status.success(), "the curator benchmark failed");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// One Curator client with one `InterProcessMutex` on a path.
@@ -67,11 +95,7 @@ pub struct Curator {
 impl Curator {
     /// Starts the JVM, connects, and waits until the mutex is ready.
     pub fn start(connect: &str, path: &str) -> Self {
-        let java = require_binary("java");
-        let mut child = Command::new(java)
-            .args(["-Xmx128m", "-XX:TieredStopAtLevel=1", "-cp"])
-            .arg(format!("{}:{}", classes().display(), classpath()))
-            .args(["CuratorLock", connect, path])
+        let mut child = java(&["CuratorLock", connect, path])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -139,7 +139,8 @@ impl ZkBackend {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), distlock::Error> {
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
     /// let backend = distlock::backend::ZkBackend::connect("127.0.0.1:2181").await?;
     /// # drop(backend); Ok(()) }
     /// ```
@@ -202,7 +203,8 @@ impl ZkBackendBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), distlock::Error> {
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
     /// use distlock::backend::ZkBackend;
     /// let backend = ZkBackend::builder("127.0.0.1:2181/locks").build().await?;
     /// # drop(backend); Ok(()) }
