@@ -254,17 +254,6 @@ async fn server_ops(url: &str) -> Ops {
     }
 }
 
-/// `mntr` `zk_packets_received`: every request the server got, pings included.
-#[cfg(feature = "zookeeper")]
-fn zk_packets(server: &support::ZkServer) -> u64 {
-    server
-        .four_letter("mntr")
-        .lines()
-        .find_map(|l| l.strip_prefix("zk_packets_received"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("mntr reports zk_packets_received")
-}
-
 /// One `redis-server` for every Redis run of this process.
 #[cfg(feature = "redis")]
 fn redis_url() -> String {
@@ -341,10 +330,10 @@ fn main() {
                                     LockClient::builder(backend).ttl(ttl).build().expect("client"),
                                 ));
                             }
-                            let before = zk_packets(server);
+                            let before = server.packets_received();
                             let outcome = contend(lockers, cs, args.secs).await;
                             let ops = Ops {
-                                total: zk_packets(server) - before,
+                                total: server.packets_received() - before,
                                 top_level: None,
                             };
                             report("distlock-zookeeper", workers, cs_ms, outcome, Some(ops));
@@ -352,9 +341,9 @@ fn main() {
                         #[cfg(feature = "zookeeper")]
                         "curator" => {
                             let server = support::shared_zookeeper();
-                            let before = zk_packets(server);
+                            let before = server.packets_received();
                             let line = support::curator::bench(&server.connect_string(), workers, cs_ms, args.secs);
-                            let packets = zk_packets(server) - before;
+                            let packets = server.packets_received() - before;
                             // The Java side counts acquisitions; add the server's figure.
                             let acquisitions: f64 = line
                                 .split_whitespace()

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use distlock::backend::RedisBackend;
 use distlock::LockClient;
-use support::contract::{contend, Overlap};
+use support::contract::{contend, torture, Overlap};
 use support::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -388,73 +388,23 @@ async fn waiters_resume_after_redis_restarts() {
 async fn cancelled_lock_futures_leave_no_keys() {
     let ns = test_namespace!();
     let url = shared_redis().url();
-    let overlap = Arc::new(Overlap::default());
-    let cancelled = Arc::new(AtomicUsize::new(0));
-    let mut clients = Vec::new();
-    let mut tasks = Vec::new();
-    for h in 0..2u64 {
-        let c = client(&ns).await;
-        clients.push(c.clone());
-        let overlap = overlap.clone();
-        tasks.push(tokio::spawn(async move {
-            for i in 0..40u64 {
-                let guard = c.mutex("torture").lock().await.unwrap();
-                overlap.enter();
-                sleep(Duration::from_micros(200 * ((i + h) % 4))).await;
-                overlap.exit();
-                drop(guard);
-            }
-        }));
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        holders.push(client(&ns).await);
     }
-    for w in 0..4u64 {
-        let c = client(&ns).await;
-        clients.push(c.clone());
-        let (overlap, cancelled) = (overlap.clone(), cancelled.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut x = w * 7919 + 13;
-            for _ in 0..120 {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let r = (x >> 33) % 1000;
-                let mutex = c.mutex("torture");
-                let got = if r % 2 == 0 {
-                    timeout(Duration::from_micros(r * 3), mutex.lock())
-                        .await
-                        .ok()
-                } else {
-                    let task = tokio::spawn(mutex.lock());
-                    for _ in 0..(r % 7) {
-                        tokio::task::yield_now().await;
-                    }
-                    task.abort();
-                    task.await.ok()
-                };
-                match got {
-                    Some(g) => {
-                        let g = g.unwrap();
-                        overlap.enter();
-                        overlap.exit();
-                        drop(g);
-                    }
-                    None => {
-                        cancelled.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-            }
-        }));
+    let mut cancellers = Vec::new();
+    for _ in 0..4 {
+        cancellers.push(client(&ns).await);
     }
-    for t in tasks {
-        timeout(Duration::from_secs(120), t).await.unwrap().unwrap();
-    }
-    for c in &clients {
-        c.shutdown().await;
-    }
-    assert_eq!(overlap.violations(), 0);
-    assert!(
-        cancelled.load(Ordering::SeqCst) > 100,
-        "too few cancellations"
-    );
+    torture(
+        holders,
+        cancellers,
+        "torture",
+        40,
+        120,
+        Duration::from_micros(3),
+    )
+    .await;
     // Nothing is left but the fencing counter, which carries a TTL.
     let left = keys_in(&url, &ns).await;
     let mut conn = raw(&url).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use distlock::backend::{ZkAcl, ZkBackend};
 use distlock::LockClient;
-use support::contract::contend;
+use support::contract::{contend, torture};
 use support::curator::Curator;
 use support::proxy::Proxy;
 use support::{shared_zookeeper, ZkServer};
@@ -140,16 +140,6 @@ async fn waiters_are_served_in_arrival_order() {
     assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
 }
 
-/// `zk_packets_received` from `mntr`.
-fn packets_received(server: &ZkServer) -> u64 {
-    server
-        .four_letter("mntr")
-        .lines()
-        .find_map(|l| l.strip_prefix("zk_packets_received"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("mntr reports zk_packets_received")
-}
-
 #[tokio::test]
 async fn a_release_wakes_only_the_next_waiter() {
     let ns = test_namespace!();
@@ -173,10 +163,10 @@ async fn a_release_wakes_only_the_next_waiter() {
         until_contenders(&zk, &path, i + 2).await;
     }
     sleep(Duration::from_millis(100)).await;
-    let before = packets_received(server);
+    let before = server.packets_received();
     holder.release().await.unwrap();
     assert_eq!(granted_rx.recv().await, Some(0));
-    let after = packets_received(server);
+    let after = server.packets_received();
     // The holder's delete, and nothing from the waiters: the next one learns it is first from
     // its watch alone, the others are not woken at all. (A herd would be one or more requests
     // per waiter; pings of idle sessions are the only other traffic and are rare at 4 s.)
@@ -519,73 +509,23 @@ async fn waiters_resume_after_zookeeper_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_lock_futures_leave_no_znodes() {
     let ns = test_namespace!();
-    let overlap = Arc::new(support::contract::Overlap::default());
-    let cancelled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut clients = Vec::new();
-    let mut tasks = Vec::new();
-    for h in 0..2u64 {
-        let c = client(&ns).await;
-        clients.push(c.clone());
-        let overlap = overlap.clone();
-        tasks.push(tokio::spawn(async move {
-            for i in 0..30u64 {
-                let guard = c.mutex("torture").lock().await.unwrap();
-                overlap.enter();
-                sleep(Duration::from_micros(300 * ((i + h) % 4))).await;
-                overlap.exit();
-                drop(guard);
-            }
-        }));
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        holders.push(client(&ns).await);
     }
-    for w in 0..4u64 {
-        let c = client(&ns).await;
-        clients.push(c.clone());
-        let (overlap, cancelled) = (overlap.clone(), cancelled.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut x = w * 7919 + 13;
-            for _ in 0..80 {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let r = (x >> 33) % 1000;
-                let mutex = c.mutex("torture");
-                let got = if r % 2 == 0 {
-                    timeout(Duration::from_micros(r * 4), mutex.lock())
-                        .await
-                        .ok()
-                } else {
-                    let task = tokio::spawn(mutex.lock());
-                    for _ in 0..(r % 7) {
-                        tokio::task::yield_now().await;
-                    }
-                    task.abort();
-                    task.await.ok()
-                };
-                match got {
-                    Some(g) => {
-                        let g = g.unwrap();
-                        overlap.enter();
-                        overlap.exit();
-                        drop(g);
-                    }
-                    None => {
-                        cancelled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    }
-                }
-            }
-        }));
+    let mut cancellers = Vec::new();
+    for _ in 0..4 {
+        cancellers.push(client(&ns).await);
     }
-    for t in tasks {
-        timeout(Duration::from_secs(120), t).await.unwrap().unwrap();
-    }
-    for c in &clients {
-        c.shutdown().await;
-    }
-    assert_eq!(overlap.violations(), 0);
-    assert!(
-        cancelled.load(std::sync::atomic::Ordering::SeqCst) > 100,
-        "too few cancellations"
-    );
+    torture(
+        holders,
+        cancellers,
+        "torture",
+        30,
+        80,
+        Duration::from_micros(4),
+    )
+    .await;
     let zk = raw(&shared_zookeeper().connect_string()).await;
     assert_no_znodes(&zk, &ns).await;
 }

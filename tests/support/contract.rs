@@ -81,3 +81,83 @@ pub async fn contend(
     );
     fences
 }
+
+/// Cancellation torture: `holders` take `key` `holder_rounds` times each and hold it briefly;
+/// meanwhile every canceller starts `cancel_rounds` `lock()` futures and cancels most of them at
+/// random points, by a tiny timeout (`r * timeout_unit`) or by aborting the task after a few
+/// polls. Asserts that no two holders ever overlapped and that many futures were cancelled;
+/// shuts every client down. The caller then checks the backend holds no trace of the key.
+pub async fn torture(
+    holders: Vec<LockClient>,
+    cancellers: Vec<LockClient>,
+    key: &str,
+    holder_rounds: u64,
+    cancel_rounds: u64,
+    timeout_unit: Duration,
+) {
+    let overlap = Arc::new(Overlap::default());
+    let cancelled = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<LockClient> = holders.iter().chain(&cancellers).cloned().collect();
+    let mut tasks = Vec::new();
+    for (h, c) in (0u64..).zip(holders) {
+        let (overlap, key) = (overlap.clone(), key.to_owned());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..holder_rounds {
+                let guard = c.mutex(&key).lock().await.unwrap();
+                overlap.enter();
+                sleep(Duration::from_micros(250 * ((i + h) % 4))).await;
+                overlap.exit();
+                drop(guard);
+            }
+        }));
+    }
+    for (w, c) in (0u64..).zip(cancellers) {
+        let (overlap, cancelled, key) = (overlap.clone(), cancelled.clone(), key.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let mut x = w * 7919 + 13;
+            for _ in 0..cancel_rounds {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let r = (x >> 33) % 1000;
+                let mutex = c.mutex(&key);
+                let got = if r % 2 == 0 {
+                    let limit = timeout_unit * u32::try_from(r).unwrap();
+                    timeout(limit, mutex.lock()).await.ok()
+                } else {
+                    let task = tokio::spawn(mutex.lock());
+                    for _ in 0..(r % 7) {
+                        tokio::task::yield_now().await;
+                    }
+                    task.abort();
+                    task.await.ok()
+                };
+                match got {
+                    Some(guard) => {
+                        let guard = guard.unwrap();
+                        overlap.enter();
+                        overlap.exit();
+                        drop(guard);
+                    }
+                    None => {
+                        cancelled.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(120), t)
+            .await
+            .expect("a torture task never finished")
+            .unwrap();
+    }
+    for c in &clients {
+        c.shutdown().await;
+    }
+    assert_eq!(overlap.violations(), 0, "two holders at once");
+    assert!(
+        cancelled.load(Ordering::SeqCst) > 100,
+        "too few cancellations to mean anything"
+    );
+}

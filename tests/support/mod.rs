@@ -374,6 +374,15 @@ impl ZkServer {
         ask_all(self.port, cmd.as_bytes()).expect("four-letter word round trip")
     }
 
+    /// `mntr` `zk_packets_received`: every request the server got, pings included.
+    pub fn packets_received(&self) -> u64 {
+        self.four_letter("mntr")
+            .lines()
+            .find_map(|l| l.strip_prefix("zk_packets_received"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("mntr reports zk_packets_received")
+    }
+
     /// The server's log, for failure messages.
     pub fn log(&self) -> String {
         read_log(self.dir.path(), ZK_LOGS)
