@@ -10,6 +10,7 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 [ -f /usr/share/java/slf4j-simple.jar ] || need+=(libslf4j-java)
 [ -f /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
 command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)   # certificates for the TLS test
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "install-test-deps: redis-server, zookeeper and curator are present"

@@ -460,3 +460,40 @@ async fn an_unreachable_server_is_a_clear_error_not_a_hang() {
     let err = RedisBackend::connect("redis://").await.unwrap_err();
     assert!(err.is_invalid_config() || err.is_backend(), "{err:?}");
 }
+
+#[cfg(feature = "redis-tls")]
+#[tokio::test]
+async fn rediss_urls_speak_tls_and_check_the_certificate() {
+    let ns = test_namespace!();
+    let tls = support::TlsRedis::start();
+    let backend = RedisBackend::builder(tls.url())
+        .tls_root_certificate(tls.ca.clone())
+        .build()
+        .await
+        .unwrap();
+    let a = LockClient::builder(backend).namespace(&ns).build().unwrap();
+    let b = client_at(&tls.server.url(), &ns).await; // the same server, in plain text
+    let guard = a.mutex("k").lock().await.unwrap();
+    assert!(b.mutex("k").try_lock().await.unwrap_err().is_would_block());
+    // A waiter over TLS is woken through the TLS pub/sub connection.
+    let held = b.mutex("w").lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = a.mutex("w");
+        async move { m.lock().await }
+    });
+    until_queued(&tls.server.url(), &ns, "w", 1).await;
+    held.release().await.unwrap();
+    timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("a TLS waiter was not woken")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+
+    // Without our CA the server's certificate is refused: a clear error, not a hang.
+    let err = RedisBackend::connect(&tls.url()).await.unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+}

@@ -268,6 +268,121 @@ impl RedisServer {
     }
 }
 
+/// A `redis-server` that also serves TLS, with certificates from a throwaway CA.
+pub struct TlsRedis {
+    pub server: RedisServer,
+    pub tls_port: u16,
+    /// The CA certificate (PEM) that signed the server's certificate for 127.0.0.1.
+    pub ca: Vec<u8>,
+    _certs: tempfile::TempDir,
+}
+
+impl TlsRedis {
+    pub fn start() -> Self {
+        let openssl = require_binary("openssl");
+        let certs = tempfile::tempdir().expect("tempdir");
+        let dir = certs.path();
+        let run = |args: &[&str]| {
+            let out = Command::new(&openssl)
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("run openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?} failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        run(&[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=distlock test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat());
+        run(&[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat());
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )
+        .expect("write server.ext");
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ]);
+        let tls_port = free_port();
+        let path = |f: &str| dir.join(f).display().to_string();
+        let server = RedisServer::start_with(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &path("server.crt"),
+            "--tls-key-file",
+            &path("server.key"),
+            "--tls-ca-cert-file",
+            &path("ca.crt"),
+            "--tls-auth-clients",
+            "no",
+        ]);
+        let ca = std::fs::read(dir.join("ca.crt")).expect("read ca.crt");
+        Self {
+            server,
+            tls_port,
+            ca,
+            _certs: certs,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.tls_port)
+    }
+}
+
 /// One `redis-server` for every test in this binary; tests keep apart by namespace.
 pub fn shared_redis() -> &'static RedisServer {
     static SERVER: OnceLock<RedisServer> = OnceLock::new();

@@ -102,6 +102,8 @@ pub struct RedisBackendBuilder {
     url: String,
     source: Source,
     handoff_ttl: Duration,
+    #[cfg(feature = "redis-tls")]
+    root_certificate: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for RedisBackendBuilder {
@@ -133,6 +135,8 @@ impl RedisBackend {
         RedisBackendBuilder {
             url: url.into(),
             source: Source::Own,
+            #[cfg(feature = "redis-tls")]
+            root_certificate: None,
             handoff_ttl: DEFAULT_HANDOFF_TTL,
         }
     }
@@ -188,6 +192,50 @@ impl RedisBackendBuilder {
         self
     }
 
+    #[cfg(not(feature = "redis-tls"))]
+    fn client(&self) -> ::redis::RedisResult<::redis::Client> {
+        ::redis::Client::open(self.url.as_str())
+    }
+
+    #[cfg(feature = "redis-tls")]
+    fn client(&self) -> ::redis::RedisResult<::redis::Client> {
+        match &self.root_certificate {
+            Some(pem) => ::redis::Client::build_with_tls(
+                self.url.as_str(),
+                ::redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            None => ::redis::Client::open(self.url.as_str()),
+        }
+    }
+
+    /// Trusts the CA certificate `pem` (PEM) for `rediss://` instead of the system roots, for
+    /// servers with a private CA. Used by the pub/sub connection, and for commands unless a
+    /// pool is given (configure the pool's TLS yourself).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/redis/ca.crt")?;
+    /// let backend = distlock::backend::RedisBackend::builder("rediss://redis.internal:6380/")
+    ///     .tls_root_certificate(ca)
+    ///     .build()
+    ///     .await?;
+    /// # drop(backend);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificate = Some(pem.into());
+        self
+    }
+
     /// Connects and checks the server answers (authenticating if the URL says so).
     ///
     /// # Errors
@@ -219,7 +267,8 @@ impl RedisBackendBuilder {
                 crate::MIN_TTL
             )));
         }
-        let client = ::redis::Client::open(self.url.as_str())
+        let client = self
+            .client()
             .map_err(|e| Error::invalid_config("malformed redis url").with_source(e))?;
         tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
         let commands = match self.source {
