@@ -29,6 +29,7 @@ pub(crate) enum Commands {
 
 enum Failure {
     Redis(RedisError),
+    #[cfg_attr(not(any(feature = "redis-deadpool", feature = "redis-bb8")), allow(dead_code))]
     Pool(Error),
     Timeout,
 }
