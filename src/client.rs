@@ -159,6 +159,52 @@ impl LockClient {
         Self::builder(backend).ttl(ttl).build()
     }
 
+    /// A client for a URL naming the service: `memory:` (or an empty string) for the in-process
+    /// backend, `redis://…` / `rediss://…` for Redis, `zk://host:port[,host:port][/chroot]` for
+    /// ZooKeeper. Handy for a `DISTLOCK_URL` setting; each scheme needs its backend's feature.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for an unknown scheme or one
+    /// whose feature is off; otherwise as the backend's own constructor.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped connect leaves no connection or session behind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// // e.g. from std::env::var("DISTLOCK_URL"); empty means in-process
+    /// let url = String::new();
+    /// let client = distlock::LockClient::connect(&url).await?;
+    /// # drop(client);
+    /// assert!(distlock::LockClient::connect("etcd://x").await.unwrap_err().is_invalid_config());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self> {
+        let scheme = url
+            .split_once("://")
+            .map_or(url.trim_end_matches(':'), |(s, _)| s);
+        match scheme {
+            #[cfg(feature = "memory")]
+            "" | "memory" => Ok(Self::memory()),
+            #[cfg(feature = "redis")]
+            "redis" | "rediss" | "redis+unix" | "unix" => Self::redis(url).await,
+            #[cfg(feature = "zookeeper")]
+            "zk" | "zookeeper" => {
+                let rest = url.split_once("://").map_or("", |(_, r)| r);
+                Self::zookeeper(rest).await
+            }
+            other => Err(Error::invalid_config(format_args!(
+                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, zk:// with features memory, redis, redis-tls, zookeeper)"
+            ))),
+        }
+    }
+
     /// Starts building a client on `backend`.
     ///
     /// # Examples
@@ -203,6 +249,12 @@ impl LockClient {
     /// ```
     pub fn mutex(&self, key: impl Into<String>) -> Mutex {
         Mutex::new(self.clone(), key.into())
+    }
+
+    /// Identifies the client (and its clones) within the process.
+    #[cfg_attr(not(feature = "macros"), allow(dead_code))]
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as *const () as usize
     }
 
     /// The namespace every key of this client lives under.

@@ -229,3 +229,31 @@ impl StdError for Error {
             .map(|e| e as &(dyn StdError + 'static))
     }
 }
+
+/// For functions that return `std::io::Result` (e.g. under `#[distributed_lock]`): timeouts
+/// become `TimedOut`, a busy lock `WouldBlock`, bad input `InvalidInput`, the rest `Other`; the
+/// distlock error stays reachable through `get_ref`/`into_inner`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let client = distlock::LockClient::memory();
+/// let err = client.mutex("").try_lock().await.unwrap_err();
+/// let io: std::io::Error = err.into();
+/// assert_eq!(io.kind(), std::io::ErrorKind::InvalidInput);
+/// # }
+/// ```
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
+        use std::io::ErrorKind as Io;
+        let kind = match e.kind {
+            ErrorKind::Timeout => Io::TimedOut,
+            ErrorKind::WouldBlock => Io::WouldBlock,
+            ErrorKind::InvalidKey | ErrorKind::InvalidConfig => Io::InvalidInput,
+            _ => Io::Other,
+        };
+        std::io::Error::new(kind, e)
+    }
+}

@@ -26,6 +26,9 @@
 //!   client; a Java service using Curator on the same path excludes ours. Open it with
 //!   `LockClient::zookeeper(connect)`.
 //!
+//! With feature `macros`, [`#[distributed_lock("orders:{id}")]`](distributed_lock) runs an
+//! `async fn` under a lock named by its arguments.
+//!
 //! # Examples
 //!
 //! ```
@@ -62,6 +65,8 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod acquire;
+#[cfg(feature = "macros")]
+mod attribute;
 pub mod backend;
 mod client;
 mod error;
@@ -74,8 +79,87 @@ pub use error::{Error, ErrorKind, Result};
 pub use key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use mutex::{Mutex, MutexGuard};
 
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use attribute::set_default;
+/// Runs an `async fn` while holding the distributed lock its arguments name.
+///
+/// ```
+/// use distlock::distributed_lock;
+///
+/// # #[allow(dead_code)]
+/// #[derive(Debug)]
+/// enum AppError {
+///     Lock(distlock::Error),
+/// }
+///
+/// impl From<distlock::Error> for AppError {
+///     fn from(e: distlock::Error) -> Self {
+///         AppError::Lock(e)
+///     }
+/// }
+///
+/// #[distributed_lock("orders:{order_id}", timeout = "5s", ttl = "30s")]
+/// async fn settle(order_id: u64) -> Result<u64, AppError> {
+///     // Only one replica at a time gets here for a given order.
+///     Ok(order_id)
+/// }
+///
+/// #[distributed_lock("orders:{order_id}", wait = false)]
+/// async fn try_settle(order_id: u64) -> Result<(), AppError> {
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), AppError> {
+/// distlock::set_default(distlock::LockClient::memory());
+/// assert_eq!(settle(42).await?, 42);
+/// try_settle(42).await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// - The template interpolates arguments by `Display` (`{name}`, `{name:?}` and format specs
+///   work); a name that is not an argument is a compile error.
+/// - `client = <expr>` picks the client (a `LockClient` or a reference to one; any expression
+///   over the arguments, e.g. `client = &state.locks`); without it the process default from
+///   [`set_default`] is used, and a missing default is a runtime error.
+/// - `timeout = "5s"` bounds the wait (`is_timeout()`); `wait = false` tries once
+///   (`is_would_block()`); `ttl = "30s"` sets the lease. Durations take `ms`, `s`, `m`, `h`
+///   and are checked at compile time.
+/// - `on_lost = "abort"` cancels the body at its next await once the lock is lost and returns
+///   the lost error; by default the body runs on and the lost lock is only logged.
+/// - `crate = "path"` names distlock when it is re-exported under another path.
+///
+/// The function keeps its signature. It must return `Result<T, E>` with
+/// `E: From<distlock::Error>`: lock errors are returned through it. The lock is released when
+/// the body returns, fails or panics. A nested call with the same key on the same client in
+/// the same task runs without locking again (instead of deadlocking); other tasks wait as
+/// usual. Works on methods, including under `#[async_trait]`.
+///
+/// # Errors
+///
+/// The function returns `E::from(error)` when the lock cannot be taken (timeout, would block,
+/// bad key, backend failure, no default client) or, with `on_lost = "abort"`, when it was lost.
+///
+/// # Cancel safety
+///
+/// Dropping the function's future at any await point releases the lock or its queue entry,
+/// as [`Mutex::lock`] does.
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use distlock_macros::distributed_lock;
+
+/// What `#[distributed_lock]` expands to. Not a public API.
+#[cfg(feature = "macros")]
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::attribute::{client_of, default_client, locked, Options};
+    pub use std::time::Duration;
+}
+
 // The README shows every backend, so its examples compile with all of them.
-#[cfg(all(doctest, feature = "redis", feature = "zookeeper"))]
+#[cfg(all(doctest, feature = "redis", feature = "zookeeper", feature = "macros"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 

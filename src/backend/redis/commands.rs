@@ -29,7 +29,10 @@ pub(crate) enum Commands {
 
 enum Failure {
     Redis(RedisError),
-    #[cfg_attr(not(any(feature = "redis-deadpool", feature = "redis-bb8")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "redis-deadpool", feature = "redis-bb8")),
+        allow(dead_code)
+    )]
     Pool(Error),
     Timeout,
 }
