@@ -308,33 +308,17 @@ async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_session_timeout(
         let (connect, ns) = spec.split_once(' ').unwrap();
         let c = client_at(connect, ns, CHILD_SESSION).await;
         let guard = c.mutex("k").lock().await.unwrap();
-        println!("HOLDING {}", guard.fencing_token());
-        std::future::pending::<()>().await;
+        support::holder::report_and_hold(&guard).await;
     }
-    use std::io::BufRead;
     let ns = test_namespace!();
     let connect = shared_zookeeper().connect_string();
     let zk = raw(&connect).await;
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_holder_killed_with_sigkill_frees_the_lock_within_its_session_timeout",
-            "--nocapture",
-        ])
-        .env(CHILD_ENV, format!("{connect} {ns}"))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let child_fence: u64 = tokio::task::spawn_blocking(move || {
-        std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .find_map(|l| l.strip_prefix("HOLDING ").and_then(|f| f.parse().ok()))
-    })
-    .await
-    .unwrap()
-    .expect("the child never reported holding the lock");
+    let (mut child, child_fence) = support::holder::spawn(
+        "a_holder_killed_with_sigkill_frees_the_lock_within_its_session_timeout",
+        CHILD_ENV,
+        format!("{connect} {ns}"),
+    )
+    .await;
 
     let c = client(&ns).await;
     let waiter = tokio::spawn(c.mutex("k").lock());

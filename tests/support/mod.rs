@@ -8,6 +8,7 @@
 
 pub mod contract;
 pub mod curator;
+pub mod holder;
 pub mod proxy;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,0 +1,34 @@
+//! A lock holder in a separate process (this same test binary, re-run for one test), so a test
+//! can kill it with SIGKILL the way a crashed replica dies.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+/// The child's side: tell the parent the lock is held, then hold it until killed.
+pub async fn report_and_hold(guard: &distlock::MutexGuard) -> ! {
+    println!("HOLDING {}", guard.fencing_token());
+    std::future::pending::<()>().await;
+    unreachable!()
+}
+
+/// Re-runs test `test` of this binary with `env=spec` (the child branch of the test), waits
+/// until it holds the lock, and returns it with its fencing token.
+pub async fn spawn(test: &str, env: &str, spec: String) -> (Child, u64) {
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", test, "--nocapture"])
+        .env(env, spec)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the holder process");
+    let stdout = child.stdout.take().expect("holder stdout");
+    let fence = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("HOLDING ").and_then(|f| f.parse().ok()))
+    })
+    .await
+    .expect("reader task")
+    .expect("the holder process never reported holding the lock");
+    (child, fence)
+}
