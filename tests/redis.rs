@@ -481,3 +481,39 @@ async fn rediss_urls_speak_tls_and_check_the_certificate() {
     let err = RedisBackend::connect(&tls.url()).await.unwrap_err();
     assert!(err.is_backend(), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_missed_its_handoff_during_a_cut_still_gets_the_lock() {
+    let ns = test_namespace!();
+    let server = shared_redis();
+    let proxy = support::proxy::Proxy::start(server.port());
+    let behind = client_at(&format!("redis://127.0.0.1:{}/", proxy.port()), &ns).await;
+    let direct = client(&ns).await;
+    let held = direct.mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = behind.mutex("k");
+        async move { m.lock().await }
+    });
+    until_queued(&server.url(), &ns, "k", 1).await;
+
+    // The handoff is published while the waiter's connections are down: it never sees it.
+    proxy.cut();
+    held.release().await.unwrap();
+    sleep(Duration::from_millis(500)).await;
+    proxy.pass();
+
+    let guard = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("a waiter that missed its handoff never got the lock")
+        .unwrap()
+        .unwrap();
+    assert!(direct
+        .mutex("k")
+        .try_lock()
+        .await
+        .unwrap_err()
+        .is_would_block());
+    guard.release().await.unwrap();
+    behind.shutdown().await;
+    direct.shutdown().await;
+}
