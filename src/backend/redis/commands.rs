@@ -1,6 +1,8 @@
 //! Where commands go: our own auto-reconnecting connection, or a pool the application already
-//! has. Every call has a deadline; connection failures are retried a few times, which is safe
-//! because every script is idempotent.
+//! has. Every call has a deadline. A call that failed on the connection is sent again at once,
+//! which is safe because every script is idempotent: the retry waits on the connection
+//! manager's reconnect (or the pool's checkout), not on a timer of ours. A longer outage is
+//! reported as a transient error to the layer above.
 
 use std::time::Duration;
 
@@ -11,12 +13,8 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The deadline of one command, including getting a connection from a pool.
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// Pauses before the retries of a call that failed on the connection.
-const RETRY_PAUSES: [Duration; 3] = [
-    Duration::from_millis(20),
-    Duration::from_millis(100),
-    Duration::from_millis(400),
-];
+/// How many times a call that failed on the connection is sent again.
+const RETRIES: usize = 2;
 
 #[derive(Clone)]
 pub(crate) enum Commands {
@@ -44,7 +42,7 @@ impl Commands {
         what: &str,
         inv: &ScriptInvocation<'_>,
     ) -> Result<T> {
-        let mut pauses = RETRY_PAUSES.iter();
+        let mut retries = RETRIES;
         loop {
             let failure = match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
                 Ok(Ok(value)) => return Ok(value),
@@ -57,8 +55,8 @@ impl Commands {
                 }
                 Failure::Pool(_) | Failure::Timeout => true,
             };
-            match pauses.next() {
-                Some(pause) if retry => tokio::time::sleep(*pause).await,
+            match retries.checked_sub(1) {
+                Some(left) if retry => retries = left,
                 _ if retry => return Err(describe(what, failure).transient()),
                 _ => return Err(describe(what, failure)),
             }
