@@ -279,7 +279,7 @@ async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl() {
     }
     let ns = test_namespace!();
     let url = shared_redis().url();
-    let (mut child, child_fence) = support::holder::spawn(
+    let (child, child_fence) = support::holder::spawn(
         "a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl",
         CHILD_ENV,
         format!("{url} {ns}"),
@@ -291,15 +291,7 @@ async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl() {
     until_queued(&url, &ns, "k", 1).await;
     // Past the child's first renewals, so the lease was refreshed before it died.
     sleep(CHILD_TTL).await;
-    child.kill().unwrap(); // SIGKILL
-    let killed = Instant::now();
-    child.wait().unwrap();
-    let guard = timeout(CHILD_TTL * 3, waiter)
-        .await
-        .expect("the lock of a killed holder was never freed")
-        .unwrap()
-        .unwrap();
-    let waited = killed.elapsed();
+    let (guard, waited) = support::holder::kill_and_await(child, waiter, CHILD_TTL * 3).await;
     assert!(
         waited <= CHILD_TTL + Duration::from_millis(300),
         "took {waited:?} after the kill, TTL {CHILD_TTL:?}"

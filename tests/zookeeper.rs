@@ -313,7 +313,7 @@ async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_session_timeout(
     let ns = test_namespace!();
     let connect = shared_zookeeper().connect_string();
     let zk = raw(&connect).await;
-    let (mut child, child_fence) = support::holder::spawn(
+    let (child, child_fence) = support::holder::spawn(
         "a_holder_killed_with_sigkill_frees_the_lock_within_its_session_timeout",
         CHILD_ENV,
         format!("{connect} {ns}"),
@@ -323,15 +323,8 @@ async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_session_timeout(
     let c = client(&ns).await;
     let waiter = tokio::spawn(c.mutex("k").lock());
     until_contenders(&zk, &format!("/{ns}/k"), 2).await;
-    child.kill().unwrap(); // SIGKILL: no close, the session must time out
-    let killed = Instant::now();
-    child.wait().unwrap();
-    let guard = timeout(CHILD_SESSION * 4, waiter)
-        .await
-        .expect("the lock of a killed holder was never freed")
-        .unwrap()
-        .unwrap();
-    let waited = killed.elapsed();
+    // No close: the session must time out.
+    let (guard, waited) = support::holder::kill_and_await(child, waiter, CHILD_SESSION * 4).await;
     // The server expires sessions on tick boundaries (500 ms here).
     assert!(
         waited <= CHILD_SESSION + Duration::from_millis(1200),

@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// The child's side: tell the parent the lock is held, then hold it until killed.
 pub async fn report_and_hold(guard: &distlock::MutexGuard) -> ! {
@@ -31,4 +32,22 @@ pub async fn spawn(test: &str, env: &str, spec: String) -> (Child, u64) {
     .expect("reader task")
     .expect("the holder process never reported holding the lock");
     (child, fence)
+}
+
+/// SIGKILLs the holder and returns what `waiter` got, with how long after the kill it got it.
+/// Panics if the waiter is not granted within `limit`.
+pub async fn kill_and_await(
+    mut child: Child,
+    waiter: tokio::task::JoinHandle<distlock::Result<distlock::MutexGuard>>,
+    limit: Duration,
+) -> (distlock::MutexGuard, Duration) {
+    child.kill().expect("SIGKILL the holder");
+    let killed = Instant::now();
+    child.wait().expect("reap the holder");
+    let guard = tokio::time::timeout(limit, waiter)
+        .await
+        .expect("the lock of a killed holder was never freed")
+        .expect("waiter task")
+        .expect("waiter lock()");
+    (guard, killed.elapsed())
 }

@@ -97,29 +97,28 @@ fn read_log(dir: &Path, names: &[&str]) -> String {
     out
 }
 
-/// Sends one line to 127.0.0.1:`port` and returns the first line (or everything) of the reply.
-fn ask(port: u16, request: &[u8]) -> std::io::Result<String> {
+/// Connects to 127.0.0.1:`port` and sends `request`.
+fn send(port: u16, request: &[u8]) -> std::io::Result<TcpStream> {
     let mut stream = TcpStream::connect_timeout(
         &format!("127.0.0.1:{port}").parse().expect("loopback addr"),
         Duration::from_millis(500),
     )?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     stream.write_all(request)?;
+    Ok(stream)
+}
+
+/// Sends `request` and returns the first line of the reply.
+fn ask(port: u16, request: &[u8]) -> std::io::Result<String> {
     let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply)?;
+    BufReader::new(send(port, request)?).read_line(&mut reply)?;
     Ok(reply)
 }
 
 /// Sends `request` and reads until the server closes the connection.
 fn ask_all(port: u16, request: &[u8]) -> std::io::Result<String> {
-    let mut stream = TcpStream::connect_timeout(
-        &format!("127.0.0.1:{port}").parse().expect("loopback addr"),
-        Duration::from_millis(500),
-    )?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.write_all(request)?;
     let mut reply = String::new();
-    stream.read_to_string(&mut reply)?;
+    send(port, request)?.read_to_string(&mut reply)?;
     Ok(reply)
 }
 
