@@ -271,6 +271,12 @@ impl ZkBackendBuilder {
     }
 }
 
+/// Either a result, or "go round the acquire loop again" (with the failure that caused it).
+enum Step<T> {
+    Ready(T),
+    Again(Option<Failure>),
+}
+
 /// A claim's node once created.
 #[derive(Debug, Clone)]
 struct Node {
@@ -371,6 +377,103 @@ impl Inner {
         }
     }
 
+    /// A node (or a create in doubt) from an older session is gone or about to go: delete it
+    /// in case the session survived after all, and draw a new protection UUID.
+    async fn discard_stale(&self, ticket: &ZkTicket, lock_path: &str, epoch: u64) {
+        let (stale, doubt) = {
+            let mut t = ticket.lock();
+            let stale = t.node.take_if(|n| n.epoch != epoch);
+            let doubt = match t.unsure {
+                Some(e) if e != epoch => t.uuid.clone(),
+                _ => None,
+            };
+            if stale.is_some() || doubt.is_some() {
+                t.unsure = None;
+                t.uuid = Some(uuid::Uuid::new_v4().hyphenated().to_string());
+            }
+            (stale, doubt)
+        };
+        if let Some(stale) = stale {
+            let _ = self.zk.delete(&stale.path).await;
+        }
+        if let Some(uuid) = doubt {
+            if let Ok(Some(name)) = self.find_ours(lock_path, &uuid).await {
+                let _ = self.zk.delete(&format!("{lock_path}/{name}")).await;
+            }
+        }
+    }
+
+    /// The claim's node: the one it has, the one a create with a lost reply made (protection
+    /// mode: looked up before making another), or a new one.
+    async fn ensure_node(
+        &self,
+        claim: &Claim,
+        ticket: &ZkTicket,
+        lock_path: &str,
+        epoch: u64,
+    ) -> Result<Step<Node>> {
+        let (node, unsure, uuid) = {
+            let mut t = ticket.lock();
+            let uuid = t
+                .uuid
+                .get_or_insert_with(|| claim.owner().to_owned())
+                .clone();
+            (t.node.clone(), t.unsure.is_some(), uuid)
+        };
+        if let Some(node) = node {
+            return Ok(Step::Ready(node));
+        }
+        let found = if unsure {
+            match self.find_ours(lock_path, &uuid).await {
+                Ok(found) => found,
+                Err(f @ Failure::Unknown(_)) => return Ok(Step::Again(Some(f))),
+                Err(f) => return Err(f.into_error(&format!("list {lock_path}"))),
+            }
+        } else {
+            None
+        };
+        let made = match found {
+            Some(name) => {
+                let path = format!("{lock_path}/{name}");
+                match self.zk.exists(&path).await {
+                    Ok(Some(stat)) => Ok((path, stat)),
+                    Ok(None) => Err(Failure::NoNode),
+                    Err(f) => Err(f),
+                }
+            }
+            None => {
+                ticket.lock().unsure = Some(epoch);
+                let prefix = format!("{lock_path}/{}", recipe::node_prefix(&uuid));
+                self.zk.create_lock_node(&prefix).await
+            }
+        };
+        match made {
+            Ok((path, stat)) => {
+                let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+                let node = Node {
+                    name,
+                    path,
+                    stat,
+                    epoch,
+                };
+                let mut t = ticket.lock();
+                t.unsure = None;
+                t.node = Some(node.clone());
+                Ok(Step::Ready(node))
+            }
+            Err(Failure::NoNode) => {
+                ticket.lock().unsure = None;
+                self.create_parents(lock_path).await?;
+                Ok(Step::Again(None))
+            }
+            Err(f @ Failure::Unknown(_)) => Ok(Step::Again(Some(f))),
+            Err(f) => {
+                ticket.lock().unsure = None;
+                Err(f.into_error(&format!("create in {lock_path}")))
+            }
+        }
+    }
+
     async fn acquire(&self, claim: &Claim, ticket: &ZkTicket, wait: bool) -> Result<Attempt> {
         let lock_path = lock_path(claim);
         {
@@ -389,98 +492,15 @@ impl Inner {
             }
             let conn = self.hub.until_up(self.session_timeout).await?;
 
-            // A node (or a create in doubt) from an older session is gone or about to go:
-            // delete it in case the session survived after all, and start over.
-            let (stale, doubt) = {
-                let mut t = ticket.lock();
-                let stale = t.node.take_if(|n| n.epoch != conn.epoch);
-                let doubt = match t.unsure {
-                    Some(epoch) if epoch != conn.epoch => t.uuid.clone(),
-                    _ => None,
-                };
-                if stale.is_some() || doubt.is_some() {
-                    t.unsure = None;
-                    t.uuid = Some(uuid::Uuid::new_v4().hyphenated().to_string());
-                }
-                (stale, doubt)
-            };
-            if let Some(stale) = stale {
-                let _ = self.zk.delete(&stale.path).await;
-            }
-            if let Some(uuid) = doubt {
-                if let Ok(Some(name)) = self.find_ours(&lock_path, &uuid).await {
-                    let _ = self.zk.delete(&format!("{lock_path}/{name}")).await;
-                }
-            }
-
-            let (node, unsure, uuid) = {
-                let mut t = ticket.lock();
-                let uuid = t
-                    .uuid
-                    .get_or_insert_with(|| claim.owner().to_owned())
-                    .clone();
-                (t.node.clone(), t.unsure.is_some(), uuid)
-            };
-            let node = match node {
-                Some(node) => node,
-                None => {
-                    // Protection mode: after a lost reply, look for the node before making
-                    // another one.
-                    let found = if unsure {
-                        match self.find_ours(&lock_path, &uuid).await {
-                            Ok(found) => found,
-                            Err(f @ Failure::Unknown(_)) => {
-                                last = Some(f);
-                                continue;
-                            }
-                            Err(f) => return Err(f.into_error(&format!("list {lock_path}"))),
-                        }
-                    } else {
-                        None
-                    };
-                    let made = match found {
-                        Some(name) => {
-                            let path = format!("{lock_path}/{name}");
-                            match self.zk.exists(&path).await {
-                                Ok(Some(stat)) => Ok((path, stat)),
-                                Ok(None) | Err(Failure::NoNode) => Err(Failure::NoNode),
-                                Err(f) => Err(f),
-                            }
-                        }
-                        None => {
-                            ticket.lock().unsure = Some(conn.epoch);
-                            let prefix = format!("{lock_path}/{}", recipe::node_prefix(&uuid));
-                            self.zk.create_lock_node(&prefix).await
-                        }
-                    };
-                    match made {
-                        Ok((path, stat)) => {
-                            let name = path.rsplit('/').next().unwrap_or_default().to_owned();
-                            let node = Node {
-                                name,
-                                path,
-                                stat,
-                                epoch: conn.epoch,
-                            };
-                            let mut t = ticket.lock();
-                            t.unsure = None;
-                            t.node = Some(node.clone());
-                            node
-                        }
-                        Err(Failure::NoNode) => {
-                            ticket.lock().unsure = None;
-                            self.create_parents(&lock_path).await?;
-                            continue;
-                        }
-                        Err(f @ Failure::Unknown(_)) => {
-                            last = Some(f);
-                            continue;
-                        }
-                        Err(f) => {
-                            ticket.lock().unsure = None;
-                            return Err(f.into_error(&format!("create in {lock_path}")));
-                        }
-                    }
+            self.discard_stale(ticket, &lock_path, conn.epoch).await;
+            let node = match self
+                .ensure_node(claim, ticket, &lock_path, conn.epoch)
+                .await?
+            {
+                Step::Ready(node) => node,
+                Step::Again(failure) => {
+                    last = failure.or(last);
+                    continue;
                 }
             };
 
