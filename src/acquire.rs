@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
-use crate::backend::{Attempt, Claim, LockKind};
+use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::client::{validate_ttl, ClientInner};
 use crate::error::{Error, Result};
 use crate::key::validate_key;
@@ -44,7 +44,12 @@ pub(crate) async fn acquire(
     let mut closed = client.closed();
 
     let claim = Claim::new(client.config.namespace.clone(), key, ttl, kind);
-    let lease = Arc::new(Lease::new(client.ids.next(), claim, backend.new_ticket()));
+    let lease = Arc::new(Lease::new(
+        client.ids.next(),
+        claim,
+        backend.new_ticket(),
+        client.config.drift,
+    ));
     let wait = mode == Mode::Wait;
     if wait && backend.renews_waiters() {
         engine.track(&lease);
@@ -71,8 +76,12 @@ pub(crate) async fn acquire(
                     _ = closed.wait_for(|closed| *closed) => return Err(Error::closed()),
                 };
                 let next = match woke {
-                    Ok(Some(grant)) => Ok(Attempt::Granted(grant)),
-                    Ok(None) => backend.acquire(&lease.claim, &lease.ticket, true).await,
+                    Ok(Some(grant)) if !nearly_over(&grant, ttl, client.config.drift) => {
+                        Ok(Attempt::Granted(grant))
+                    }
+                    // Announced too late to trust (or no notification proved a grant): ask the
+                    // server, which confirms a grant that is ours with a fresh lease.
+                    Ok(_) => backend.acquire(&lease.claim, &lease.ticket, true).await,
                     Err(e) => Err(e),
                 };
                 attempt = match next {
@@ -100,4 +109,13 @@ pub(crate) async fn acquire(
     engine.track(&lease);
     let lease = scopeguard::ScopeGuard::into_inner(cleanup);
     Ok(Held::new(client, lease, handle))
+}
+
+/// Whether a grant learned from a notification leaves too little lease to be worth returning:
+/// less than a first renewal needs once the drift margin is taken off.
+fn nearly_over(grant: &Grant, ttl: Duration, drift: fn(Duration) -> Duration) -> bool {
+    let now = tokio::time::Instant::now();
+    let span = grant.valid_until.saturating_duration_since(now);
+    let usable = span.saturating_sub(drift(span));
+    usable < (ttl / 3).min(Duration::from_millis(100))
 }

@@ -10,8 +10,9 @@ use tokio::sync::{oneshot, watch};
 use crate::backend::{Backend, DynBackend};
 use crate::error::{Error, Result};
 use crate::key::validate_namespace;
-use crate::lease::{default_drift, Engine, EngineConfig, Lease, LeaseIds, Pending};
+use crate::lease::{default_drift, Lease, LeaseIds, Pending};
 use crate::mutex::Mutex;
+use crate::renewal::{Engine, EngineConfig};
 
 /// The lease length used when none is configured: 30 seconds, renewed every 10.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -357,7 +358,6 @@ impl ClientInner {
             self.backend.clone(),
             EngineConfig {
                 auto_renew: self.config.auto_renew,
-                drift: self.config.drift,
             },
         );
         *slot = Some(engine.clone());
@@ -444,8 +444,9 @@ impl LockClientBuilder {
     }
 
     /// Whether held leases are renewed in the background. Defaults to `true`. With `false` a
-    /// lock is held for one TTL at most and its guard reports lost when the TTL runs out, like
-    /// a lease time in other libraries.
+    /// lock is held for one TTL and its guard reports lost when the TTL runs out, like a lease
+    /// time in other libraries. (A lock handed over by a releasing holder arrives with a short
+    /// provisional lease on some backends; it is confirmed once, so it too lasts one TTL.)
     pub fn auto_renew(mut self, auto_renew: bool) -> Self {
         self.auto_renew = auto_renew;
         self

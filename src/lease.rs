@@ -1,72 +1,141 @@
-//! Leases: the shared renewal task, the lost signal, and release on drop.
+//! Leases: what one claim's lease is known to be, the lost signal, and release on drop.
 //!
-//! Every claim that is held (or queued, on backends whose queue entries expire) is scheduled in
-//! one task per client. The task sleeps until the earliest renewal is due, gathers every claim
-//! due soon after it, and renews them in one backend call. An authoritative "not owner" marks the
-//! claim lost at once; a failed call is retried until the local lease deadline, then the claim
-//! is lost.
+//! A [`Lease`] records the claim's grant and how long it is certainly valid on this machine's
+//! clock. The renewal engine ([`crate::renewal`]) extends it; every rule that decides whether a
+//! lease still stands lives here, so the engine, the guard and `is_lost()` agree:
+//!
+//! - the lease is lost once its deadline, less a clock-drift margin, has passed, and that is
+//!   final: a renewal reply that lands later does not revive it;
+//! - a renewal reply speaks only for the state the claim was in when the call was *sent* (a
+//!   queue-entry renewal sent before a handoff says nothing about the lease that followed).
 
-use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 
-use crate::backend::{AnyTicket, Claim, DynBackend, Grant, Renewal};
+use crate::backend::{AnyTicket, Claim, Grant};
 use crate::client::ClientInner;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 
 /// The smallest pause before retrying a failed renewal.
 const MIN_RETRY: Duration = Duration::from_millis(10);
 
-/// One claim as the lease engine and its guard share it.
+/// The clock-drift margin subtracted from every lease: 1% of the lease's length plus 2 ms
+/// (Redlock's figures).
+pub(crate) fn default_drift(span: Duration) -> Duration {
+    span / 100 + Duration::from_millis(2)
+}
+
+/// One claim as the renewal engine and its guard share it.
 pub(crate) struct Lease {
-    id: u64,
+    pub(crate) id: u64,
     pub(crate) claim: Claim,
     pub(crate) ticket: AnyTicket,
+    drift: fn(Duration) -> Duration,
     schedule: StdMutex<Schedule>,
     /// Set once the claim is being released: renewal stops for good.
     done: AtomicBool,
 }
 
-#[derive(Clone, Copy)]
-struct Schedule {
-    held: Option<Grant>,
-    /// When the engine should look at this lease next.
-    next: Instant,
+/// What is known about a lease, and when to look at it next.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Schedule {
+    /// The grant, once the claim holds the lock.
+    pub(crate) held: Option<Grant>,
+    /// The length of the lease behind `held.valid_until`, measured from when the request that
+    /// produced it was sent: the drift margin is a share of it.
+    pub(crate) span: Duration,
+    /// Moves on when the claim changes state (queued to held). A renewal sent in an older
+    /// generation must not change this one.
+    pub(crate) generation: u64,
+    /// When the engine should renew (or, for a queued claim, keep its place) next.
+    pub(crate) next: Instant,
+    /// The grant is provisional (shorter than the TTL asked for, e.g. a Redis handoff): renew it
+    /// once even when automatic renewal is off.
+    pub(crate) confirm: bool,
+}
+
+impl Schedule {
+    /// When the held lease must be taken as lost: its deadline less the drift margin.
+    pub(crate) fn lost_at(&self, drift: fn(Duration) -> Duration) -> Option<Instant> {
+        let held = self.held?;
+        Some(
+            held.valid_until
+                .checked_sub(drift(self.span))
+                .unwrap_or(held.valid_until),
+        )
+    }
+}
+
+/// A renewal reply, judged against the lease it was sent for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Applied: the lease (or queue entry) is extended.
+    Kept,
+    /// The reply cannot move this lease: it was sent for another state, or it came too late.
+    Stale,
+    /// The lease is gone (past its deadline, or the server says so): mark it lost.
+    Lost,
 }
 
 impl Lease {
-    pub(crate) fn new(id: u64, claim: Claim, ticket: AnyTicket) -> Self {
+    pub(crate) fn new(
+        id: u64,
+        claim: Claim,
+        ticket: AnyTicket,
+        drift: fn(Duration) -> Duration,
+    ) -> Self {
         let next = Instant::now() + claim.ttl() / 3;
         Self {
             id,
             claim,
             ticket,
-            schedule: StdMutex::new(Schedule { held: None, next }),
+            drift,
+            schedule: StdMutex::new(Schedule {
+                held: None,
+                span: Duration::ZERO,
+                generation: 0,
+                next,
+                confirm: false,
+            }),
             done: AtomicBool::new(false),
         }
     }
 
-    fn schedule(&self) -> std::sync::MutexGuard<'_, Schedule> {
+    pub(crate) fn schedule(&self) -> std::sync::MutexGuard<'_, Schedule> {
         self.schedule
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records the grant and schedules the first renewal at a third of the lease.
+    pub(crate) fn drift(&self) -> fn(Duration) -> Duration {
+        self.drift
+    }
+
+    /// Records the grant and schedules the first renewal at a third of the lease. A grant
+    /// shorter than the claim's TTL (a provisional one) is marked to be confirmed.
     pub(crate) fn set_held(&self, grant: Grant) {
         let now = Instant::now();
+        let span = grant.valid_until.saturating_duration_since(now);
+        let ttl = self.claim.ttl();
         let mut s = self.schedule();
         s.held = Some(grant);
+        s.span = span;
+        s.generation += 1;
         s.next = renew_at(now, grant.valid_until);
+        s.confirm = span + ttl / 20 + Duration::from_millis(5) < ttl;
     }
 
     pub(crate) fn fence(&self) -> u64 {
         self.schedule().held.map_or(0, |g| g.fence)
+    }
+
+    /// When the held lease must be taken as lost; `None` while queued.
+    pub(crate) fn lost_at(&self) -> Option<Instant> {
+        self.schedule().lost_at(self.drift)
     }
 
     /// Stops renewal. Returns `false` if it was already stopped.
@@ -74,272 +143,118 @@ impl Lease {
         !self.done.swap(true, Ordering::AcqRel)
     }
 
-    fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)
     }
 
     /// Lost if a backend or the engine said so, or if the local deadline has passed (even when
-    /// the engine has not run yet).
-    pub(crate) fn is_lost(&self, drift: Duration) -> bool {
-        self.claim.is_lost()
-            || self
-                .schedule()
-                .held
-                .is_some_and(|g| Instant::now() + drift >= g.valid_until)
+    /// the engine has not run yet). Once true, it stays true.
+    pub(crate) fn is_lost(&self) -> bool {
+        if self.claim.is_lost() {
+            return true;
+        }
+        if self.lost_at().is_some_and(|at| Instant::now() >= at) {
+            self.claim.mark_lost();
+            return true;
+        }
+        false
+    }
+
+    /// Applies a lease extension valid until `valid_until`, from a renewal sent at `sent` in
+    /// generation `generation`.
+    pub(crate) fn extend(&self, generation: u64, sent: Instant, valid_until: Instant) -> Verdict {
+        let mut s = self.schedule();
+        if s.generation != generation || s.held.is_none() {
+            return Verdict::Stale;
+        }
+        if s.lost_at(self.drift).is_some_and(|at| Instant::now() >= at) || self.claim.is_lost() {
+            // Too late: `is_lost()` may already have said so, and lost is final.
+            return Verdict::Lost;
+        }
+        if let Some(g) = s.held.as_mut() {
+            if valid_until > g.valid_until {
+                g.valid_until = valid_until;
+                s.span = valid_until.saturating_duration_since(sent);
+            }
+        }
+        s.next = renew_at(sent, valid_until);
+        s.confirm = false;
+        Verdict::Kept
+    }
+
+    /// Applies a queue-entry extension (the claim keeps its place until `until`).
+    pub(crate) fn keep_queued(&self, generation: u64, sent: Instant, until: Instant) -> Verdict {
+        let mut s = self.schedule();
+        if s.generation != generation || s.held.is_some() {
+            return Verdict::Stale;
+        }
+        s.next = renew_at(sent, until);
+        Verdict::Kept
+    }
+
+    /// The server refused a renewal sent in `generation`: lost if the claim held the lock then
+    /// and still does.
+    pub(crate) fn refused(&self, generation: u64) -> Verdict {
+        let s = self.schedule();
+        if s.generation == generation && s.held.is_some() {
+            Verdict::Lost
+        } else {
+            Verdict::Stale
+        }
+    }
+
+    /// A renewal sent in `generation` failed (no answer, or an error): lost once past the
+    /// deadline, otherwise try again after a pause that leaves room for several attempts.
+    pub(crate) fn failed(&self, generation: u64, ttl: Duration) -> Verdict {
+        let now = Instant::now();
+        let mut s = self.schedule();
+        if s.generation != generation {
+            return Verdict::Stale;
+        }
+        if s.lost_at(self.drift).is_some_and(|at| now >= at) {
+            return Verdict::Lost;
+        }
+        let until = s.held.map_or(now + ttl, |g| g.valid_until);
+        let pause = (until.saturating_duration_since(now) / 4)
+            .min(ttl / 10)
+            .max(MIN_RETRY);
+        s.next = now + pause;
+        Verdict::Kept
+    }
+
+    /// Sets when to try again after a renewal that failed or was refused in `generation`.
+    pub(crate) fn retry_at(&self, generation: u64, at: Instant) {
+        let mut s = self.schedule();
+        if s.generation == generation {
+            s.next = at;
+        }
+    }
+
+    /// Resolves once the lease is known lost: marked by a backend or the engine, or past its
+    /// deadline (even if the engine that would mark it is gone).
+    pub(crate) async fn lost(&self) {
+        let signal = self.claim.lost_signal();
+        loop {
+            if self.is_lost() {
+                return;
+            }
+            match self.lost_at() {
+                None => return signal.wait().await,
+                Some(at) => {
+                    tokio::select! {
+                        () = signal.wait() => return,
+                        // Deadlines only move later: check again, and sleep on if extended.
+                        () = sleep_until(at) => {}
+                    }
+                }
+            }
+        }
     }
 }
 
-fn renew_at(now: Instant, valid_until: Instant) -> Instant {
+/// When to renew a lease valid until `valid_until`, as of `now`: a third of the way in.
+pub(crate) fn renew_at(now: Instant, valid_until: Instant) -> Instant {
     now + valid_until.saturating_duration_since(now) / 3
-}
-
-/// Handle to the shared renewal task of one client.
-#[derive(Clone)]
-pub(crate) struct Engine {
-    tx: mpsc::UnboundedSender<Cmd>,
-}
-
-enum Cmd {
-    /// Schedule the lease (again) from its current schedule.
-    Track(Arc<Lease>),
-    /// The lease is released: drop it from the schedule.
-    Forget(u64),
-    /// Stop, handing back every lease still scheduled.
-    Shutdown(tokio::sync::oneshot::Sender<Vec<Arc<Lease>>>),
-}
-
-/// How the engine treats leases.
-#[derive(Clone, Copy)]
-pub(crate) struct EngineConfig {
-    pub(crate) auto_renew: bool,
-    pub(crate) drift: fn(Duration) -> Duration,
-}
-
-impl Engine {
-    pub(crate) fn start(
-        handle: &Handle,
-        backend: Arc<dyn DynBackend>,
-        config: EngineConfig,
-    ) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        handle.spawn(run(backend, config, rx));
-        Self { tx }
-    }
-
-    pub(crate) fn is_running(&self) -> bool {
-        !self.tx.is_closed()
-    }
-
-    /// Schedules the lease (again) with its current schedule.
-    pub(crate) fn track(&self, lease: &Arc<Lease>) {
-        // If the task is gone (its runtime shut down), the local deadline still makes the
-        // guard report lost through `Lease::is_lost`.
-        let _ = self.tx.send(Cmd::Track(lease.clone()));
-    }
-
-    /// Stops the task; `tx` receives the leases it still tracked.
-    pub(crate) fn shutdown(&self, tx: tokio::sync::oneshot::Sender<Vec<Arc<Lease>>>) {
-        let _ = self.tx.send(Cmd::Shutdown(tx));
-    }
-
-    pub(crate) fn forget(&self, lease: &Lease) {
-        let _ = self.tx.send(Cmd::Forget(lease.id));
-    }
-}
-
-/// The clock-drift margin subtracted from every lease: 1% of the TTL plus 2 ms (Redlock's
-/// figures).
-pub(crate) fn default_drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
-struct Tracked {
-    lease: Arc<Lease>,
-    at: Instant,
-}
-
-async fn run(
-    backend: Arc<dyn DynBackend>,
-    config: EngineConfig,
-    mut rx: mpsc::UnboundedReceiver<Cmd>,
-) {
-    let mut leases: HashMap<u64, Tracked> = HashMap::new();
-    let mut due: BTreeSet<(Instant, u64)> = BTreeSet::new();
-    loop {
-        let next = due.first().map(|(at, _)| *at);
-        tokio::select! {
-            msg = rx.recv() => {
-                match msg {
-                    None => break,
-                    Some(Cmd::Track(lease)) if !lease.is_done() => {
-                        reschedule(&mut leases, &mut due, lease, config);
-                    }
-                    Some(Cmd::Track(_)) => {}
-                    Some(Cmd::Shutdown(tx)) => {
-                        let _ = tx.send(leases.into_values().map(|t| t.lease).collect());
-                        break;
-                    }
-                    Some(Cmd::Forget(id)) => {
-                        if let Some(old) = leases.remove(&id) {
-                            due.remove(&(old.at, id));
-                        }
-                    }
-                }
-            }
-            () = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {
-                round(&*backend, config, &mut leases, &mut due).await;
-            }
-        }
-    }
-}
-
-/// When the engine must next look at a lease: its renewal time, or, without renewal, the
-/// moment its lease (less the drift margin) runs out.
-fn wake_at(lease: &Lease, config: EngineConfig) -> Instant {
-    let s = *lease.schedule();
-    match s.held {
-        Some(g) if !config.auto_renew => g
-            .valid_until
-            .checked_sub((config.drift)(lease.claim.ttl()))
-            .unwrap_or(g.valid_until),
-        _ => s.next,
-    }
-}
-
-async fn round(
-    backend: &dyn DynBackend,
-    config: EngineConfig,
-    leases: &mut HashMap<u64, Tracked>,
-    due: &mut BTreeSet<(Instant, u64)>,
-) {
-    let now = Instant::now();
-    // Gather everything due now, and whatever falls due within a sixth of its TTL: one round
-    // trip for many locks.
-    let mut batch: Vec<Arc<Lease>> = Vec::new();
-    while let Some(&(at, id)) = due.first() {
-        let Some(t) = leases.get(&id) else {
-            due.pop_first();
-            continue;
-        };
-        if at > now + t.lease.claim.ttl() / 6 {
-            break;
-        }
-        due.pop_first();
-        if let Some(t) = leases.remove(&id) {
-            batch.push(t.lease);
-        }
-    }
-
-    let mut to_renew = Vec::new();
-    for lease in batch {
-        if lease.is_done() {
-            continue;
-        }
-        if lease.schedule().held.is_some() {
-            if lost_at(&lease, config).is_some_and(|at| now >= at) {
-                tracing::warn!(
-                    key = lease.claim.key(),
-                    "lease expired before it could be renewed"
-                );
-                lease.claim.mark_lost();
-                continue;
-            }
-            if !config.auto_renew {
-                reschedule(leases, due, lease, config);
-                continue;
-            }
-        }
-        to_renew.push(lease);
-    }
-    if to_renew.is_empty() {
-        return;
-    }
-
-    let sent = Instant::now();
-    let pairs: Vec<(&Claim, &AnyTicket)> = to_renew.iter().map(|l| (&l.claim, &l.ticket)).collect();
-    // A renewal stuck on a dead connection must not hold back the lost signal: stop waiting
-    // for it when the first lease of the batch runs out.
-    let first_expiry = to_renew.iter().filter_map(|l| lost_at(l, config)).min();
-    let results = match first_expiry {
-        Some(at) => tokio::time::timeout_at(at, backend.renew(&pairs))
-            .await
-            .unwrap_or_else(|_| {
-                let stuck =
-                    Error::new(ErrorKind::Backend, "renewal got no reply in time").transient();
-                vec![Renewal::Failed(stuck); pairs.len()]
-            }),
-        None => backend.renew(&pairs).await,
-    };
-    drop(pairs);
-    for (lease, result) in to_renew.into_iter().zip(results) {
-        if lease.is_done() {
-            continue;
-        }
-        let held = lease.schedule().held.is_some();
-        match result {
-            Renewal::Extended(valid_until) => {
-                let mut s = lease.schedule();
-                if let Some(g) = s.held.as_mut() {
-                    g.valid_until = valid_until;
-                }
-                s.next = renew_at(sent, valid_until);
-            }
-            Renewal::NotOwner if held => {
-                tracing::warn!(
-                    key = lease.claim.key(),
-                    "lock lost: the server no longer lists us as owner"
-                );
-                lease.claim.mark_lost();
-                continue;
-            }
-            // A queue entry that vanished: the waiter re-checks and re-queues on its own.
-            Renewal::NotOwner => {
-                lease.schedule().next = sent + lease.claim.ttl() / 3;
-            }
-            Renewal::Failed(err)
-                if lost_at(&lease, config).is_some_and(|at| Instant::now() >= at) =>
-            {
-                tracing::warn!(key = lease.claim.key(), error = %err, "lock lost: no renewal before the lease ran out");
-                lease.claim.mark_lost();
-                continue;
-            }
-            Renewal::Failed(err) => {
-                tracing::debug!(key = lease.claim.key(), error = %err, "renewal failed, retrying");
-                let mut s = lease.schedule();
-                let until = s.held.map_or(sent + lease.claim.ttl(), |g| g.valid_until);
-                let pause = (until.saturating_duration_since(Instant::now()) / 4)
-                    .min(lease.claim.ttl() / 10)
-                    .max(MIN_RETRY);
-                s.next = Instant::now() + pause;
-            }
-        }
-        reschedule(leases, due, lease, config);
-    }
-}
-
-/// When a held lease must be taken as lost: its deadline less the drift margin.
-fn lost_at(lease: &Lease, config: EngineConfig) -> Option<Instant> {
-    let held = lease.schedule().held?;
-    let drift = (config.drift)(lease.claim.ttl());
-    Some(
-        held.valid_until
-            .checked_sub(drift)
-            .unwrap_or(held.valid_until),
-    )
-}
-
-fn reschedule(
-    leases: &mut HashMap<u64, Tracked>,
-    due: &mut BTreeSet<(Instant, u64)>,
-    lease: Arc<Lease>,
-    config: EngineConfig,
-) {
-    let at = wake_at(&lease, config);
-    let id = lease.id;
-    if let Some(old) = leases.insert(id, Tracked { lease, at }) {
-        due.remove(&(old.at, id));
-    }
-    due.insert((at, id));
 }
 
 /// A held lease with its RAII release: the part every guard type shares.
@@ -372,12 +287,11 @@ impl Held {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        self.lease
-            .is_lost((self.client.config.drift)(self.lease.claim.ttl()))
+        self.lease.is_lost()
     }
 
     pub(crate) async fn lost(&self) {
-        self.lease.claim.lost_signal().wait().await;
+        self.lease.lost().await;
     }
 
     pub(crate) async fn release(mut self) -> Result<()> {

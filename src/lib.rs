@@ -73,6 +73,7 @@ mod error;
 mod key;
 mod lease;
 mod mutex;
+mod renewal;
 
 pub use client::{LockClient, LockClientBuilder, DEFAULT_NAMESPACE, DEFAULT_TTL, MIN_TTL};
 pub use error::{Error, ErrorKind, Result};

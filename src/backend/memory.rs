@@ -313,7 +313,7 @@ impl Backend for MemoryBackend {
                         h.valid_until = now + claim.ttl();
                         Renewal::Extended(h.valid_until)
                     } else if ks.position(claim.owner()).is_some() {
-                        Renewal::Extended(now + claim.ttl())
+                        Renewal::Queued(now + claim.ttl())
                     } else {
                         Renewal::NotOwner
                     }

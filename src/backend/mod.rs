@@ -177,12 +177,17 @@ pub enum Attempt {
     },
 }
 
-/// The outcome of renewing one claim.
+/// The outcome of renewing one claim. It says what the server extended, because a renewal sent
+/// for a queued claim may be answered after a handoff made that claim the holder: only a lease
+/// extension of a claim that held the lock when the call was sent moves its lease.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Renewal {
-    /// The lease (or queue entry) is extended and certainly valid until this instant.
+    /// The claim holds the lock, and its lease is extended and certainly valid until this
+    /// instant (measured from when the renewal was sent).
     Extended(Instant),
+    /// The claim is queued, and its place is kept until this instant.
+    Queued(Instant),
     /// The server says the claim does not own the lock: it is lost, stop renewing it.
     NotOwner,
     /// The server could not be asked. The layer above retries until the lease deadline.
@@ -268,7 +273,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Removes every trace of the claim: its queue entry, or its grant, handing the lock to the
     /// next live waiter. Compares the owner server-side. Returns whether the claim held the
-    /// lock. Idempotent.
+    /// lock; when a retry finds nothing after an attempt whose reply was lost (which may have
+    /// released the grant itself), return `true`: the layer above knows locally whether the
+    /// lease was still valid. Idempotent.
     ///
     /// # Errors
     ///

@@ -1,0 +1,315 @@
+//! The renewal engine: one task per client that keeps every held lease (and, on backends whose
+//! queue entries expire, every queue entry) alive, and marks each lease lost at its own
+//! deadline.
+//!
+//! The task sleeps until the earliest timer of any lease: its renewal time or its deadline.
+//! Renewals due at about the same time go out together in one backend call, and calls run
+//! concurrently with the timers, so a call stuck on a dead link delays nothing else: every
+//! lease is marked lost when its deadline passes, whatever the server does. Replies are judged
+//! by [`Lease`]'s rules (a reply speaks only for the state the claim was in when it was sent,
+//! and a lost lease stays lost).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{sleep_until, Instant};
+
+use crate::backend::{AnyTicket, Claim, DynBackend, Renewal};
+use crate::error::{Error, ErrorKind};
+use crate::lease::{Lease, Verdict};
+
+/// The shortest time a renewal call is given before it is abandoned and retried.
+const MIN_CALL_LIMIT: Duration = Duration::from_millis(50);
+
+/// Handle to the shared renewal task of one client.
+#[derive(Clone)]
+pub(crate) struct Engine {
+    tx: mpsc::UnboundedSender<Cmd>,
+}
+
+enum Cmd {
+    /// Schedule the lease (again) from its current schedule.
+    Track(Arc<Lease>),
+    /// The lease is released: drop it from the schedule.
+    Forget(u64),
+    /// Stop, handing back every lease still scheduled.
+    Shutdown(oneshot::Sender<Vec<Arc<Lease>>>),
+}
+
+/// How the engine treats leases.
+#[derive(Clone, Copy)]
+pub(crate) struct EngineConfig {
+    pub(crate) auto_renew: bool,
+}
+
+impl Engine {
+    pub(crate) fn start(
+        handle: &Handle,
+        backend: Arc<dyn DynBackend>,
+        config: EngineConfig,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        handle.spawn(run(backend, config, rx));
+        Self { tx }
+    }
+
+    pub(crate) fn is_running(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
+    /// Schedules the lease (again) with its current schedule.
+    pub(crate) fn track(&self, lease: &Arc<Lease>) {
+        // If the task is gone (its runtime shut down), the local deadline still makes the
+        // guard report lost through `Lease::is_lost` and `Lease::lost`.
+        let _ = self.tx.send(Cmd::Track(lease.clone()));
+    }
+
+    /// Stops the task; `tx` receives the leases it still tracked.
+    pub(crate) fn shutdown(&self, tx: oneshot::Sender<Vec<Arc<Lease>>>) {
+        let _ = self.tx.send(Cmd::Shutdown(tx));
+    }
+
+    pub(crate) fn forget(&self, lease: &Lease) {
+        let _ = self.tx.send(Cmd::Forget(lease.id));
+    }
+}
+
+/// A lease as the task tracks it.
+struct Tracked {
+    lease: Arc<Lease>,
+    /// Its key in the timer set, if it has a timer.
+    at: Option<Instant>,
+    /// The generation a renewal call is out for: no second call for it until that one ends.
+    in_flight: Option<u64>,
+}
+
+/// One renewal call: each lease with the generation and state it was sent in.
+struct Sent {
+    batch: Vec<(Arc<Lease>, u64, bool)>,
+    at: Instant,
+    results: Vec<Renewal>,
+}
+
+struct Task {
+    backend: Arc<dyn DynBackend>,
+    config: EngineConfig,
+    tracked: HashMap<u64, Tracked>,
+    timers: BTreeSet<(Instant, u64)>,
+    calls: FuturesUnordered<BoxFuture<'static, Sent>>,
+}
+
+async fn run(
+    backend: Arc<dyn DynBackend>,
+    config: EngineConfig,
+    mut rx: mpsc::UnboundedReceiver<Cmd>,
+) {
+    let mut task = Task {
+        backend,
+        config,
+        tracked: HashMap::new(),
+        timers: BTreeSet::new(),
+        calls: FuturesUnordered::new(),
+    };
+    loop {
+        let next = task.timers.first().map(|(at, _)| *at);
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                None => break,
+                Some(Cmd::Track(lease)) => task.track(lease),
+                Some(Cmd::Forget(id)) => task.untrack(id),
+                Some(Cmd::Shutdown(tx)) => {
+                    let _ = tx.send(task.tracked.into_values().map(|t| t.lease).collect());
+                    break;
+                }
+            },
+            Some(sent) = task.calls.next(), if !task.calls.is_empty() => task.apply(sent),
+            () = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => task.round(),
+        }
+    }
+}
+
+impl Task {
+    fn track(&mut self, lease: Arc<Lease>) {
+        if lease.is_done() {
+            return;
+        }
+        let id = lease.id;
+        let entry = self.tracked.entry(id).or_insert(Tracked {
+            lease,
+            at: None,
+            in_flight: None,
+        });
+        Self::retime(&mut self.timers, self.config, id, entry);
+    }
+
+    fn untrack(&mut self, id: u64) {
+        if let Some(Tracked { at: Some(at), .. }) = self.tracked.remove(&id) {
+            self.timers.remove(&(at, id));
+        }
+    }
+
+    /// Gives `t` the timer its schedule asks for: the next renewal (unless one is out for this
+    /// generation, or renewal is off) or the lease deadline, whichever is first.
+    fn retime(
+        timers: &mut BTreeSet<(Instant, u64)>,
+        config: EngineConfig,
+        id: u64,
+        t: &mut Tracked,
+    ) {
+        if let Some(old) = t.at.take() {
+            timers.remove(&(old, id));
+        }
+        let s = *t.lease.schedule();
+        let renewing = t.in_flight == Some(s.generation);
+        let renew = match s.held {
+            _ if renewing => None,
+            Some(_) if !(config.auto_renew || s.confirm) => None,
+            _ => Some(s.next),
+        };
+        let at = match (renew, s.lost_at(t.lease.drift())) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(at) = at {
+            timers.insert((at, id));
+        }
+        t.at = at;
+    }
+
+    /// Handles every timer that is due: marks leases past their deadline lost, and sends one
+    /// call renewing everything due now or within a sixth of its TTL.
+    fn round(&mut self) {
+        let now = Instant::now();
+        let mut looked_at = Vec::new();
+        while let Some(&(at, id)) = self.timers.first() {
+            let horizon = self
+                .tracked
+                .get(&id)
+                .map_or(now, |t| now + t.lease.claim.ttl() / 6);
+            if at > horizon {
+                break;
+            }
+            self.timers.pop_first();
+            looked_at.push(id);
+        }
+
+        let mut batch = Vec::new();
+        for id in looked_at {
+            let Some(t) = self.tracked.get_mut(&id) else {
+                continue;
+            };
+            t.at = None;
+            if t.lease.is_done() {
+                self.tracked.remove(&id);
+                continue;
+            }
+            let s = *t.lease.schedule();
+            if s.lost_at(t.lease.drift()).is_some_and(|at| now >= at) {
+                tracing::warn!(
+                    key = t.lease.claim.key(),
+                    "lock lost: the lease ran out before a renewal confirmed it"
+                );
+                t.lease.claim.mark_lost();
+                self.tracked.remove(&id);
+                continue;
+            }
+            let wanted = s.held.is_none() || self.config.auto_renew || s.confirm;
+            let ttl = t.lease.claim.ttl();
+            if wanted && t.in_flight != Some(s.generation) && s.next <= now + ttl / 6 {
+                t.in_flight = Some(s.generation);
+                batch.push((t.lease.clone(), s.generation, s.held.is_some()));
+            }
+            Self::retime(&mut self.timers, self.config, id, t);
+        }
+        if !batch.is_empty() {
+            self.send(batch);
+        }
+    }
+
+    /// Sends one renewal call for `batch`, abandoned when the next renewal of its shortest
+    /// lease would be due anyway.
+    fn send(&mut self, batch: Vec<(Arc<Lease>, u64, bool)>) {
+        let backend = self.backend.clone();
+        let limit = batch
+            .iter()
+            .map(|(l, ..)| l.claim.ttl() / 3)
+            .min()
+            .unwrap_or(MIN_CALL_LIMIT)
+            .max(MIN_CALL_LIMIT);
+        self.calls.push(Box::pin(async move {
+            let at = Instant::now();
+            let results = {
+                let pairs: Vec<(&Claim, &AnyTicket)> =
+                    batch.iter().map(|(l, ..)| (&l.claim, &l.ticket)).collect();
+                match tokio::time::timeout(limit, backend.renew(&pairs)).await {
+                    Ok(results) => results,
+                    Err(_) => {
+                        let stuck = Error::new(ErrorKind::Backend, "renewal got no reply in time")
+                            .transient();
+                        vec![Renewal::Failed(stuck); pairs.len()]
+                    }
+                }
+            };
+            Sent { batch, at, results }
+        }));
+    }
+
+    /// Judges each reply of a finished call against its lease.
+    fn apply(&mut self, sent: Sent) {
+        let Sent { batch, at, results } = sent;
+        let mut results = results.into_iter();
+        for (lease, generation, held) in batch {
+            let result = results.next().unwrap_or_else(|| {
+                Renewal::Failed(Error::new(
+                    ErrorKind::Backend,
+                    "backend returned fewer renewals than claims",
+                ))
+            });
+            let Some(t) = self.tracked.get_mut(&lease.id) else {
+                continue;
+            };
+            if t.in_flight == Some(generation) {
+                t.in_flight = None;
+            }
+            let ttl = lease.claim.ttl();
+            let verdict = match result {
+                Renewal::Extended(until) if held => lease.extend(generation, at, until),
+                // The server granted a queued claim before this renewal ran; the claim learns
+                // of its grant on its own path, with its own lease.
+                Renewal::Extended(_) => Verdict::Stale,
+                Renewal::Queued(until) if !held => lease.keep_queued(generation, at, until),
+                // Held, yet the server lists the claim as anything but the owner.
+                Renewal::Queued(_) | Renewal::NotOwner if held => lease.refused(generation),
+                // A queue entry that vanished: the waiter re-checks and re-queues on its own.
+                Renewal::Queued(_) | Renewal::NotOwner => {
+                    lease.retry_at(generation, at + ttl / 3);
+                    Verdict::Kept
+                }
+                Renewal::Failed(err) => {
+                    let verdict = lease.failed(generation, ttl);
+                    if verdict == Verdict::Kept {
+                        tracing::debug!(key = lease.claim.key(), error = %err, "renewal failed, retrying");
+                    }
+                    verdict
+                }
+            };
+            if verdict == Verdict::Lost {
+                tracing::warn!(
+                    key = lease.claim.key(),
+                    "lock lost: the server no longer lists us as owner, or the lease ran out"
+                );
+                lease.claim.mark_lost();
+                self.untrack(lease.id);
+                continue;
+            }
+            if let Some(t) = self.tracked.get_mut(&lease.id) {
+                Self::retime(&mut self.timers, self.config, lease.id, t);
+            }
+        }
+    }
+}
