@@ -42,18 +42,37 @@ impl Commands {
         what: &str,
         inv: &ScriptInvocation<'_>,
     ) -> Result<T> {
+        self.invoke_noting_doubt(what, inv).await.map(|(v, _)| v)
+    }
+
+    /// Runs a script, retrying connection failures, and says whether an earlier attempt may
+    /// have run on the server (it failed after the request could have been sent), so the
+    /// reply describes the state that attempt left.
+    pub(crate) async fn invoke_noting_doubt<T: FromRedisValue>(
+        &self,
+        what: &str,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<(T, bool)> {
         let mut retries = RETRIES;
+        let mut in_doubt = false;
         loop {
             let failure = match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
-                Ok(Ok(value)) => return Ok(value),
+                Ok(Ok(value)) => return Ok((value, in_doubt)),
                 Ok(Err(f)) => f,
                 Err(_) => Failure::Timeout,
             };
             let retry = match &failure {
-                Failure::Redis(e) => {
-                    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+                Failure::Redis(e) if e.is_connection_refusal() => true,
+                Failure::Redis(e) if e.is_io_error() || e.is_connection_dropped() => {
+                    in_doubt = true;
+                    true
                 }
-                Failure::Pool(_) | Failure::Timeout => true,
+                Failure::Redis(_) => false,
+                Failure::Timeout => {
+                    in_doubt = true;
+                    true
+                }
+                Failure::Pool(_) => true,
             };
             match retries.checked_sub(1) {
                 Some(left) if retry => retries = left,

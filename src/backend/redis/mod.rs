@@ -38,9 +38,6 @@ const FENCE_TTL: Duration = Duration::from_secs(3600);
 /// handed to a waiter that just died stays stuck.
 const DEFAULT_HANDOFF_TTL: Duration = Duration::from_secs(2);
 
-/// A handoff whose lease would run out sooner than this is confirmed with the server first.
-const HANDOFF_MIN_LEFT: Duration = Duration::from_millis(100);
-
 fn script(body: &str) -> Script {
     Script::new(&format!("{}\n{}", include_str!("scripts/common.lua"), body))
 }
@@ -355,6 +352,15 @@ impl RedisTicket {
         drop(old);
     }
 
+    /// Places `server_ms + px` (server clock) on the local clock, no later than it really is:
+    /// our last request was sent at `sent`, when the server's clock read at most `server_ms`.
+    /// `None` if we never learned the server's clock, or the moment is from before then.
+    fn local_time(&self, server_ms: i64, px: u64) -> Option<Instant> {
+        let (sent, at_sent) = (*self.clock.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let since = u64::try_from(server_ms.checked_sub(at_sent)?).ok()?;
+        Some(sent + Duration::from_millis(since.saturating_add(px)))
+    }
+
     fn mailbox(&self) -> Option<Arc<notify::Mailbox>> {
         self.sub
             .lock()
@@ -407,11 +413,13 @@ impl RedisBackend {
         }
         // Queued: remember when the server's clock read `server_ms`, to place a handoff.
         *ticket.clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent, server_ms));
-        // The holder's remaining lease; without one, check again after our own TTL.
-        let wait_for = u64::try_from(value)
-            .ok()
-            .filter(|ms| *ms > 0)
-            .map_or(claim.ttl(), Duration::from_millis);
+        // The holder's remaining lease. PTTL is 0 in the last millisecond of a lease (and -2
+        // once it is gone): look again at once. -1 (a key without expiry, not ours): after
+        // our own TTL.
+        let wait_for = match value {
+            -1 => claim.ttl(),
+            ms => Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1)),
+        };
         Ok(Attempt::Queued {
             recheck_at: Some(Instant::now() + wait_for),
         })
@@ -467,35 +475,35 @@ impl Backend for RedisBackend {
             }
             return Ok(None);
         };
-        let wake = match recheck_at {
-            Some(at) => tokio::select! {
-                wake = mailbox.recv() => wake,
-                () = sleep_until(at) => Wake::Recheck,
-            },
-            None => mailbox.recv().await,
-        };
-        let Wake::Granted(handoff) = wake else {
-            return Ok(None);
-        };
-        // Place the handoff on the local clock: our last request was sent at `sent`, when the
-        // server's clock read at most `server_ms`; the handoff happened `server delta` later.
-        let clock = *ticket.clock.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((sent, server_ms)) = clock else {
-            return Ok(None);
-        };
-        let Ok(since) = u64::try_from(handoff.server_ms - server_ms) else {
-            return Ok(None);
-        };
-        let valid_until = sent + Duration::from_millis(since) + Duration::from_millis(handoff.px);
-        if valid_until < Instant::now() + HANDOFF_MIN_LEFT {
-            // Too late to trust: let `acquire` confirm it with the server.
-            return Ok(None);
+        let mut deadline = recheck_at;
+        loop {
+            let wake = match deadline {
+                Some(at) => tokio::select! {
+                    wake = mailbox.recv() => wake,
+                    () = sleep_until(at) => return Ok(None),
+                },
+                None => mailbox.recv().await,
+            };
+            match wake {
+                Wake::Recheck => return Ok(None),
+                // The waiter ahead of us got the lock on a provisional lease: if it died before
+                // confirming it, the lock is ours to take when that lease ends.
+                Wake::NextInLine(end) => match ticket.local_time(end.server_ms, end.px) {
+                    Some(at) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
+                    None => return Ok(None),
+                },
+                Wake::Granted(handoff) => {
+                    let Some(valid_until) = ticket.local_time(handoff.server_ms, handoff.px) else {
+                        return Ok(None);
+                    };
+                    ticket.set_sub(None);
+                    return Ok(Some(Grant {
+                        fence: handoff.fence,
+                        valid_until,
+                    }));
+                }
+            }
         }
-        ticket.set_sub(None);
-        Ok(Some(Grant {
-            fence: handoff.fence,
-            valid_until,
-        }))
     }
 
     async fn release(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
@@ -510,8 +518,15 @@ impl Backend for RedisBackend {
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
             .arg(&keys.channel);
-        let held: i64 = self.inner.commands.invoke("release", &inv).await?;
-        Ok(held == 1)
+        let (held, in_doubt): (i64, bool) = self
+            .inner
+            .commands
+            .invoke_noting_doubt("release", &inv)
+            .await?;
+        // An attempt whose reply was lost may have released the lock already, so a retry that
+        // finds nothing is no sign of loss: the lease was valid when the release was asked for
+        // (the layer above checks that locally).
+        Ok(held == 1 || in_doubt)
     }
 
     async fn renew(&self, claims: &[(&Claim, &RedisTicket)]) -> Vec<Renewal> {
@@ -530,7 +545,10 @@ impl Backend for RedisBackend {
                 .iter()
                 .zip(results)
                 .map(|((claim, _), r)| match r {
-                    1 | 2 => Renewal::Extended(sent + claim.ttl()),
+                    1 => Renewal::Extended(sent + claim.ttl()),
+                    2 => Renewal::Queued(sent + claim.ttl()),
+                    // 0: neither holder nor queued; -1: the lock's keys hold another Redis
+                    // type (overwritten behind our back), so this claim cannot own them.
                     _ => Renewal::NotOwner,
                 })
                 .collect(),

@@ -1,11 +1,15 @@
 //! The pub/sub hub: one dedicated connection per backend, shared by every waiter.
 //!
 //! Waiters register a mailbox under (channel, owner token). A channel is subscribed while at
-//! least one mailbox uses it. Handoff messages (`"<owner> <fence> <server ms> <px>"`) go to the
-//! mailbox of the owner they name. A channel whose last waiter left stays subscribed for
-//! [`LINGER`], so a hot lock costs no SUBSCRIBE/UNSUBSCRIBE per wait. When the connection drops,
-//! the hub reconnects, resubscribes and tells every mailbox to re-check, since messages may
-//! have been missed meanwhile.
+//! least one mailbox uses it. Messages go to the mailbox of the owner they name: a handoff
+//! (`"<owner> <fence> <server ms> <px>"`) or, for the waiter next in line behind it, when that
+//! handoff's provisional lease ends (`"<owner> <server ms> <px>"`). A channel whose last waiter
+//! left stays subscribed for [`LINGER`], so a hot lock costs no SUBSCRIBE/UNSUBSCRIBE per wait.
+//!
+//! While anyone waits, the hub PINGs the connection every [`PING_EVERY`]: a half-open TCP
+//! connection would otherwise swallow every grant silently. When the connection drops or a PING
+//! goes unanswered for [`PING_DEADLINE`], the hub reconnects, resubscribes and tells every
+//! mailbox to re-check, since messages may have been missed meanwhile.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
@@ -23,6 +27,10 @@ const RECONNECT_MIN: Duration = Duration::from_millis(20);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
+/// How often the connection is checked while anyone waits on it.
+const PING_EVERY: Duration = Duration::from_secs(1);
+/// How long a PING may go unanswered before the connection is taken as dead.
+const PING_DEADLINE: Duration = Duration::from_secs(1);
 
 /// A handoff announced on a lock's channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,12 +40,22 @@ pub(crate) struct Handoff {
     pub(crate) px: u64,
 }
 
-/// What woke a waiter.
+/// The end of a provisional lease handed to the waiter ahead of us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseEnd {
+    pub(crate) server_ms: i64,
+    pub(crate) px: u64,
+}
+
+/// What woke a waiter, strongest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wake {
     Granted(Handoff),
     /// Messages may have been missed (reconnect): ask the server.
     Recheck,
+    /// The lock went to the waiter just ahead of us: ask again when its lease ends, in case it
+    /// died before confirming it.
+    NextInLine(LeaseEnd),
 }
 
 #[derive(Default)]
@@ -49,8 +67,12 @@ pub(crate) struct Mailbox {
 impl Mailbox {
     fn put(&self, wake: Wake) {
         let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        // A grant is never overwritten by a mere re-check.
-        if !matches!(*slot, Some(Wake::Granted(_))) {
+        // A grant is never overwritten, nor a re-check by a mere hint.
+        let keep = matches!(
+            (*slot, wake),
+            (Some(Wake::Granted(_)), _) | (Some(Wake::Recheck), Wake::NextInLine(_))
+        );
+        if !keep {
             *slot = Some(wake);
         }
         drop(slot);
@@ -204,20 +226,45 @@ fn unreachable_err() -> Error {
     )
 }
 
-fn parse(payload: &str) -> Option<(&str, Handoff)> {
-    let mut parts = payload.split(' ');
-    let owner = parts.next()?;
-    let fence = parts.next()?.parse().ok()?;
-    let server_ms = parts.next()?.parse().ok()?;
-    let px = parts.next()?.parse().ok()?;
-    Some((
-        owner,
-        Handoff {
-            fence,
-            server_ms,
-            px,
-        },
-    ))
+/// Reads a message: a handoff (four fields) or a next-in-line hint (three).
+fn parse(payload: &str) -> Option<(&str, Wake)> {
+    let parts: Vec<&str> = payload.split(' ').collect();
+    match parts[..] {
+        [owner, fence, server_ms, px] => Some((
+            owner,
+            Wake::Granted(Handoff {
+                fence: fence.parse().ok()?,
+                server_ms: server_ms.parse().ok()?,
+                px: px.parse().ok()?,
+            }),
+        )),
+        [owner, server_ms, px] => Some((
+            owner,
+            Wake::NextInLine(LeaseEnd {
+                server_ms: server_ms.parse().ok()?,
+                px: px.parse().ok()?,
+            }),
+        )),
+        _ => None,
+    }
+}
+
+/// Awaits the future in `slot`, or forever if there is none.
+async fn poll_some<F: std::future::Future + Unpin>(slot: &mut Option<F>) -> F::Output {
+    match slot {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether any waiter has a mailbox (only then is the connection worth checking).
+fn anyone_waits(inner: &HubInner) -> bool {
+    inner
+        .channels
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .any(|c| !c.mailboxes.is_empty())
 }
 
 async fn run(
@@ -284,9 +331,31 @@ async fn run(
 
         // Channels to look at once their linger time is up, in order.
         let mut idle: VecDeque<(tokio::time::Instant, Arc<str>)> = VecDeque::new();
+        let mut ping_at = tokio::time::Instant::now() + PING_EVERY;
+        let mut ping: Option<futures::future::BoxFuture<'static, bool>> = None;
         loop {
             let next_idle = idle.front().map(|(at, _)| *at);
             tokio::select! {
+                () = tokio::time::sleep_until(ping_at), if ping.is_none() => {
+                    ping_at = tokio::time::Instant::now() + PING_EVERY;
+                    let Some(inner) = hub.upgrade() else { return };
+                    if anyone_waits(&inner) {
+                        let mut pinger = sink.clone();
+                        ping = Some(Box::pin(async move {
+                            matches!(
+                                tokio::time::timeout(PING_DEADLINE, pinger.ping::<::redis::Value>()).await,
+                                Ok(Ok(_))
+                            )
+                        }));
+                    }
+                }
+                alive = poll_some(&mut ping), if ping.is_some() => {
+                    ping = None;
+                    if !alive {
+                        tracing::warn!("redis pub/sub connection did not answer PING; reconnecting");
+                        break;
+                    }
+                }
                 () = tokio::time::sleep_until(next_idle.unwrap_or_else(tokio::time::Instant::now)), if next_idle.is_some() => {
                     let Some((_, channel)) = idle.pop_front() else { continue };
                     let Some(inner) = hub.upgrade() else { return };
@@ -318,10 +387,10 @@ async fn run(
                     let Some(inner) = hub.upgrade() else { return };
                     let channel = msg.get_channel_name().to_owned();
                     let Ok(payload) = msg.get_payload::<String>() else { continue };
-                    let Some((owner, handoff)) = parse(&payload) else { continue };
+                    let Some((owner, wake)) = parse(&payload) else { continue };
                     let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
                     if let Some(mailbox) = channels.get(channel.as_str()).and_then(|c| c.mailboxes.get(owner)) {
-                        mailbox.put(Wake::Granted(handoff));
+                        mailbox.put(wake);
                     }
                 }
                 c = cmd.recv() => {
@@ -348,13 +417,23 @@ mod tests {
         assert_eq!(owner, "a-b-c");
         assert_eq!(
             h,
-            Handoff {
+            Wake::Granted(Handoff {
                 fence: 1_763_000_000_000_001,
                 server_ms: 1_763_000_000_000,
                 px: 2000
-            }
+            })
+        );
+        let (owner, next) = parse("d-e 1763000000000 300").unwrap();
+        assert_eq!(owner, "d-e");
+        assert_eq!(
+            next,
+            Wake::NextInLine(LeaseEnd {
+                server_ms: 1_763_000_000_000,
+                px: 300
+            })
         );
         assert!(parse("garbage").is_none());
         assert!(parse("o x 1 2").is_none());
+        assert!(parse("o 1 2 3 4").is_none());
     }
 }
