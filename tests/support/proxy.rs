@@ -1,24 +1,64 @@
-//! A TCP proxy on a free loopback port that can pass traffic, cut every connection, or swallow
-//! bytes silently (a partition that looks alive), for fault tests against real servers.
+//! A TCP proxy on a free loopback port for fault tests against real servers. It can pass
+//! traffic, cut every connection, swallow bytes silently (a partition that looks alive), and
+//! aim a fault at some connections only: the pub/sub ones (a connection that has sent
+//! `SUBSCRIBE`) or the command ones, delaying or swallowing the server's replies on them.
 //!
 //! Runs on plain threads, so it keeps working whatever the test's runtime is doing.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const PASS: u8 = 0;
 const CUT: u8 = 1;
 const BLACKHOLE: u8 = 2;
+
+/// Which connections a targeted fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// Every connection.
+    All,
+    /// Connections that have sent `SUBSCRIBE` (a Redis pub/sub connection).
+    Subscribers,
+    /// Connections that have not (command connections).
+    Commands,
+}
+
+/// What a targeted fault does to the connections it hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Drop every byte, both ways.
+    Blackhole,
+    /// Drop the server's bytes; the client's still arrive.
+    SwallowReplies,
+    /// Deliver the server's bytes this much later (in order).
+    DelayReplies(Duration),
+}
+
+/// A fault on the connections that were open when it was set (newer ones pass).
+#[derive(Debug, Clone, Copy)]
+struct Targeted {
+    which: Which,
+    fault: Fault,
+    up_to: u64,
+}
 
 struct Shared {
     mode: AtomicU8,
     /// Bumped by `cut`: connections from an older generation close.
     generation: AtomicU64,
     stop: AtomicBool,
+    next_id: AtomicU64,
+    targeted: Mutex<Option<Targeted>>,
+}
+
+/// One proxied connection, as the faults see it.
+struct Conn {
+    id: u64,
+    subscriber: AtomicBool,
 }
 
 /// Forwards 127.0.0.1:`port()` to an upstream port.
@@ -35,6 +75,8 @@ impl Proxy {
             mode: AtomicU8::new(PASS),
             generation: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            targeted: Mutex::new(None),
         });
         let s = shared.clone();
         thread::spawn(move || accept_loop(listener, upstream, s));
@@ -45,9 +87,10 @@ impl Proxy {
         self.port
     }
 
-    /// Traffic flows again (new connections are accepted).
+    /// Traffic flows again (new connections are accepted, targeted faults end).
     pub fn pass(&self) {
         self.shared.mode.store(PASS, Ordering::SeqCst);
+        *self.shared.targeted.lock().unwrap() = None;
     }
 
     /// Closes every open connection and refuses new ones until `pass`.
@@ -68,6 +111,31 @@ impl Proxy {
         self.shared.generation.fetch_add(1, Ordering::SeqCst);
         self.pass();
     }
+
+    /// Drops every byte of the `which` connections open now (a half-open connection); later
+    /// connections pass.
+    pub fn blackhole_only(&self, which: Which) {
+        self.target(which, Fault::Blackhole);
+    }
+
+    /// Drops the server's replies on the `which` connections open now; requests still arrive.
+    pub fn swallow_replies(&self, which: Which) {
+        self.target(which, Fault::SwallowReplies);
+    }
+
+    /// Delays the server's replies on the `which` connections open now by `delay`.
+    pub fn delay_replies(&self, which: Which, delay: Duration) {
+        self.target(which, Fault::DelayReplies(delay));
+    }
+
+    fn target(&self, which: Which, fault: Fault) {
+        let up_to = self.shared.next_id.load(Ordering::SeqCst);
+        *self.shared.targeted.lock().unwrap() = Some(Targeted {
+            which,
+            fault,
+            up_to,
+        });
+    }
 }
 
 impl Drop for Proxy {
@@ -76,6 +144,23 @@ impl Drop for Proxy {
         self.shared.generation.fetch_add(1, Ordering::SeqCst);
         // Wake the accept loop.
         let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+impl Shared {
+    /// The targeted fault that applies to `conn` now, if any.
+    fn fault_for(&self, conn: &Conn) -> Option<Fault> {
+        let t = (*self.targeted.lock().unwrap())?;
+        if conn.id >= t.up_to {
+            return None;
+        }
+        let subscriber = conn.subscriber.load(Ordering::SeqCst);
+        let hit = match t.which {
+            Which::All => true,
+            Which::Subscribers => subscriber,
+            Which::Commands => !subscriber,
+        };
+        hit.then_some(t.fault)
     }
 }
 
@@ -93,19 +178,50 @@ fn accept_loop(listener: TcpListener, upstream: u16, shared: Arc<Shared>) {
             continue;
         };
         let generation = shared.generation.load(Ordering::SeqCst);
-        for (from, to) in [(&client, &server), (&server, &client)] {
+        let conn = Arc::new(Conn {
+            id: shared.next_id.fetch_add(1, Ordering::SeqCst),
+            subscriber: AtomicBool::new(false),
+        });
+        for (from, to, replies) in [(&client, &server, false), (&server, &client, true)] {
             let (from, to) = (
                 from.try_clone().expect("clone stream"),
                 to.try_clone().expect("clone stream"),
             );
-            let shared = shared.clone();
-            thread::spawn(move || pump(from, to, generation, &shared));
+            let (shared, conn) = (shared.clone(), conn.clone());
+            thread::spawn(move || pump(from, to, replies, generation, &shared, &conn));
         }
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, generation: u64, shared: &Shared) {
+/// Copies `from` to `to` until either side closes or the generation moves on. `replies` is
+/// the server-to-client direction.
+fn pump(
+    mut from: TcpStream,
+    to: TcpStream,
+    replies: bool,
+    generation: u64,
+    shared: &Arc<Shared>,
+    conn: &Arc<Conn>,
+) {
     let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+    // Writes happen on their own thread, each at its due time, so a delay keeps byte order.
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    let writer = {
+        let (shared, mut to) = (shared.clone(), to.try_clone().expect("clone stream"));
+        thread::spawn(move || {
+            for (due, bytes) in rx {
+                let now = Instant::now();
+                if due > now {
+                    thread::sleep(due - now);
+                }
+                if shared.generation.load(Ordering::SeqCst) != generation
+                    || to.write_all(&bytes).is_err()
+                {
+                    break;
+                }
+            }
+        })
+    };
     let mut buf = [0u8; 16 * 1024];
     loop {
         if shared.generation.load(Ordering::SeqCst) != generation {
@@ -114,10 +230,20 @@ fn pump(mut from: TcpStream, mut to: TcpStream, generation: u64, shared: &Shared
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
+                let bytes = &buf[..n];
+                if !replies && contains_subscribe(bytes) {
+                    conn.subscriber.store(true, Ordering::SeqCst);
+                }
                 if shared.mode.load(Ordering::SeqCst) == BLACKHOLE {
                     continue;
                 }
-                if to.write_all(&buf[..n]).is_err() {
+                let due = match shared.fault_for(conn) {
+                    Some(Fault::Blackhole) => continue,
+                    Some(Fault::SwallowReplies) if replies => continue,
+                    Some(Fault::DelayReplies(d)) if replies => Instant::now() + d,
+                    _ => Instant::now(),
+                };
+                if tx.send((due, bytes.to_vec())).is_err() {
                     break;
                 }
             }
@@ -125,6 +251,14 @@ fn pump(mut from: TcpStream, mut to: TcpStream, generation: u64, shared: &Shared
             Err(_) => break,
         }
     }
+    drop(tx);
+    let _ = writer.join();
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
+}
+
+fn contains_subscribe(bytes: &[u8]) -> bool {
+    bytes
+        .windows(9)
+        .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
 }

@@ -1,0 +1,387 @@
+//! Faults against a real `redis-server`, injected through the test proxy: delayed or swallowed
+//! replies on one connection, a half-open pub/sub connection, a waiter that dies holding a
+//! handoff, a key overwritten with another type. Each test checks the promise that matters: no
+//! stale holder believes it holds once another client is granted, and no key is blocked longer
+//! than the lease that blocks it.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::time::Duration;
+
+use distlock::backend::RedisBackend;
+use distlock::{LockClient, MutexGuard};
+use support::proxy::{Proxy, Which};
+use support::shared_redis;
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+
+/// A client with its own connections to `url`.
+async fn client(url: &str, ns: &str, ttl: Duration, handoff: Duration, renew: bool) -> LockClient {
+    let backend = RedisBackend::builder(url)
+        .handoff_ttl(handoff)
+        .build()
+        .await
+        .unwrap();
+    LockClient::builder(backend)
+        .namespace(ns)
+        .ttl(ttl)
+        .auto_renew(renew)
+        .build()
+        .unwrap()
+}
+
+fn via(proxy: &Proxy) -> String {
+    format!("redis://127.0.0.1:{}/", proxy.port())
+}
+
+async fn raw() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(shared_redis().url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn queued(ns: &str, key: &str) -> usize {
+    redis::cmd("LLEN")
+        .arg(format!("{ns}:{{{key}}}:q"))
+        .query_async(&mut raw().await)
+        .await
+        .unwrap()
+}
+
+async fn until_queued(ns: &str, key: &str, n: usize) {
+    timeout(Duration::from_secs(10), async {
+        while queued(ns, key).await != n {
+            sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("expected {n} queued waiters"));
+}
+
+/// The server-side liveness deadline of the first queued waiter (moved by each renewal).
+async fn first_waiter_deadline(ns: &str, key: &str) -> Option<i64> {
+    let r: Vec<(String, i64)> = redis::cmd("ZRANGE")
+        .arg(format!("{ns}:{{{key}}}:w"))
+        .arg(0)
+        .arg(0)
+        .arg("WITHSCORES")
+        .query_async(&mut raw().await)
+        .await
+        .unwrap();
+    r.first().map(|(_, s)| *s)
+}
+
+/// Tries `key` on `other` every few ms until it is granted or `limit` passes, checking at every
+/// step that `stale` never goes back from lost to held, and that it reports lost once `other`
+/// holds. Returns `other`'s guard and when it was granted.
+async fn grant_elsewhere(
+    other: &LockClient,
+    key: &str,
+    stale: &MutexGuard,
+    limit: Duration,
+) -> Option<(MutexGuard, Instant)> {
+    let end = Instant::now() + limit;
+    let mut seen_lost = false;
+    while Instant::now() < end {
+        let lost = stale.is_lost();
+        assert!(lost || !seen_lost, "a guard went back from lost to held");
+        seen_lost |= lost;
+        if let Ok(guard) = other.mutex(key).try_lock().await {
+            let at = Instant::now();
+            assert!(
+                stale.is_lost(),
+                "another client was granted the lock while the old holder still believes it holds"
+            );
+            return Some((guard, at));
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// Checks for `period` that `stale` stays lost.
+async fn stays_lost(stale: &MutexGuard, period: Duration) {
+    let end = Instant::now() + period;
+    while Instant::now() < end {
+        assert!(stale.is_lost(), "a lost guard reports held again");
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Item 1: a waiter's queue renewal answered after a handoff made it the holder must not
+/// stretch the short handoff lease it got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_queue_renewal_reply_does_not_stretch_a_handoff_lease() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let proxy = Proxy::start(shared_redis().port());
+    let (ttl, handoff) = (Duration::from_millis(1200), Duration::from_millis(300));
+    let h = client(&url, &ns, ttl, handoff, true).await;
+    let w = client(&via(&proxy), &ns, ttl, handoff, true).await;
+    let x = client(&url, &ns, ttl, handoff, true).await;
+
+    let held = h.mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn(w.mutex("k").lock());
+    until_queued(&ns, "k", 1).await;
+
+    // Replies to W's commands now arrive 700 ms late (its pub/sub connection is untouched).
+    proxy.delay_replies(Which::Commands, Duration::from_millis(700));
+    // Wait until the server has run a queue renewal for W, whose reply is now on its way.
+    let before = first_waiter_deadline(&ns, "k").await;
+    timeout(Duration::from_secs(3), async {
+        while first_waiter_deadline(&ns, "k").await == before {
+            sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("no queue renewal for the waiter");
+    held.release().await.unwrap();
+    let w_guard = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the handoff never reached the waiter")
+        .unwrap()
+        .unwrap();
+
+    let (x_guard, _) = grant_elsewhere(&x, "k", &w_guard, Duration::from_secs(5))
+        .await
+        .expect("the lock never passed on");
+    stays_lost(&w_guard, Duration::from_millis(1500)).await;
+    drop(x_guard);
+    proxy.pass();
+    drop(w_guard);
+    for c in [h, w, x] {
+        c.shutdown().await;
+    }
+}
+
+/// Item 2: with automatic renewal off, a lock received by handoff lasts one TTL, not the
+/// handoff's provisional lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_renewal_a_handed_over_lock_lasts_its_ttl() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let (ttl, handoff) = (Duration::from_millis(1500), Duration::from_millis(300));
+    let h = client(&url, &ns, ttl, handoff, true).await;
+    let w = client(&url, &ns, ttl, handoff, false).await;
+    let x = client(&url, &ns, ttl, handoff, true).await;
+
+    let held = h.mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn(w.mutex("k").lock());
+    until_queued(&ns, "k", 1).await;
+    held.release().await.unwrap();
+    let w_guard = waiter.await.unwrap().unwrap();
+    let granted = Instant::now();
+
+    let (x_guard, at) = grant_elsewhere(&x, "k", &w_guard, Duration::from_secs(5))
+        .await
+        .expect("a lock without renewal never expired");
+    let lasted = at - granted;
+    assert!(
+        lasted >= ttl - Duration::from_millis(150),
+        "a handed-over lock without renewal lasted {lasted:?}, its TTL is {ttl:?}"
+    );
+    drop((x_guard, w_guard));
+    for c in [h, w, x] {
+        c.shutdown().await;
+    }
+}
+
+/// Item 5: a renewal call stuck on a dead link must not hold back the lost signal of another
+/// lease of the same client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_renewal_does_not_delay_another_leases_deadline() {
+    let ns = test_namespace!();
+    let proxy = Proxy::start(shared_redis().port());
+    let c = client(
+        &via(&proxy),
+        &ns,
+        Duration::from_secs(30),
+        Duration::from_secs(2),
+        true,
+    )
+    .await;
+    let start = Instant::now();
+    let a = c
+        .mutex("a")
+        .with_ttl(Duration::from_secs(6))
+        .lock()
+        .await
+        .unwrap();
+    // `a` renews at about 2 s. `b` is taken shortly before, late enough that its own renewal
+    // (a third of 1.2 s later) is not batched with `a`'s.
+    sleep_until(start + Duration::from_millis(1850)).await;
+    let b_ttl = Duration::from_millis(1200);
+    let b_sent = Instant::now();
+    let b = c.mutex("b").with_ttl(b_ttl).lock().await.unwrap();
+    sleep_until(start + Duration::from_millis(1950)).await;
+    proxy.blackhole();
+
+    timeout(Duration::from_secs(10), b.lost())
+        .await
+        .expect("lost() never resolved");
+    let late = b_sent.elapsed().saturating_sub(b_ttl);
+    assert!(
+        late < Duration::from_millis(150),
+        "b was reported lost {late:?} after its lease ended"
+    );
+    assert!(b.is_lost());
+    proxy.heal();
+    drop((a, b));
+    c.shutdown().await;
+}
+
+/// Item 6: a lock handed to a waiter that died just before must pass to the next waiter when
+/// the handoff's provisional lease ends, not at the old holder's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let proxy = Proxy::start(shared_redis().port());
+    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
+    let h = client(&url, &ns, ttl, handoff, true).await;
+    let dead = client(&via(&proxy), &ns, ttl, handoff, true).await;
+    let next = client(&url, &ns, ttl, handoff, true).await;
+
+    let held = h.mutex("k").lock().await.unwrap();
+    let doomed = tokio::spawn(dead.mutex("k").lock());
+    until_queued(&ns, "k", 1).await;
+    let waiter = tokio::spawn(next.mutex("k").lock());
+    until_queued(&ns, "k", 2).await;
+
+    // The first waiter's process is gone (its queue entry still looks alive for a TTL).
+    proxy.cut();
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the next waiter waited for the old holder's TTL")
+        .unwrap()
+        .unwrap();
+    let waited = released.elapsed();
+    assert!(
+        waited < handoff + Duration::from_millis(700),
+        "the next waiter got the lock {waited:?} after the release"
+    );
+    doomed.abort();
+    drop(guard);
+    h.shutdown().await;
+    next.shutdown().await;
+}
+
+/// Item 7: a pub/sub connection that went half-open (bytes vanish, no reset) is found out and
+/// replaced, and the waiter whose grant it swallowed gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_pubsub_connection_does_not_lose_a_grant() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let proxy = Proxy::start(shared_redis().port());
+    let ttl = Duration::from_secs(10);
+    let h = client(&url, &ns, ttl, Duration::from_secs(2), true).await;
+    let w = client(&via(&proxy), &ns, ttl, Duration::from_secs(2), true).await;
+
+    let held = h.mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn(w.mutex("k").lock());
+    until_queued(&ns, "k", 1).await;
+    proxy.blackhole_only(Which::Subscribers);
+    let released = Instant::now();
+    held.release().await.unwrap();
+
+    let guard = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the grant went into a half-open connection and the waiter never learned")
+        .unwrap()
+        .unwrap();
+    assert!(!guard.is_lost());
+    assert!(
+        released.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        released.elapsed()
+    );
+    guard.release().await.unwrap();
+    proxy.pass();
+    h.shutdown().await;
+    w.shutdown().await;
+}
+
+/// Item 8: a lock key overwritten with another Redis type fails only its own lease, not every
+/// lease renewed in the same call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_typed_key_fails_only_its_own_lease() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let ttl = Duration::from_millis(900);
+    let c = client(&url, &ns, ttl, Duration::from_secs(2), true).await;
+    let a = c.mutex("a").lock().await.unwrap();
+    let b = c.mutex("b").lock().await.unwrap();
+
+    let mut conn = raw().await;
+    let _: () = redis::pipe()
+        .cmd("DEL")
+        .arg(format!("{ns}:{{a}}"))
+        .cmd("SET")
+        .arg(format!("{ns}:{{a}}"))
+        .arg("not a lock")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    timeout(Duration::from_secs(3), a.lost())
+        .await
+        .expect("the overwritten lock was never reported lost");
+    // Two TTLs later the healthy lease, renewed in the same calls, still holds.
+    sleep(ttl * 2).await;
+    assert!(
+        !b.is_lost(),
+        "a healthy lease was lost with an overwritten one"
+    );
+    b.release().await.unwrap();
+    drop(a);
+    c.shutdown().await;
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{ns}:{{a}}"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Item 9: a release whose reply was lost and that is then sent again (finding nothing) is not
+/// reported as a lost lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_was_lost_is_not_reported_lost() {
+    let ns = test_namespace!();
+    let proxy = Proxy::start(shared_redis().port());
+    let c = client(
+        &via(&proxy),
+        &ns,
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+        true,
+    )
+    .await;
+    let guard = c.mutex("k").lock().await.unwrap();
+    proxy.swallow_replies(Which::Commands);
+    let release = tokio::spawn(guard.release());
+    // The release ran on the server; its reply is gone. Then the connection drops.
+    sleep(Duration::from_millis(300)).await;
+    proxy.cut();
+    sleep(Duration::from_millis(50)).await;
+    proxy.pass();
+
+    let outcome = timeout(Duration::from_secs(10), release)
+        .await
+        .expect("release never finished")
+        .unwrap();
+    assert!(
+        outcome.is_ok(),
+        "a lock released on the server was reported as {outcome:?}"
+    );
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(format!("{ns}:{{k}}"))
+        .query_async(&mut raw().await)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0);
+    c.shutdown().await;
+}
