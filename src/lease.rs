@@ -374,3 +374,74 @@ impl LeaseIds {
         self.0.fetch_add(1, Ordering::Relaxed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LockKind;
+
+    fn lease(ttl: Duration) -> Lease {
+        let claim = Claim::new("ns".into(), "k".into(), ttl, LockKind::Exclusive);
+        Lease::new(0, claim, Box::new(()), default_drift)
+    }
+
+    #[test]
+    fn the_drift_margin_is_a_share_of_the_lease_not_of_the_ttl() {
+        // A 1 s TTL asked for, a 10 s lease granted (a ZooKeeper session): 1% of 10 s.
+        let l = lease(Duration::from_secs(1));
+        let until = Instant::now() + Duration::from_secs(10);
+        l.set_held(Grant {
+            fence: 1,
+            valid_until: until,
+        });
+        let margin = until - l.lost_at().unwrap();
+        assert!(margin >= Duration::from_millis(95), "{margin:?}");
+        assert!(
+            !l.schedule().confirm,
+            "a grant longer than the TTL needs no confirmation"
+        );
+    }
+
+    #[test]
+    fn a_provisional_grant_is_confirmed_even_without_renewal() {
+        // A 300 ms handoff lease for a 10 s TTL.
+        let l = lease(Duration::from_secs(10));
+        l.set_held(Grant {
+            fence: 1,
+            valid_until: Instant::now() + Duration::from_millis(300),
+        });
+        assert!(l.schedule().confirm);
+        let full = lease(Duration::from_secs(10));
+        full.set_held(Grant {
+            fence: 1,
+            valid_until: Instant::now() + Duration::from_secs(10),
+        });
+        assert!(!full.schedule().confirm);
+    }
+
+    #[test]
+    fn a_reply_sent_before_a_grant_does_not_move_its_lease() {
+        let l = lease(Duration::from_secs(3));
+        let queued = l.schedule().generation;
+        let sent = Instant::now();
+        let until = sent + Duration::from_millis(300);
+        l.set_held(Grant {
+            fence: 7,
+            valid_until: until,
+        });
+        // A queue renewal sent while queued, answered after the handoff.
+        assert_eq!(
+            l.extend(queued, sent, sent + Duration::from_secs(3)),
+            Verdict::Stale
+        );
+        assert_eq!(l.refused(queued), Verdict::Stale);
+        assert_eq!(l.schedule().held.map(|g| g.valid_until), Some(until));
+        // A renewal of the lease itself moves it.
+        let held = l.schedule().generation;
+        assert_eq!(
+            l.extend(held, sent, sent + Duration::from_secs(3)),
+            Verdict::Kept
+        );
+        assert_eq!(l.refused(held), Verdict::Lost);
+    }
+}
