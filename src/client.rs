@@ -129,8 +129,8 @@ impl LockClient {
     /// Connects to a ZooKeeper ensemble (`host:port[,host:port...][/chroot]`) with the
     /// defaults of [`ZkBackend`](crate::backend::ZkBackend), under the default namespace: key
     /// `k` is the znode `/distlock/k`, shared with Curator's `InterProcessMutex` on that path.
-    /// The lease TTL is the session timeout: a guard reports lost once the session is gone or
-    /// cannot be confirmed for that long.
+    /// The lease TTL is the session timeout the server granted: a guard reports lost once the
+    /// session is gone or cannot be confirmed for that long.
     ///
     /// # Errors
     ///

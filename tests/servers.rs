@@ -50,50 +50,38 @@ fn redis_server_round_trip() {
     );
 }
 
-struct NoWatch;
-impl zookeeper_async::Watcher for NoWatch {
-    fn handle(&self, _: zookeeper_async::WatchedEvent) {}
-}
-
 #[tokio::test]
 async fn zookeeper_server_round_trip() {
-    use zookeeper_async::{Acl, CreateMode, ZkState, ZooKeeper};
+    use zookeeper_client::{Acls, Client, CreateMode};
 
     let server = ZkServer::start();
-    let zk = ZooKeeper::connect(&server.connect_string(), Duration::from_secs(5), NoWatch)
-        .await
-        .unwrap();
-    // `connect` returns before the handshake; session state reaches listeners only. The IO task
-    // cannot run before this test yields, so the listener sees `Connected`.
-    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let _sub = zk.add_listener(move |state| {
-        let _ = tx.send(state);
-    });
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while events.recv().await != Some(ZkState::Connected) {}
-    })
+    let zk = tokio::time::timeout(
+        Duration::from_secs(10),
+        Client::connector()
+            .with_session_timeout(Duration::from_secs(5))
+            .connect(&server.connect_string()),
+    )
     .await
     .unwrap_or_else(|_| {
         panic!(
             "no ZooKeeper session within 10 s; server log:\n{}",
             server.log()
         )
-    });
-    let path = zk
+    })
+    .unwrap();
+    let (stat, _) = zk
         .create(
             "/smoke",
-            b"42".to_vec(),
-            Acl::open_unsafe().clone(),
-            CreateMode::Persistent,
+            b"42",
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
         )
         .await
         .unwrap();
-    assert_eq!(path, "/smoke");
-    let (data, stat) = zk.get_data("/smoke", false).await.unwrap();
-    assert_eq!(data, b"42");
     assert!(stat.czxid > 0);
+    let (data, _) = zk.get_data("/smoke").await.unwrap();
+    assert_eq!(data, b"42");
     zk.delete("/smoke", None).await.unwrap();
-    assert!(zk.exists("/smoke", false).await.unwrap().is_none());
-    zk.close().await.unwrap();
+    assert!(zk.check_stat("/smoke").await.unwrap().is_none());
+    drop(zk);
     assert!(server.four_letter("srvr").contains("Mode: standalone"));
 }

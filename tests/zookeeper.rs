@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use distlock::backend::{ZkAcl, ZkBackend};
 use distlock::LockClient;
-use support::contract::{contend, torture};
+use support::contract::{contend, partition_then_handover, spawn_timed_lock, torture};
 use support::curator::Curator;
 use support::proxy::Proxy;
 use support::{shared_zookeeper, ZkServer};
 use tokio::time::{sleep, timeout, Instant};
-use zookeeper_async::ZooKeeper;
+use zookeeper_client::Client as ZooKeeper;
 
 const SESSION: Duration = Duration::from_secs(4);
 
@@ -36,22 +36,21 @@ async fn client(ns: &str) -> LockClient {
     client_at(&shared_zookeeper().connect_string(), ns, SESSION).await
 }
 
-struct NoWatch;
-impl zookeeper_async::Watcher for NoWatch {
-    fn handle(&self, _: zookeeper_async::WatchedEvent) {}
-}
-
 /// A plain client for looking at the tree.
 async fn raw(connect: &str) -> ZooKeeper {
-    let zk = ZooKeeper::connect(connect, Duration::from_secs(10), NoWatch)
-        .await
-        .unwrap();
-    // The first call waits for the session.
-    timeout(Duration::from_secs(10), zk.exists("/", false))
+    raw_as(connect, None).await
+}
+
+/// A plain client, authenticated with digest `user:password` if given.
+async fn raw_as(connect: &str, digest: Option<&str>) -> ZooKeeper {
+    let mut connector = ZooKeeper::connector().with_session_timeout(Duration::from_secs(10));
+    if let Some(digest) = digest {
+        connector = connector.with_auth("digest", digest.as_bytes());
+    }
+    timeout(Duration::from_secs(10), connector.connect(connect))
         .await
         .unwrap()
-        .unwrap();
-    zk
+        .unwrap()
 }
 
 /// Every znode under `root` (not `root` itself), depth first.
@@ -59,7 +58,7 @@ async fn znodes_under(zk: &ZooKeeper, root: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut todo = vec![root.to_owned()];
     while let Some(path) = todo.pop() {
-        let Ok(kids) = zk.get_children(&path, false).await else {
+        let Ok(kids) = zk.list_children(&path).await else {
             continue;
         };
         for k in kids {
@@ -72,7 +71,7 @@ async fn znodes_under(zk: &ZooKeeper, root: &str) -> Vec<String> {
 }
 
 async fn children(zk: &ZooKeeper, path: &str) -> Vec<String> {
-    zk.get_children(path, false).await.unwrap_or_default()
+    zk.list_children(path).await.unwrap_or_default()
 }
 
 /// Waits until the lock node has `n` children (holder included).
@@ -218,7 +217,7 @@ async fn an_idle_lock_node_is_deleted_after_release() {
     let c = client(&ns).await;
     let guard = c.mutex("orders/7").lock().await.unwrap();
     assert!(zk
-        .exists(&format!("/{ns}/orders/7"), false)
+        .check_stat(&format!("/{ns}/orders/7"))
         .await
         .unwrap()
         .is_some());
@@ -252,8 +251,8 @@ async fn bad_keys_are_refused_before_any_io() {
     }
     let long = "k".repeat(distlock::MAX_KEY_LEN + 1);
     assert!(c.mutex(long).try_lock().await.unwrap_err().is_invalid_key());
-    assert!(zk.exists(&format!("/{ns}"), false).await.unwrap().is_none());
-    assert!(zk.exists("/b", false).await.unwrap().is_none());
+    assert!(zk.check_stat(&format!("/{ns}")).await.unwrap().is_none());
+    assert!(zk.check_stat("/b").await.unwrap().is_none());
 }
 
 #[tokio::test]
@@ -269,29 +268,21 @@ async fn another_identity_cannot_delete_our_node() {
     let c = LockClient::builder(backend).namespace(&ns).build().unwrap();
     let guard = c.mutex("k").lock().await.unwrap();
     let path = format!("/{ns}/k");
-    let mallory = raw(&connect).await;
-    mallory
-        .add_auth("digest", b"mallory:x".to_vec())
-        .await
-        .unwrap();
+    let mallory = raw_as(&connect, Some("mallory:x")).await;
     let kids = children(&mallory, &path).await;
     assert_eq!(kids.len(), 0, "listing needs READ, which mallory lacks");
     assert_eq!(
         mallory.get_acl(&path).await.unwrap_err(),
-        zookeeper_async::ZkError::NoAuth
+        zookeeper_client::Error::NoAuth
     );
     // Alice's own second session may see and delete; mallory may not.
-    let alice = raw(&connect).await;
-    alice
-        .add_auth("digest", b"alice:wonderland".to_vec())
-        .await
-        .unwrap();
+    let alice = raw_as(&connect, Some("alice:wonderland")).await;
     let acl = alice.get_acl(&path).await.unwrap().0;
     assert_eq!(acl.len(), 1, "{acl:?}");
-    assert_eq!(acl[0].scheme, "digest");
+    assert_eq!(acl[0].scheme(), "digest");
     let node = format!("{path}/{}", children(&alice, &path).await[0]);
     let err = mallory.delete(&node, None).await.unwrap_err();
-    assert_eq!(err, zookeeper_async::ZkError::NoAuth);
+    assert_eq!(err, zookeeper_client::Error::NoAuth);
     assert!(!guard.is_lost());
     guard.release().await.unwrap();
     c.shutdown().await;
@@ -391,33 +382,11 @@ async fn a_partition_longer_than_the_session_loses_the_lock_before_anyone_else_g
 
     let held = behind.mutex("k").lock().await.unwrap();
     let fence = held.fencing_token();
-    let waiter = tokio::spawn({
-        let m = direct.mutex("k");
-        async move {
-            let g = m.lock().await;
-            (Instant::now(), g)
-        }
-    });
+    let waiter = spawn_timed_lock(direct.mutex("k"));
     until_contenders(&zk, &format!("/{ns}/k"), 2).await;
 
-    // Packets vanish; the TCP connection looks alive to both ends.
-    proxy.blackhole();
-    let cut = Instant::now();
-    timeout(session * 3, held.lost())
-        .await
-        .expect("the partitioned holder was never told it lost the lock");
-    let lost_at = Instant::now();
-    let (granted_at, guard) = timeout(session * 4, waiter)
-        .await
-        .expect("the waiter never got the lock of the partitioned holder")
-        .unwrap();
-    let guard = guard.unwrap();
-    assert!(
-        lost_at <= granted_at,
-        "the old holder learned of its loss {:?} after the new one was granted",
-        lost_at - granted_at
-    );
-    assert!(lost_at - cut <= session + Duration::from_millis(500));
+    let (guard, lost, _) = partition_then_handover(&proxy, &held, waiter, session * 4).await;
+    assert!(lost <= session + Duration::from_millis(500), "{lost:?}");
     assert!(guard.fencing_token() > fence);
     proxy.heal();
     let err = held.release().await.unwrap_err();

@@ -305,7 +305,9 @@ pub trait Backend: Send + Sync + 'static {
 pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisTicket};
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
-pub use self::zookeeper::{ZkAcl, ZkBackend, ZkBackendBuilder, ZkTicket, DEFAULT_SESSION_TIMEOUT};
+pub use self::zookeeper::{
+    ZkAcl, ZkBackend, ZkBackendBuilder, ZkTicket, DEFAULT_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT,
+};
 #[cfg(feature = "memory")]
 pub use memory::{MemoryBackend, MemoryStats};
 

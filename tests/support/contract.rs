@@ -161,3 +161,44 @@ pub async fn torture(
         "too few cancellations to mean anything"
     );
 }
+
+/// A `lock()` in its own task that notes when it was granted.
+pub fn spawn_timed_lock(
+    mutex: distlock::Mutex,
+) -> tokio::task::JoinHandle<(tokio::time::Instant, distlock::Result<distlock::MutexGuard>)> {
+    tokio::spawn(async move {
+        let g = mutex.lock().await;
+        (tokio::time::Instant::now(), g)
+    })
+}
+
+/// The partition check: `held` reaches its server through `proxy`, `waiter` (from
+/// [`spawn_timed_lock`]) is queued behind it. Blackholes the proxy, waits for both the holder's
+/// `lost()` and the waiter's grant, and asserts the holder learned first. Returns the waiter's
+/// guard and, from the cut, when the holder learned and when the waiter was granted.
+pub async fn partition_then_handover(
+    proxy: &super::proxy::Proxy,
+    held: &distlock::MutexGuard,
+    waiter: tokio::task::JoinHandle<(tokio::time::Instant, distlock::Result<distlock::MutexGuard>)>,
+    limit: Duration,
+) -> (distlock::MutexGuard, Duration, Duration) {
+    // Packets vanish; the TCP connection looks alive to both ends.
+    proxy.blackhole();
+    let cut = tokio::time::Instant::now();
+    let lost = async {
+        held.lost().await;
+        tokio::time::Instant::now()
+    };
+    let (outcome, lost_at) = tokio::join!(timeout(limit, waiter), lost);
+    let (granted_at, guard) = outcome
+        .expect("the waiter never got the lock of the partitioned holder")
+        .expect("waiter task");
+    let guard = guard.expect("waiter lock()");
+    assert!(
+        lost_at <= granted_at,
+        "another client was granted the lock {:?} after the partition, {:?} before the old holder learned it lost it",
+        granted_at - cut,
+        lost_at - granted_at
+    );
+    (guard, lost_at - cut, granted_at - cut)
+}

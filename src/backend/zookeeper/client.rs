@@ -1,18 +1,19 @@
 //! The few ZooKeeper calls the lock recipe needs, behind one small trait, and their
-//! implementation on `zookeeper-async`.
+//! implementation on `zookeeper-client`.
 //!
-//! The wrapper owns what the crate lacks (research/zk-anchors.md §C): a deadline on every call
-//! (R12), connection states mapped to our own and delivered without blocking its I/O task
-//! (R13), watch closures that only complete a oneshot (R16), and an explicit close (R10).
+//! One [`Zk`] value is one session. The crate gives what a lock must know and do: the session
+//! timeout the server *granted* (a lease cannot be longer), watches re-registered after a
+//! reconnect, `multi` for renewals that go through the quorum (a read could be served by a
+//! follower cut off from the leader), and container parents. This module adds a deadline to
+//! every call (R12) and reports the session's states on a channel, tagged with the session's
+//! number, so that nothing runs on the crate's I/O task.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tokio::sync::{mpsc, oneshot};
-use zookeeper_async::{
-    Acl, CreateMode, Permission, WatchedEvent, WatchedEventType, ZkError, ZkState, ZooKeeper,
-};
+use tokio::sync::mpsc;
+use zookeeper_client as zkc;
 
 use super::ZkAcl;
 use crate::error::{Error, ErrorKind};
@@ -22,8 +23,6 @@ use crate::error::{Error, ErrorKind};
 pub(super) struct NodeStat {
     /// The zxid that created it: our fencing token.
     pub(super) czxid: i64,
-    /// The session that owns it, if ephemeral.
-    pub(super) session: i64,
 }
 
 /// How a call failed.
@@ -32,7 +31,8 @@ pub(super) enum Failure {
     NoNode,
     NodeExists,
     NotEmpty,
-    /// The connection dropped, or the call ran past its deadline: the outcome is unknown.
+    /// The connection dropped, the session ended, or the call ran past its deadline: the
+    /// outcome is unknown.
     Unknown(String),
     /// Anything else the server said (no auth, bad arguments, ...).
     Refused(String),
@@ -62,38 +62,50 @@ impl std::fmt::Display for Failure {
 
 pub(super) type Outcome<T> = std::result::Result<T, Failure>;
 
-/// A connection state, as the session hub sees it.
+/// A session state, as the session hub sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Link {
     /// Connected to a server, session established.
     Up,
-    /// Trying to (re)connect; the session may still be alive.
+    /// Trying to reconnect; the session may still be alive.
     Down,
-    /// The server said the session expired; the client starts a new one.
-    Expired,
-    /// Closed by us.
-    Closed,
+    /// The session is over: expired, refused (auth), or closed. The client will not come back.
+    Gone,
 }
 
 /// What a data watch saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Fired {
     Deleted,
-    Other,
+    /// The data changed (the node is still there).
+    Changed,
+    /// The session ended before anything happened to the node.
+    SessionEnded,
 }
 
-/// The calls the recipe makes. One implementation today (`zookeeper-async`); the seam keeps a
-/// switch to another client cheap.
+/// A one-shot watch: resolves once, when the node changes or goes. Dropping it removes it.
+pub(super) type Watch = BoxFuture<'static, Fired>;
+
+/// The calls the recipe makes on one session. One implementation today
+/// (`zookeeper-client`); the seam keeps a switch to another client cheap.
 pub(super) trait Zk: Send + Sync + 'static {
-    fn create_lock_node<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(String, NodeStat)>>;
+    /// The session timeout the server granted.
+    fn session_timeout(&self) -> Duration;
+    fn create_lock_node<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Outcome<(String, NodeStat)>>;
     fn create_parent<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>>;
     fn delete<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>>;
     fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Vec<String>>>;
     fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Option<NodeStat>>>;
-    /// Sets a one-shot data watch on `path`: the receiver completes when it changes or goes.
-    fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<oneshot::Receiver<Fired>>>;
-    fn authenticate(&self) -> BoxFuture<'_, Outcome<()>>;
-    fn close(&self) -> BoxFuture<'_, ()>;
+    /// Sets a one-shot data watch on `path` (`NoNode` if it is already gone).
+    fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Watch>>;
+    /// Checks in one quorum write (a `multi` of `check` operations) that every path exists,
+    /// which also proves the session alive at the leader. One outcome per path.
+    fn check<'a>(&'a self, paths: &'a [String]) -> BoxFuture<'a, Vec<Outcome<()>>>;
+    /// Resolves once this session is closed (after the last handle to it is dropped).
+    fn closed(&self) -> BoxFuture<'static, ()>;
 }
 
 /// How to reach the ensemble.
@@ -107,209 +119,262 @@ pub(super) struct Settings {
     pub(super) acl: ZkAcl,
 }
 
-/// `zookeeper-async`, with deadlines.
-pub(super) struct AsyncZk {
-    zk: Arc<ZooKeeper>,
-    settings: Settings,
-    acl: Vec<Acl>,
+/// `zookeeper-client`, with deadlines.
+struct Session {
+    client: zkc::Client,
+    call_timeout: Duration,
+    acl: ZkAcl,
 }
 
-/// The crate's connect-time watcher receives only events no closure claimed; we need none.
-struct Ignore;
+static CREATOR_ALL_WORLD_READ: [zkc::Acl; 2] = [
+    zkc::Acl::new_const(zkc::Permission::ALL, "auth", ""),
+    zkc::Acl::new_const(zkc::Permission::READ, "world", "anyone"),
+];
 
-impl zookeeper_async::Watcher for Ignore {
-    fn handle(&self, _: WatchedEvent) {}
-}
-
-impl AsyncZk {
-    /// Opens the client and reports its connection states on `states`. Returns once the TCP
-    /// connection is up; the session is confirmed by the hub's first successful call.
-    pub(super) async fn connect(
-        settings: Settings,
-        states: mpsc::UnboundedSender<Link>,
-    ) -> crate::Result<Self> {
-        let connecting = ZooKeeper::connect_with_retry_time(
-            &settings.connect,
-            settings.session_timeout,
-            Ignore,
-            // Never hot-loop on refused connections (R11).
-            Duration::from_millis(100),
-        );
-        let zk = match tokio::time::timeout(settings.connect_timeout, connecting).await {
-            Ok(Ok(zk)) => zk,
-            Ok(Err(e)) => {
-                return Err(Error::new(
-                    ErrorKind::InvalidConfig,
-                    format!(
-                        "invalid zookeeper connect string `{}`: {e:?}",
-                        settings.connect
-                    ),
-                ))
-            }
-            Err(_) => {
-                return Err(Error::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "could not reach zookeeper at `{}` within {:?}",
-                        settings.connect, settings.connect_timeout
-                    ),
-                )
-                .transient())
-            }
-        };
-        // Runs on the crate's I/O task with a lock held: forward and return at once (R13).
-        zk.add_listener(move |state| {
-            #[allow(deprecated)]
-            let link = match state {
-                ZkState::Connected | ZkState::ConnectedReadOnly => Link::Up,
-                ZkState::NotConnected => Link::Expired,
-                ZkState::Closed => Link::Closed,
-                _ => Link::Down,
-            };
-            let _ = states.send(link);
-        });
-        let acl = match settings.acl {
-            ZkAcl::Open => Acl::open_unsafe().clone(),
-            ZkAcl::CreatorAll => Acl::creator_all().clone(),
-            ZkAcl::CreatorAllWorldRead => {
-                let mut acl = Acl::creator_all().clone();
-                acl.push(Acl::new(Permission::READ, "world", "anyone"));
-                acl
-            }
-        };
-        Ok(Self {
-            zk: Arc::new(zk),
-            settings,
-            acl,
-        })
+fn acls(acl: ZkAcl) -> zkc::Acls<'static> {
+    match acl {
+        ZkAcl::Open => zkc::Acls::anyone_all(),
+        ZkAcl::CreatorAll => zkc::Acls::creator_all(),
+        ZkAcl::CreatorAllWorldRead => zkc::Acls::new(&CREATOR_ALL_WORLD_READ),
     }
+}
 
+/// Opens a session, and reports its states on `links` tagged with `epoch` until it ends (or
+/// nobody listens). Gives up after the connect timeout.
+pub(super) async fn connect(
+    settings: &Settings,
+    epoch: u64,
+    links: mpsc::UnboundedSender<(u64, Link)>,
+) -> crate::Result<Arc<dyn Zk>> {
+    let mut connector = zkc::Client::connector()
+        .with_session_timeout(settings.session_timeout)
+        // We retry ourselves, with a pause, so fail an attempt once every host was tried.
+        .with_fail_eagerly();
+    if let Some(digest) = &settings.digest {
+        // Sent with the session, and again after every reconnect.
+        connector = connector.with_auth("digest", digest.as_bytes());
+    }
+    let client = match tokio::time::timeout(
+        settings.connect_timeout,
+        connector.connect(&settings.connect),
+    )
+    .await
+    {
+        Ok(Ok(client)) => client,
+        Ok(Err(zkc::Error::BadArguments(why))) => {
+            return Err(Error::invalid_config(format_args!(
+                "zookeeper connect string `{}`: {why}",
+                settings.connect
+            )))
+        }
+        Ok(Err(zkc::Error::AuthFailed)) => {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "zookeeper at `{}` refused the credentials",
+                    settings.connect
+                ),
+            ))
+        }
+        Ok(Err(e)) => {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!("no zookeeper session at `{}`", settings.connect),
+            )
+            .with_source(e)
+            .transient())
+        }
+        Err(_) => {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "no zookeeper session at `{}` within {:?}",
+                    settings.connect, settings.connect_timeout
+                ),
+            )
+            .transient())
+        }
+    };
+    let granted = client.session_timeout();
+    if granted != settings.session_timeout {
+        tracing::info!(
+            asked = ?settings.session_timeout,
+            ?granted,
+            "zookeeper granted another session timeout; leases use the granted one"
+        );
+    }
+    let mut states = client.state_watcher();
+    tokio::spawn(async move {
+        loop {
+            let state = tokio::select! {
+                state = states.changed() => state,
+                () = links.closed() => return,
+            };
+            let link = match state {
+                zkc::SessionState::SyncConnected | zkc::SessionState::ConnectedReadOnly => Link::Up,
+                zkc::SessionState::Disconnected => Link::Down,
+                _ => Link::Gone,
+            };
+            if links.send((epoch, link)).is_err() || link == Link::Gone {
+                return;
+            }
+        }
+    });
+    Ok(Arc::new(Session {
+        client,
+        call_timeout: settings.call_timeout,
+        acl: settings.acl,
+    }))
+}
+
+impl Session {
     async fn call<T>(
         &self,
-        fut: impl std::future::Future<Output = Result<T, ZkError>>,
+        fut: impl std::future::Future<Output = Result<T, zkc::Error>>,
     ) -> Outcome<T> {
-        match tokio::time::timeout(self.settings.call_timeout, fut).await {
+        match tokio::time::timeout(self.call_timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(failure(e)),
             Err(_) => Err(Failure::Unknown(format!(
                 "no reply within {:?}",
-                self.settings.call_timeout
+                self.call_timeout
             ))),
         }
     }
 }
 
-fn failure(e: ZkError) -> Failure {
+fn failure(e: zkc::Error) -> Failure {
     match e {
-        ZkError::NoNode => Failure::NoNode,
-        ZkError::NodeExists => Failure::NodeExists,
-        ZkError::NotEmpty => Failure::NotEmpty,
-        ZkError::ConnectionLoss | ZkError::OperationTimeout | ZkError::SessionMoved => {
-            Failure::Unknown(format!("{e:?}"))
-        }
-        ZkError::NoAuth => Failure::Refused("not authorized (NoAuth)".into()),
-        ZkError::AuthFailed => Failure::Refused("authentication failed".into()),
-        ZkError::SessionExpired => Failure::Refused("session expired".into()),
-        other => Failure::Refused(format!("{other:?}")),
+        zkc::Error::NoNode => Failure::NoNode,
+        zkc::Error::NodeExists => Failure::NodeExists,
+        zkc::Error::NotEmpty => Failure::NotEmpty,
+        zkc::Error::ConnectionLoss
+        | zkc::Error::Timeout
+        | zkc::Error::SessionMoved
+        | zkc::Error::SessionExpired
+        | zkc::Error::ClientClosed => Failure::Unknown(e.to_string()),
+        zkc::Error::NoAuth => Failure::Refused("not authorized (NoAuth)".into()),
+        other => Failure::Refused(other.to_string()),
     }
 }
 
-fn stat(s: &zookeeper_async::Stat) -> NodeStat {
-    NodeStat {
-        czxid: s.czxid,
-        session: s.ephemeral_owner,
+fn stat(s: &zkc::Stat) -> NodeStat {
+    NodeStat { czxid: s.czxid }
+}
+
+fn fired(event: &zkc::WatchedEvent) -> Fired {
+    match event.event_type {
+        zkc::EventType::NodeDeleted => Fired::Deleted,
+        zkc::EventType::Session => Fired::SessionEnded,
+        _ => Fired::Changed,
     }
 }
 
-impl Zk for AsyncZk {
-    fn create_lock_node<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(String, NodeStat)>> {
+impl Zk for Session {
+    fn session_timeout(&self) -> Duration {
+        self.client.session_timeout()
+    }
+
+    fn create_lock_node<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Outcome<(String, NodeStat)>> {
         Box::pin(async move {
-            let made = self
-                .call(self.zk.create2(
-                    path,
-                    Vec::new(),
-                    self.acl.clone(),
-                    CreateMode::EphemeralSequential,
-                ))
-                .await?;
-            Ok((made.0, stat(&made.1)))
+            let options = zkc::CreateMode::EphemeralSequential.with_acls(acls(self.acl));
+            let (made, seq) = self.call(self.client.create(prefix, &[], &options)).await?;
+            Ok((format!("{prefix}{seq}"), stat(&made)))
         })
     }
 
     fn create_parent<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>> {
         Box::pin(async move {
-            // `CreateMode::Container` goes out as a plain create in this crate (R5), so parents
-            // are persistent and the recipe deletes them when they empty.
-            self.call(
-                self.zk
-                    .create(path, Vec::new(), self.acl.clone(), CreateMode::Persistent),
-            )
-            .await
-            .map(drop)
+            // Containers, as Curator makes them: the server deletes one that has emptied,
+            // should we die before deleting it ourselves.
+            let options = zkc::CreateMode::Container.with_acls(acls(self.acl));
+            self.call(self.client.create(path, &[], &options))
+                .await
+                .map(drop)
         })
     }
 
     fn delete<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>> {
-        Box::pin(self.call(self.zk.delete(path, None)))
+        Box::pin(self.call(self.client.delete(path, None)))
     }
 
     fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Vec<String>>> {
-        Box::pin(self.call(self.zk.get_children(path, false)))
+        Box::pin(self.call(self.client.list_children(path)))
     }
 
     fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Option<NodeStat>>> {
         Box::pin(async move {
-            let found = self.call(self.zk.exists(path, false)).await?;
+            let found = self.call(self.client.check_stat(path)).await?;
             Ok(found.as_ref().map(stat))
         })
     }
 
-    fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<oneshot::Receiver<Fired>>> {
+    fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Watch>> {
         Box::pin(async move {
-            let (tx, rx) = oneshot::channel();
             // `getData`, not `exists`: no watch is left on the server if the node is already
-            // gone (CURATOR-107). The closure runs on the crate's watch task: it only sends.
-            self.call(self.zk.get_data_w(path, move |event: WatchedEvent| {
-                let fired = if event.event_type == WatchedEventType::NodeDeleted {
-                    Fired::Deleted
-                } else {
-                    Fired::Other
-                };
-                let _ = tx.send(fired);
-            }))
-            .await?;
-            Ok(rx)
+            // gone (CURATOR-107).
+            let (_, _, watcher) = self.call(self.client.get_and_watch_data(path)).await?;
+            let watch: Watch = Box::pin(async move { fired(&watcher.changed().await) });
+            Ok(watch)
         })
     }
 
-    fn authenticate(&self) -> BoxFuture<'_, Outcome<()>> {
+    fn check<'a>(&'a self, paths: &'a [String]) -> BoxFuture<'a, Vec<Outcome<()>>> {
         Box::pin(async move {
-            match &self.settings.digest {
-                Some(digest) => {
-                    self.call(self.zk.add_auth("digest", digest.clone().into_bytes()))
-                        .await
+            let mut out: Vec<Outcome<()>> = Vec::with_capacity(paths.len());
+            // A failed multi names its first failing operation; those before it passed, those
+            // after it were not looked at: check them again.
+            while out.len() < paths.len() {
+                let rest = &paths[out.len()..];
+                let mut multi = self.client.new_multi_writer();
+                let mut added = 0;
+                let mut refused = None;
+                for path in rest {
+                    match multi.add_check_version(path, -1) {
+                        Ok(()) => added += 1,
+                        Err(e) => {
+                            refused = Some(failure(e));
+                            break;
+                        }
+                    }
                 }
-                None => Ok(()),
+                if added == 0 {
+                    out.push(Err(refused.unwrap_or_else(|| {
+                        Failure::Refused("path cannot be checked".into())
+                    })));
+                    continue;
+                }
+                let batch = &rest[..added];
+                match tokio::time::timeout(self.call_timeout, multi.commit()).await {
+                    Ok(Ok(_)) => out.extend(batch.iter().map(|_| Ok(()))),
+                    Ok(Err(zkc::MultiWriteError::OperationFailed { index, source })) => {
+                        out.extend(batch.iter().take(index).map(|_| Ok(())));
+                        out.push(Err(failure(source)));
+                    }
+                    Ok(Err(zkc::MultiWriteError::RequestFailed { source })) => {
+                        let f = failure(source);
+                        out.extend(batch.iter().map(|_| Err(f.clone())));
+                    }
+                    Err(_) => {
+                        let f =
+                            Failure::Unknown(format!("no reply within {:?}", self.call_timeout));
+                        out.extend(batch.iter().map(|_| Err(f.clone())));
+                    }
+                }
+            }
+            out
+        })
+    }
+
+    fn closed(&self) -> BoxFuture<'static, ()> {
+        let mut states = self.client.state_watcher();
+        Box::pin(async move {
+            while !states.peek_state().is_terminated() {
+                states.changed().await;
             }
         })
-    }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            let _ = self.call(self.zk.close()).await;
-        })
-    }
-}
-
-impl Drop for AsyncZk {
-    fn drop(&mut self) {
-        // A dropped `ZooKeeper` keeps its session (and our ephemeral nodes) alive (R10).
-        // `close` after an explicit close is a harmless no-op.
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let zk = self.zk.clone();
-            handle.spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(2), zk.close()).await;
-            });
-        }
     }
 }

@@ -6,8 +6,11 @@
 //! other. A waiter watches only the child just before its own (no herd). The fencing token is
 //! the czxid of the claim's node.
 //!
-//! See [`session`] for how connection states, expiry and reconnects reach the locks, and
-//! [`client`] for the workarounds `zookeeper-async` needs.
+//! A lease here is the session: it is valid for the session timeout the server *granted*,
+//! counted from the last write that went through the quorum (a create, a delete, or the
+//! renewal's `check`), never from a read a lagging follower could serve. See [`session`] for
+//! how session loss, reconnects and guaranteed deletes work, and [`client`] for the one module
+//! that talks to `zookeeper-client`.
 
 mod client;
 mod parents;
@@ -17,19 +20,23 @@ mod session;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
+use tokio::time::{sleep_until, Instant};
 
-use self::client::{AsyncZk, Failure, Fired, NodeStat, Settings, Zk};
+use self::client::{Failure, Fired, NodeStat, Settings, Watch};
 use self::parents::Parents;
 use self::recipe::Place;
-use self::session::Hub;
+use self::session::{Hub, Up};
 use super::{Attempt, Backend, Claim, Grant, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Default session timeout: how long the ensemble keeps our session (and locks) without
 /// hearing from us, and how long a disconnect may last before our guards report lost.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The shortest session timeout accepted. A shorter session is lost to a garbage-collection
+/// pause or a leader election alone, and ZooKeeper servers refuse less than two ticks (4 s with
+/// the default `tickTime`) anyway.
+pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Who may touch the nodes the backend creates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -77,16 +84,13 @@ pub struct ZkBackend {
 }
 
 struct Inner {
-    zk: Arc<dyn Zk>,
     hub: Arc<Hub>,
     parents: Arc<Parents>,
-    session_timeout: Duration,
 }
 
 impl std::fmt::Debug for ZkBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ZkBackend")
-            .field("session_timeout", &self.inner.session_timeout)
             .field("connection", &self.inner.hub.now())
             .finish_non_exhaustive()
     }
@@ -148,16 +152,18 @@ impl ZkBackend {
         Self::builder(connect).build().await
     }
 
-    /// The session timeout asked of the ensemble.
+    /// The session timeout the ensemble granted (it may cap what was asked at its
+    /// `maxSessionTimeout`, or raise it to its `minSessionTimeout`). Leases last this long.
     pub fn session_timeout(&self) -> Duration {
-        self.inner.session_timeout
+        self.inner.hub.now().timeout
     }
 }
 
 impl ZkBackendBuilder {
-    /// How long the ensemble keeps the session without hearing from us (default 10 s). Keep it
-    /// within the server's `minSessionTimeout`..`maxSessionTimeout`: the backend counts on the
-    /// value it asked for.
+    /// How long the ensemble should keep the session without hearing from us (default 10 s, at
+    /// least [`MIN_SESSION_TIMEOUT`]). The server may grant another value within its
+    /// `minSessionTimeout`..`maxSessionTimeout`; leases use the one it granted
+    /// ([`ZkBackend::session_timeout`]).
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.settings.session_timeout = timeout;
         self
@@ -223,6 +229,12 @@ impl ZkBackendBuilder {
                 return Err(Error::invalid_config(format!("zero zookeeper {name}")));
             }
         }
+        if s.session_timeout < MIN_SESSION_TIMEOUT {
+            return Err(Error::invalid_config(format!(
+                "zookeeper session timeout of {:?} is below the minimum of {MIN_SESSION_TIMEOUT:?}",
+                s.session_timeout
+            )));
+        }
         if s.acl != ZkAcl::Open && s.digest.is_none() {
             return Err(Error::invalid_config(
                 "a creator ACL needs digest auth: call .digest(\"user:password\")",
@@ -231,41 +243,11 @@ impl ZkBackendBuilder {
         if s.digest.as_deref().is_some_and(|d| !d.contains(':')) {
             return Err(Error::invalid_config("digest auth must be `user:password`"));
         }
-        let (links_tx, links_rx) = mpsc::unbounded_channel();
-        let (session_timeout, connect_timeout) = (s.session_timeout, s.connect_timeout);
-        let connect = s.connect.clone();
-        let zk: Arc<dyn Zk> = Arc::new(AsyncZk::connect(s, links_tx).await?);
-        let hub = Hub::new(session_timeout);
-        tokio::spawn(hub.clone().run(Arc::downgrade(&zk), links_rx));
-
-        // The first `Connected` may have come before the listener was installed: one call
-        // proves the session (and sends the credentials ahead of it).
-        let proven = tokio::time::timeout(connect_timeout, async {
-            zk.authenticate().await?;
-            zk.exists("/").await
-        })
-        .await;
-        match proven {
-            Ok(Ok(_)) => hub.confirm_up(),
-            Ok(Err(f)) => {
-                zk.close().await;
-                return Err(f.into_error(&format!("session at `{connect}`")));
-            }
-            Err(_) => {
-                zk.close().await;
-                return Err(Error::new(
-                    ErrorKind::Backend,
-                    format!("no zookeeper session at `{connect}` within {connect_timeout:?}"),
-                )
-                .transient());
-            }
-        }
+        let hub = Hub::start(s).await?;
         Ok(ZkBackend {
             inner: Arc::new(Inner {
-                parents: Parents::new(zk.clone()),
-                zk,
+                parents: Parents::new(hub.clone()),
                 hub,
-                session_timeout,
             }),
         })
     }
@@ -288,7 +270,8 @@ struct Node {
 }
 
 /// What one claim keeps between calls: its node, or the protection prefix of a create whose
-/// reply was lost, and its predecessor watch while it waits.
+/// reply was lost, its predecessor watch while it waits, and the watch on its own node while
+/// it holds the lock.
 #[derive(Default)]
 pub struct ZkTicket {
     state: StdMutex<TicketState>,
@@ -308,11 +291,10 @@ struct TicketState {
 }
 
 struct Waiting {
-    fired: oneshot::Receiver<Fired>,
+    fired: Watch,
     /// The predecessor was the holder: its deletion makes us the head.
     behind_head: bool,
-    /// When the call that set the watch was sent, and the hub's change count before it.
-    sent: Instant,
+    /// The hub's change count before the call that set the watch.
     seen: u64,
 }
 
@@ -349,57 +331,54 @@ impl Inner {
     /// The node a create with a lost reply made, found by its protection prefix.
     async fn find_ours(
         &self,
+        up: &Up,
         lock_path: &str,
         uuid: &str,
     ) -> std::result::Result<Option<String>, Failure> {
         let prefix = recipe::protection_prefix(uuid);
-        match self.zk.children(lock_path).await {
+        match up.zk.children(lock_path).await {
             Ok(kids) => Ok(kids.into_iter().find(|k| k.starts_with(&prefix))),
             Err(Failure::NoNode) => Ok(None),
             Err(f) => Err(f),
         }
     }
 
-    /// Creates `lock_path` and its missing ancestors.
-    async fn create_parents(&self, lock_path: &str) -> Result<()> {
+    /// Creates `lock_path` and its missing ancestors, as containers.
+    async fn create_parents(&self, up: &Up, lock_path: &str) -> Result<()> {
         let mut at = 0;
         while let Some(next) = lock_path[at + 1..].find('/').map(|i| i + at + 1) {
-            self.create_parent(&lock_path[..next]).await?;
+            self.create_parent(up, &lock_path[..next]).await?;
             at = next;
         }
-        self.create_parent(lock_path).await
+        self.create_parent(up, lock_path).await
     }
 
-    async fn create_parent(&self, path: &str) -> Result<()> {
-        match self.zk.create_parent(path).await {
+    async fn create_parent(&self, up: &Up, path: &str) -> Result<()> {
+        match up.zk.create_parent(path).await {
             Ok(()) | Err(Failure::NodeExists) => Ok(()),
             Err(f) => Err(f.into_error(&format!("create {path}"))),
         }
     }
 
-    /// A node (or a create in doubt) from an older session is gone or about to go: delete it
-    /// in case the session survived after all, and draw a new protection UUID.
-    async fn discard_stale(&self, ticket: &ZkTicket, lock_path: &str, epoch: u64) {
-        let (stale, doubt) = {
-            let mut t = ticket.lock();
-            let stale = t.node.take_if(|n| n.epoch != epoch);
-            let doubt = match t.unsure {
-                Some(e) if e != epoch => t.uuid.clone(),
-                _ => None,
-            };
-            if stale.is_some() || doubt.is_some() {
-                t.unsure = None;
-                t.uuid = Some(uuid::Uuid::new_v4().hyphenated().to_string());
-            }
-            (stale, doubt)
+    /// A node (or a create in doubt) from an older session is gone or about to go: hand it to
+    /// the guaranteed deletes (in case the session survived after all) and draw a new
+    /// protection UUID. Nothing is forgotten before it is handed over.
+    fn discard_stale(&self, ticket: &ZkTicket, lock_path: &str, epoch: u64) {
+        let mut t = ticket.lock();
+        let stale = t.node.take_if(|n| n.epoch != epoch);
+        let doubt = match t.unsure {
+            Some(e) if e != epoch => t.uuid.clone(),
+            _ => None,
         };
-        if let Some(stale) = stale {
-            let _ = self.zk.delete(&stale.path).await;
+        if let Some(stale) = &stale {
+            self.hub.doom(&stale.path);
         }
-        if let Some(uuid) = doubt {
-            if let Ok(Some(name)) = self.find_ours(lock_path, &uuid).await {
-                let _ = self.zk.delete(&format!("{lock_path}/{name}")).await;
-            }
+        if let Some(uuid) = &doubt {
+            self.hub.doom_doubt(lock_path, uuid);
+        }
+        if stale.is_some() || doubt.is_some() {
+            t.unsure = None;
+            t.uuid = Some(uuid::Uuid::new_v4().hyphenated().to_string());
         }
     }
 
@@ -409,9 +388,10 @@ impl Inner {
         &self,
         claim: &Claim,
         ticket: &ZkTicket,
+        up: &Up,
         lock_path: &str,
-        epoch: u64,
     ) -> Result<Step<Node>> {
+        let epoch = up.conn.epoch;
         let (node, unsure, uuid) = {
             let mut t = ticket.lock();
             let uuid = t
@@ -424,7 +404,7 @@ impl Inner {
             return Ok(Step::Ready(node));
         }
         let found = if unsure {
-            match self.find_ours(lock_path, &uuid).await {
+            match self.find_ours(up, lock_path, &uuid).await {
                 Ok(found) => found,
                 Err(f @ Failure::Unknown(_)) => return Ok(Step::Again(Some(f))),
                 Err(f) => return Err(f.into_error(&format!("list {lock_path}"))),
@@ -435,7 +415,7 @@ impl Inner {
         let made = match found {
             Some(name) => {
                 let path = format!("{lock_path}/{name}");
-                match self.zk.exists(&path).await {
+                match up.zk.exists(&path).await {
                     Ok(Some(stat)) => Ok((path, stat)),
                     Ok(None) => Err(Failure::NoNode),
                     Err(f) => Err(f),
@@ -443,8 +423,14 @@ impl Inner {
             }
             None => {
                 ticket.lock().unsure = Some(epoch);
+                self.hub.doubt(epoch, lock_path, &uuid);
                 let prefix = format!("{lock_path}/{}", recipe::node_prefix(&uuid));
-                self.zk.create_lock_node(&prefix).await
+                let sent = Instant::now();
+                let made = up.zk.create_lock_node(&prefix).await;
+                if made.is_ok() {
+                    self.hub.prove(epoch, sent);
+                }
+                made
             }
         };
         match made {
@@ -456,22 +442,103 @@ impl Inner {
                     stat,
                     epoch,
                 };
-                let mut t = ticket.lock();
-                t.unsure = None;
-                t.node = Some(node.clone());
+                self.hub.made(epoch, &node.path);
+                self.hub.settled(&uuid);
+                {
+                    let mut t = ticket.lock();
+                    t.unsure = None;
+                    t.node = Some(node.clone());
+                }
+                self.guard_node(claim, &node);
                 Ok(Step::Ready(node))
             }
             Err(Failure::NoNode) => {
                 ticket.lock().unsure = None;
-                self.create_parents(lock_path).await?;
+                self.hub.settled(&uuid);
+                self.create_parents(up, lock_path).await?;
                 Ok(Step::Again(None))
             }
             Err(f @ Failure::Unknown(_)) => Ok(Step::Again(Some(f))),
             Err(f) => {
                 ticket.lock().unsure = None;
+                self.hub.settled(&uuid);
                 Err(f.into_error(&format!("create in {lock_path}")))
             }
         }
+    }
+
+    /// When the session is proven alive from, for a grant on `up`: the last quorum write if it
+    /// leaves a third of a session timeout of lease (the first renewal refreshes it soon),
+    /// otherwise a `check` of our own node now.
+    async fn proof(&self, up: &Up, node: &Node) -> std::result::Result<Instant, Failure> {
+        let epoch = up.conn.epoch;
+        if let Some(at) = self.hub.proven(epoch) {
+            if at + up.conn.timeout * 2 / 3 > Instant::now() {
+                return Ok(at);
+            }
+        }
+        let sent = Instant::now();
+        let checked = up.zk.check(std::slice::from_ref(&node.path)).await;
+        match checked.into_iter().next() {
+            Some(Ok(())) => {
+                self.hub.prove(epoch, sent);
+                Ok(sent)
+            }
+            Some(Err(f)) => Err(f),
+            None => Err(Failure::Unknown("no check result".into())),
+        }
+    }
+
+    /// Watches our own node from the moment it exists (the request goes out without delaying
+    /// the acquisition): if it is deleted behind our back while we hold the lock, the lock is
+    /// marked lost at once rather than at the next renewal. The watch ends when the node goes
+    /// (our own delete included: the claim is no longer registered as held by then), or with
+    /// the session; it is never removed early, which would cost a request.
+    fn guard_node(&self, claim: &Claim, node: &Node) {
+        let hub = Arc::downgrade(&self.hub);
+        let (claim, path, epoch) = (claim.clone(), node.path.clone(), node.epoch);
+        tokio::spawn(async move {
+            loop {
+                let watch = {
+                    let Some(up) = hub.upgrade().and_then(|h| h.current()) else {
+                        return;
+                    };
+                    if up.conn.epoch != epoch {
+                        return;
+                    }
+                    up.zk.watch(&path).await
+                };
+                match watch {
+                    Ok(watch) => match watch.await {
+                        Fired::Deleted => break,
+                        // Curator's revocation request, or someone's data: not a loss.
+                        Fired::Changed => {}
+                        // The hub marks every lock of a lost session.
+                        Fired::SessionEnded => return,
+                    },
+                    Err(Failure::NoNode) => break,
+                    // Renewal and the hub cover a session in trouble.
+                    Err(_) => return,
+                }
+            }
+            // A waiter whose node vanished finds out when it lists again.
+            if hub.upgrade().is_some_and(|h| h.holds(&claim)) {
+                tracing::warn!(
+                    key = claim.key(),
+                    "lock lost: our zookeeper node was deleted"
+                );
+                claim.mark_lost();
+            }
+        });
+    }
+
+    /// Records the grant; false if the session was lost meanwhile.
+    fn granted(&self, claim: &Claim, ticket: &ZkTicket, node: &Node) -> bool {
+        if !self.hub.register(claim, node.epoch) {
+            return false;
+        }
+        ticket.lock().granted = true;
+        true
     }
 
     async fn acquire(&self, claim: &Claim, ticket: &ZkTicket, wait: bool) -> Result<Attempt> {
@@ -483,20 +550,18 @@ impl Inner {
             }
             t.waiting = None;
         }
-        let give_up = Instant::now() + self.session_timeout;
+        let give_up = Instant::now() + self.hub.now().timeout;
         let mut last: Option<Failure> = None;
         loop {
             if Instant::now() >= give_up {
                 let why = last.map_or("no progress".into(), |f| f.to_string());
                 return Err(Failure::Unknown(why).into_error(&format!("lock {lock_path}")));
             }
-            let conn = self.hub.until_up(self.session_timeout).await?;
+            let up = self.hub.until_up(self.hub.now().timeout).await?;
+            let conn = up.conn;
 
-            self.discard_stale(ticket, &lock_path, conn.epoch).await;
-            let node = match self
-                .ensure_node(claim, ticket, &lock_path, conn.epoch)
-                .await?
-            {
+            self.discard_stale(ticket, &lock_path, conn.epoch);
+            let node = match self.ensure_node(claim, ticket, &up, &lock_path).await? {
                 Step::Ready(node) => node,
                 Step::Again(failure) => {
                     last = failure.or(last);
@@ -504,43 +569,46 @@ impl Inner {
                 }
             };
 
-            let sent = Instant::now();
-            let mut kids = match self.zk.children(&lock_path).await {
+            let mut kids = match up.zk.children(&lock_path).await {
                 Ok(kids) => kids,
-                Err(Failure::NoNode) => {
-                    ticket.lock().node = None;
+                Err(f) => {
+                    self.again(ticket, &node, f, &mut last, || format!("list {lock_path}"))?;
                     continue;
                 }
-                Err(f @ Failure::Unknown(_)) => {
-                    last = Some(f);
-                    continue;
-                }
-                Err(f) => return Err(f.into_error(&format!("list {lock_path}"))),
             };
             recipe::sort(&mut kids);
             match recipe::place(&kids, &node.name) {
                 Place::Missing => {
                     // Deleted behind our back, or its session ended: queue again.
-                    ticket.lock().node = None;
+                    self.forget_node(ticket, &node);
                 }
                 Place::Head => {
-                    if !self.hub.register(claim, node.epoch) {
+                    let since = match self.proof(&up, &node).await {
+                        Ok(at) => at,
+                        Err(f) => {
+                            self.again(ticket, &node, f, &mut last, || {
+                                format!("check {}", node.path)
+                            })?;
+                            continue;
+                        }
+                    };
+                    if !self.granted(claim, ticket, &node) {
                         continue;
                     }
-                    ticket.lock().granted = true;
                     return Ok(Attempt::Granted(Grant {
                         fence: fence(&node.stat)?,
-                        valid_until: sent + self.session_timeout,
+                        valid_until: since + conn.timeout,
                     }));
                 }
                 Place::Behind { .. } if !wait => {
                     // A try leaves nothing behind.
-                    match self.zk.delete(&node.path).await {
-                        Ok(()) | Err(Failure::NoNode) => {}
-                        Err(f) => return Err(f.into_error(&format!("delete {}", node.path))),
-                    }
+                    let deleted = up.zk.delete(&node.path).await;
                     let mut t = ticket.lock();
                     t.node = None;
+                    match deleted {
+                        Ok(()) | Err(Failure::NoNode) => self.hub.gone(&node.path),
+                        Err(_) => self.hub.doom(&node.path),
+                    }
                     if std::mem::take(&mut t.entered) {
                         self.parents.leave(&lock_path);
                     }
@@ -549,69 +617,111 @@ impl Inner {
                 Place::Behind {
                     predecessor,
                     predecessor_is_head,
-                } => {
-                    let sent = Instant::now();
-                    match self.zk.watch(&format!("{lock_path}/{predecessor}")).await {
-                        Ok(fired) => {
-                            ticket.lock().waiting = Some(Waiting {
-                                fired,
-                                behind_head: predecessor_is_head,
-                                sent,
-                                seen: conn.changes,
-                            });
-                            return Ok(Attempt::Queued { recheck_at: None });
-                        }
-                        // Gone between the listing and the watch: list again.
-                        Err(Failure::NoNode) => {}
-                        Err(f @ Failure::Unknown(_)) => last = Some(f),
-                        Err(f) => return Err(f.into_error(&format!("watch in {lock_path}"))),
+                } => match up.zk.watch(&format!("{lock_path}/{predecessor}")).await {
+                    Ok(fired) => {
+                        ticket.lock().waiting = Some(Waiting {
+                            fired,
+                            behind_head: predecessor_is_head,
+                            seen: conn.changes,
+                        });
+                        return Ok(Attempt::Queued { recheck_at: None });
                     }
-                }
+                    // Gone between the listing and the watch: list again.
+                    Err(Failure::NoNode) => {}
+                    Err(f @ Failure::Unknown(_)) => last = Some(f),
+                    Err(f) => return Err(f.into_error(&format!("watch in {lock_path}"))),
+                },
             }
         }
     }
 
-    async fn wait(&self, claim: &Claim, ticket: &ZkTicket) -> Result<Option<Grant>> {
+    /// Triage of a failed call on our node inside the acquire loop: `Ok` to go round again
+    /// (the node is gone, so queue with a new one; or the outcome is unknown, so retry), `Err`
+    /// for anything the server refused.
+    fn again(
+        &self,
+        ticket: &ZkTicket,
+        node: &Node,
+        failure: Failure,
+        last: &mut Option<Failure>,
+        what: impl FnOnce() -> String,
+    ) -> Result<()> {
+        match failure {
+            Failure::NoNode => {
+                self.forget_node(ticket, node);
+                Ok(())
+            }
+            f @ Failure::Unknown(_) => {
+                *last = Some(f);
+                Ok(())
+            }
+            f => Err(f.into_error(&what())),
+        }
+    }
+
+    /// Our node is gone: queue again with a new one.
+    fn forget_node(&self, ticket: &ZkTicket, node: &Node) {
+        ticket.lock().node = None;
+        self.hub.gone(&node.path);
+    }
+
+    async fn wait(
+        &self,
+        claim: &Claim,
+        ticket: &ZkTicket,
+        recheck_at: Option<Instant>,
+    ) -> Result<Option<Grant>> {
         let (waiting, node) = {
             let mut t = ticket.lock();
             (t.waiting.take(), t.node.clone())
         };
+        let mut states = self.hub.subscribe();
         let (Some(waiting), Some(node)) = (waiting, node) else {
+            // No watch to wait on (the last attempt failed): sleep until the pause the layer
+            // above asked for, or until the connection changes.
+            let seen = self.hub.now().changes;
+            match recheck_at {
+                Some(at) => tokio::select! {
+                    () = sleep_until(at) => {}
+                    _ = states.wait_for(|c| c.changes != seen) => {}
+                },
+                None => {
+                    let _ = states.wait_for(|c| c.changes != seen).await;
+                }
+            }
             return Ok(None);
         };
-        let mut states = self.hub.subscribe();
         tokio::select! {
             fired = waiting.fired => {
                 // The holder's node went, and only nodes created after ours can have appeared
-                // since our listing: we are the head, no need to list again. The watch came
-                // over the same session, and the call that set it proves the session alive
-                // from `sent` on; list again if that proof is old.
-                let fresh = waiting.sent + self.session_timeout / 3 > Instant::now();
-                let conn = self.hub.now();
-                if fired == Ok(Fired::Deleted)
-                    && waiting.behind_head
-                    && fresh
-                    && conn.up
-                    && conn.epoch == node.epoch
-                    && self.hub.register(claim, node.epoch)
-                {
-                    ticket.lock().granted = true;
-                    return Ok(Some(Grant {
-                        fence: fence(&node.stat)?,
-                        valid_until: waiting.sent + self.session_timeout,
-                    }));
+                // since our listing: we are the head, no need to list again, if the session
+                // is the one our node lives in and was proven alive recently.
+                if fired != Fired::Deleted || !waiting.behind_head {
+                    return Ok(None);
                 }
-                Ok(None)
+                let Some(up) = self.hub.current().filter(|up| up.conn.epoch == node.epoch) else {
+                    return Ok(None);
+                };
+                let Ok(since) = self.proof(&up, &node).await else {
+                    return Ok(None);
+                };
+                if !self.granted(claim, ticket, &node) {
+                    return Ok(None);
+                }
+                Ok(Some(Grant {
+                    fence: fence(&node.stat)?,
+                    valid_until: since + up.conn.timeout,
+                }))
             }
-            // Watches do not survive a reconnect: any change means list again.
-            _ = states.wait_for(|c| c.changes != waiting.seen) => Ok(None),
+            // A reconnect or a new session: list again.
+            () = async { let _ = states.wait_for(|c| c.changes != waiting.seen).await; } => Ok(None),
         }
     }
 
     async fn release(&self, claim: &Claim, ticket: &ZkTicket) -> Result<bool> {
         self.hub.unregister(claim);
         let lock_path = lock_path(claim);
-        let (mut node, mut doubt, granted, entered) = {
+        let (node, doubt, granted, entered) = {
             let mut t = ticket.lock();
             t.waiting = None;
             let doubt = t.unsure.take().and(t.uuid.clone());
@@ -622,78 +732,117 @@ impl Inner {
                 std::mem::take(&mut t.entered),
             )
         };
-        let mut held = granted
-            && node
-                .as_ref()
-                .is_some_and(|n| n.epoch == self.hub.now().epoch);
-        // Retried through a passing outage, up to a session timeout; after that the node goes
-        // with the session (closed at shutdown at the latest).
-        let give_up = Instant::now() + self.session_timeout;
-        let outcome = loop {
-            let patience = give_up.saturating_duration_since(Instant::now());
-            if let Err(e) = self.hub.until_up(patience).await {
-                break Err(e);
-            }
-            if let Some(n) = &node {
-                match self.zk.delete(&n.path).await {
-                    Ok(()) => break Ok(()),
-                    Err(Failure::NoNode) => {
-                        held = false;
-                        break Ok(());
-                    }
-                    Err(Failure::Unknown(why)) if Instant::now() < give_up => {
-                        tracing::debug!(path = %n.path, %why, "zookeeper: delete in doubt, retrying");
-                    }
-                    Err(f) => break Err(f.into_error(&format!("delete {}", n.path))),
-                }
-            } else if let Some(uuid) = &doubt {
-                match self.find_ours(&lock_path, uuid).await {
-                    Ok(Some(name)) => {
-                        node = Some(Node {
-                            path: format!("{lock_path}/{name}"),
-                            name,
-                            stat: NodeStat {
-                                czxid: 0,
-                                session: 0,
-                            },
-                            epoch: 0,
-                        });
-                    }
-                    Ok(None) => {
-                        doubt = None;
-                    }
-                    Err(Failure::Unknown(_)) if Instant::now() < give_up => {}
-                    Err(f) => break Err(f.into_error(&format!("list {lock_path}"))),
-                }
-            } else {
-                break Ok(());
-            }
+        if let Some(uuid) = &doubt {
+            // Whatever that create made goes, found by its prefix, now or after a reconnect.
+            self.hub.doom_doubt(&lock_path, uuid);
+        }
+        let outcome = match &node {
+            Some(node) => self.delete_node(node, granted).await,
+            None => Ok(false),
         };
         if entered {
             self.parents.leave(&lock_path);
         }
-        outcome.map(|()| held)
+        outcome
     }
 
-    async fn renew_one(&self, ticket: &ZkTicket) -> Renewal {
-        let node = ticket.lock().node.clone();
+    /// Deletes our node, through a passing outage, up to a session timeout; after that it is
+    /// left to the guaranteed deletes. Returns whether it still held the lock.
+    async fn delete_node(&self, node: &Node, granted: bool) -> Result<bool> {
         let conn = self.hub.now();
-        let Some(node) = node.filter(|n| n.epoch == conn.epoch) else {
-            return Renewal::NotOwner;
-        };
-        if !conn.up {
-            return Renewal::Failed(
-                Error::new(ErrorKind::Backend, "zookeeper: disconnected").transient(),
-            );
+        if node.epoch != conn.epoch {
+            // Its session was lost, and the hub has doomed the node with it.
+            self.hub.doom(&node.path);
+            return Ok(false);
         }
-        let sent = Instant::now();
-        match self.zk.exists(&node.path).await {
-            Ok(Some(stat)) if stat.session == node.stat.session => {
-                Renewal::Extended(sent + self.session_timeout)
+        let give_up = Instant::now() + conn.timeout;
+        // A delete whose reply was lost may have done its work: a retry that finds nothing
+        // then says nothing about the lock being lost.
+        let mut in_doubt = false;
+        loop {
+            let patience = give_up.saturating_duration_since(Instant::now());
+            let up = match self.hub.until_up(patience).await {
+                Ok(up) => up,
+                Err(e) => {
+                    self.hub.doom(&node.path);
+                    return Err(e);
+                }
+            };
+            if up.conn.epoch != node.epoch {
+                self.hub.doom(&node.path);
+                return Ok(false);
             }
-            Ok(_) | Err(Failure::NoNode) => Renewal::NotOwner,
-            Err(f) => Renewal::Failed(f.into_error(&format!("check {}", node.path))),
+            let sent = Instant::now();
+            match up.zk.delete(&node.path).await {
+                Ok(()) => {
+                    self.hub.gone(&node.path);
+                    self.hub.prove(node.epoch, sent);
+                    return Ok(granted);
+                }
+                Err(Failure::NoNode) => {
+                    self.hub.gone(&node.path);
+                    return Ok(granted && in_doubt);
+                }
+                Err(Failure::Unknown(why)) if Instant::now() < give_up => {
+                    in_doubt = true;
+                    tracing::debug!(path = %node.path, %why, "zookeeper: delete in doubt, retrying");
+                }
+                Err(f) => {
+                    self.hub.doom(&node.path);
+                    return Err(f.into_error(&format!("delete {}", node.path)));
+                }
+            }
         }
+    }
+
+    /// Renews every held claim of the current session with one quorum write (a `multi` of
+    /// `check`s): a renewal that succeeds proves the session alive at the leader when it was
+    /// sent, which a read from a partitioned follower would not.
+    async fn renew(&self, tickets: &[&ZkTicket]) -> Vec<Renewal> {
+        let nodes: Vec<Option<Node>> = tickets.iter().map(|t| t.lock().node.clone()).collect();
+        let Some(up) = self.hub.current() else {
+            let conn = self.hub.now();
+            let down = Error::new(ErrorKind::Backend, "zookeeper: disconnected").transient();
+            return nodes
+                .iter()
+                .map(|n| match n {
+                    Some(n) if n.epoch == conn.epoch => Renewal::Failed(down.clone()),
+                    _ => Renewal::NotOwner,
+                })
+                .collect();
+        };
+        let epoch = up.conn.epoch;
+        let paths: Vec<String> = nodes
+            .iter()
+            .flatten()
+            .filter(|n| n.epoch == epoch)
+            .map(|n| n.path.clone())
+            .collect();
+        let sent = Instant::now();
+        let mut checked = up.zk.check(&paths).await.into_iter();
+        let mut proven = false;
+        let out = nodes
+            .iter()
+            .map(|n| match n {
+                Some(n) if n.epoch == epoch => match checked.next() {
+                    Some(Ok(())) => {
+                        proven = true;
+                        Renewal::Extended(sent + up.conn.timeout)
+                    }
+                    Some(Err(Failure::NoNode)) => Renewal::NotOwner,
+                    Some(Err(f)) => Renewal::Failed(f.into_error(&format!("check {}", n.path))),
+                    None => Renewal::Failed(Error::new(
+                        ErrorKind::Backend,
+                        "zookeeper: missing check result",
+                    )),
+                },
+                _ => Renewal::NotOwner,
+            })
+            .collect();
+        if proven {
+            self.hub.prove(epoch, sent);
+        }
+        out
     }
 }
 
@@ -712,9 +861,9 @@ impl Backend for ZkBackend {
         &self,
         claim: &Claim,
         ticket: &ZkTicket,
-        _recheck_at: Option<Instant>,
+        recheck_at: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        self.inner.wait(claim, ticket).await
+        self.inner.wait(claim, ticket, recheck_at).await
     }
 
     async fn release(&self, claim: &Claim, ticket: &ZkTicket) -> Result<bool> {
@@ -722,12 +871,13 @@ impl Backend for ZkBackend {
     }
 
     async fn renew(&self, claims: &[(&Claim, &ZkTicket)]) -> Vec<Renewal> {
-        futures::future::join_all(claims.iter().map(|(_, t)| self.inner.renew_one(t))).await
+        let tickets: Vec<&ZkTicket> = claims.iter().map(|(_, t)| *t).collect();
+        self.inner.renew(&tickets).await
     }
 
     async fn shutdown(&self) {
         self.inner.parents.flush().await;
-        self.inner.zk.close().await;
+        self.inner.hub.close().await;
     }
 }
 
@@ -740,6 +890,8 @@ mod tests {
         let cases = [
             ZkBackend::builder(""),
             ZkBackend::builder("127.0.0.1:1").session_timeout(Duration::ZERO),
+            // Shorter than any session a client can keep through a GC pause.
+            ZkBackend::builder("127.0.0.1:1").session_timeout(Duration::from_millis(500)),
             ZkBackend::builder("127.0.0.1:1").acl(ZkAcl::CreatorAll),
             ZkBackend::builder("127.0.0.1:1").digest("no-colon"),
         ];

@@ -1,11 +1,12 @@
 //! Lock nodes (the parents of claim nodes) are deleted once nobody here uses them.
 //!
-//! `zookeeper-async` cannot create container nodes (R5), so parents are persistent and would
-//! pile up, one per key ever locked, each counting sequence numbers toward overflow. A parent is
-//! deleted (with its empty ancestors below the namespace) a short while after the last claim of
-//! this backend on it ends; the pause keeps a hot key from paying a delete and a re-create per
-//! acquisition. A parent still in use elsewhere refuses (`NotEmpty`), and an acquirer that finds
-//! its parent gone re-creates it.
+//! Parents are container nodes, which the server reaps once they empty, but only on its own
+//! schedule (every minute by default): one per key ever locked would linger meanwhile, each
+//! counting sequence numbers toward overflow. So a parent is deleted (with its empty ancestors
+//! below the namespace) a short while after the last claim of this backend on it ends; the
+//! pause keeps a hot key from paying a delete and a re-create per acquisition. A parent still
+//! in use elsewhere refuses (`NotEmpty`), and an acquirer that finds its parent gone re-creates
+//! it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,12 +14,13 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use super::client::Zk;
+use super::session::Hub;
 
 /// How long an unused parent stays.
 const LINGER: Duration = Duration::from_secs(1);
 
 pub(super) struct Parents {
-    zk: Arc<dyn Zk>,
+    hub: Arc<Hub>,
     in_use: StdMutex<HashMap<String, Use>>,
     closed: AtomicBool,
 }
@@ -30,9 +32,9 @@ struct Use {
 }
 
 impl Parents {
-    pub(super) fn new(zk: Arc<dyn Zk>) -> Arc<Self> {
+    pub(super) fn new(hub: Arc<Hub>) -> Arc<Self> {
         Arc::new(Self {
-            zk,
+            hub,
             in_use: StdMutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
         })
@@ -104,14 +106,22 @@ impl Parents {
     }
 
     /// Deletes `path`, then each ancestor that became empty, stopping below the namespace node
-    /// and at the first that is not empty (or not there).
+    /// and at the first that is not empty (or not there). Skipped while disconnected: the
+    /// server reaps empty containers on its own.
     async fn delete_upward(&self, path: &str) {
-        let mut at = path;
-        while at.rfind('/').is_some_and(|i| i > 0) {
-            if self.zk.delete(at).await.is_err() {
-                return;
-            }
-            at = &at[..at.rfind('/').unwrap_or(0)];
+        let Some(up) = self.hub.current() else {
+            return;
+        };
+        delete_upward(&*up.zk, path).await;
+    }
+}
+
+async fn delete_upward(zk: &dyn Zk, path: &str) {
+    let mut at = path;
+    while at.rfind('/').is_some_and(|i| i > 0) {
+        if zk.delete(at).await.is_err() {
+            return;
         }
+        at = &at[..at.rfind('/').unwrap_or(0)];
     }
 }

@@ -1,58 +1,119 @@
-//! The connection-state hub: one task per backend that turns the client's connection states
+//! The session hub: one task per backend that owns the ZooKeeper session and turns its states
 //! into what locks need to know.
 //!
-//! - Every change bumps a counter that waiters watch: `zookeeper-async` does not restore
-//!   watches after a reconnect (R1), so a waiter re-lists on every change instead of trusting
-//!   its predecessor watch.
-//! - An *epoch* numbers the sessions. It moves on when the server says the session expired
-//!   (R2), or when we have been disconnected for a whole session timeout (R3, the way Curator
-//!   simulates LOST). Every lock granted in an older epoch is marked lost at that moment.
-//! - Digest auth is sent again after every reconnect, before anyone is told the link is up (R8).
+//! - Every change bumps a counter that waiters watch: a waiter lists again after any change.
+//! - An *epoch* numbers the sessions. The hub declares a session lost when the server ends it
+//!   (expired, refused), or when we have been disconnected for a whole granted session timeout
+//!   (the way Curator simulates LOST). Then every lock granted in it is marked lost, the
+//!   session's client is dropped (which closes it, so a server restarted on its data cannot
+//!   bring it back to life with our abandoned nodes in it), and a new session is opened.
+//! - Every node is tracked with the epoch it was made in. The nodes of a lost session, and any
+//!   node whose delete failed, go to a guaranteed-delete set: retried at every reconnect and,
+//!   while connected, with a back-off, until each is gone (Curator's `delete().guaranteed()`).
+//! - The last write that went through the quorum is remembered per session: it proves the
+//!   session alive when it was sent, so a grant is valid for a session timeout from then.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
-use tokio::time::{sleep_until, Instant};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::{sleep, sleep_until, Instant};
 
-use super::client::{Link, Zk};
+use super::client::{self, Failure, Link, Settings, Zk};
+use super::recipe;
 use crate::backend::Claim;
 use crate::error::{Error, ErrorKind, Result};
+
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(1);
+const CLEANUP_MIN: Duration = Duration::from_millis(100);
+const CLEANUP_MAX: Duration = Duration::from_secs(5);
+/// How long `close` waits for the server to confirm the session is closed.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// What waiters and the recipe see of the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Conn {
     /// The session number. Nodes made in an older epoch are gone or about to go.
     pub(super) epoch: u64,
-    /// Connected, with auth re-sent.
+    /// Connected.
     pub(super) up: bool,
     /// `shutdown` closed the session.
     pub(super) closed: bool,
     /// Bumped on every change; waiters wake when it moves.
     pub(super) changes: u64,
+    /// The session timeout the server granted to the current session.
+    pub(super) timeout: Duration,
+}
+
+/// A live session, with the state it was read with.
+pub(super) struct Up {
+    pub(super) conn: Conn,
+    pub(super) zk: Arc<dyn Zk>,
+}
+
+/// A node to delete whatever happens: by path, or by the protection prefix of a create whose
+/// outcome is unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Doomed {
+    Path(String),
+    Prefix { lock_path: String, uuid: String },
+}
+
+#[derive(Default)]
+struct Nodes {
+    /// Nodes we made, by path, with their epoch.
+    live: HashMap<String, u64>,
+    /// Creates in doubt, by protection UUID: (epoch, lock path).
+    doubts: HashMap<String, (u64, String)>,
+    doomed: Vec<Doomed>,
 }
 
 pub(super) struct Hub {
     state: watch::Sender<Conn>,
+    /// The current session. Changed together with `state` (under this lock), so a reader of
+    /// both sees them agree.
+    session: StdMutex<Option<Arc<dyn Zk>>>,
     /// Granted claims by owner token, with the epoch they were granted in. The lock also
     /// orders registration against epoch changes.
     held: StdMutex<HashMap<Arc<str>, (u64, Claim)>>,
-    session_timeout: Duration,
+    nodes: StdMutex<Nodes>,
+    /// When the last quorum write of the current epoch was sent.
+    proven: StdMutex<Option<(u64, Instant)>>,
+    cleanup: Arc<Notify>,
+    links: mpsc::UnboundedSender<(u64, Link)>,
+    settings: Settings,
+}
+
+fn locked<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Hub {
-    pub(super) fn new(session_timeout: Duration) -> Arc<Self> {
-        Arc::new(Self {
+    /// Opens the first session and starts the hub's tasks.
+    pub(super) async fn start(settings: Settings) -> Result<Arc<Self>> {
+        let (links, links_rx) = mpsc::unbounded_channel();
+        let zk = client::connect(&settings, 1, links.clone()).await?;
+        let hub = Arc::new(Self {
             state: watch::Sender::new(Conn {
                 epoch: 1,
-                up: false,
+                up: true,
                 closed: false,
                 changes: 0,
+                timeout: zk.session_timeout(),
             }),
+            session: StdMutex::new(Some(zk)),
             held: StdMutex::new(HashMap::new()),
-            session_timeout,
-        })
+            nodes: StdMutex::new(Nodes::default()),
+            proven: StdMutex::new(None),
+            cleanup: Arc::new(Notify::new()),
+            links,
+            settings,
+        });
+        tokio::spawn(run(Arc::downgrade(&hub), links_rx));
+        tokio::spawn(cleanup(Arc::downgrade(&hub), hub.cleanup.clone()));
+        Ok(hub)
     }
 
     pub(super) fn now(&self) -> Conn {
@@ -63,34 +124,51 @@ impl Hub {
         self.state.subscribe()
     }
 
+    /// The current session if connected, with the state it goes with.
+    pub(super) fn current(&self) -> Option<Up> {
+        let session = locked(&self.session);
+        let conn = self.now();
+        match (&*session, conn.up && !conn.closed) {
+            (Some(zk), true) => Some(Up {
+                conn,
+                zk: zk.clone(),
+            }),
+            _ => None,
+        }
+    }
+
     /// Waits until connected, at most `patience`.
     ///
     /// # Errors
     ///
     /// A transient backend error if the link stays down, a closed error after `shutdown`.
-    pub(super) async fn until_up(&self, patience: Duration) -> Result<Conn> {
+    pub(super) async fn until_up(&self, patience: Duration) -> Result<Up> {
+        let deadline = Instant::now() + patience;
         let mut rx = self.state.subscribe();
-        let conn = match tokio::time::timeout(patience, rx.wait_for(|c| c.up || c.closed)).await {
-            Ok(Ok(conn)) => *conn,
-            Ok(Err(_)) => return Err(Error::closed()),
-            Err(_) => {
+        loop {
+            if rx.borrow_and_update().closed {
+                return Err(Error::closed());
+            }
+            if let Some(up) = self.current() {
+                return Ok(up);
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
                 return Err(Error::new(
                     ErrorKind::Backend,
                     format!("zookeeper: not connected for {patience:?}"),
                 )
-                .transient())
+                .transient());
             }
-        };
-        if conn.closed {
-            return Err(Error::closed());
         }
-        Ok(conn)
     }
 
     /// Records a grant made in `epoch`. False if the epoch has moved on meanwhile: the node is
     /// gone with its session and the grant must not be reported.
     pub(super) fn register(&self, claim: &Claim, epoch: u64) -> bool {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = locked(&self.held);
         if self.now().epoch != epoch {
             return false;
         }
@@ -98,11 +176,73 @@ impl Hub {
         true
     }
 
+    /// Whether `claim` holds its lock in the current session.
+    pub(super) fn holds(&self, claim: &Claim) -> bool {
+        locked(&self.held).contains_key(claim.owner())
+    }
+
     pub(super) fn unregister(&self, claim: &Claim) {
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(claim.owner());
+        locked(&self.held).remove(claim.owner());
+    }
+
+    /// A node we made in `epoch`.
+    pub(super) fn made(&self, epoch: u64, path: &str) {
+        locked(&self.nodes).live.insert(path.to_owned(), epoch);
+    }
+
+    /// A node of ours is gone (deleted, or found missing).
+    pub(super) fn gone(&self, path: &str) {
+        locked(&self.nodes).live.remove(path);
+    }
+
+    /// A create was sent in `epoch` whose outcome may stay unknown.
+    pub(super) fn doubt(&self, epoch: u64, lock_path: &str, uuid: &str) {
+        locked(&self.nodes)
+            .doubts
+            .insert(uuid.to_owned(), (epoch, lock_path.to_owned()));
+    }
+
+    /// The create in doubt was settled (its node found and tracked, or known not to exist).
+    pub(super) fn settled(&self, uuid: &str) {
+        locked(&self.nodes).doubts.remove(uuid);
+    }
+
+    /// `path` must go, whatever happens to its session.
+    pub(super) fn doom(&self, path: &str) {
+        let mut nodes = locked(&self.nodes);
+        nodes.live.remove(path);
+        nodes.doomed.push(Doomed::Path(path.to_owned()));
+        drop(nodes);
+        self.cleanup.notify_one();
+    }
+
+    /// Whatever node a create with protection UUID `uuid` made under `lock_path` must go.
+    pub(super) fn doom_doubt(&self, lock_path: &str, uuid: &str) {
+        let mut nodes = locked(&self.nodes);
+        nodes.doubts.remove(uuid);
+        nodes.doomed.push(Doomed::Prefix {
+            lock_path: lock_path.to_owned(),
+            uuid: uuid.to_owned(),
+        });
+        drop(nodes);
+        self.cleanup.notify_one();
+    }
+
+    /// A write through the quorum, sent at `sent` in `epoch`, succeeded.
+    pub(super) fn prove(&self, epoch: u64, sent: Instant) {
+        let mut proven = locked(&self.proven);
+        match *proven {
+            Some((e, at)) if e == epoch && at >= sent => {}
+            _ if self.now().epoch == epoch => *proven = Some((epoch, sent)),
+            _ => {}
+        }
+    }
+
+    /// When the last quorum write of `epoch` was sent.
+    pub(super) fn proven(&self, epoch: u64) -> Option<Instant> {
+        locked(&self.proven)
+            .filter(|(e, _)| *e == epoch)
+            .map(|(_, at)| at)
     }
 
     fn publish(&self, change: impl FnOnce(&mut Conn)) {
@@ -112,13 +252,43 @@ impl Hub {
         });
     }
 
-    /// The session is gone (or must be assumed gone): a new epoch, and every grant of the old
-    /// one is lost.
+    /// The session is gone (or must be assumed gone): every grant of it is lost, its nodes
+    /// are doomed, and its client is dropped so that it closes for good.
     fn lose_session(&self, why: &str) {
-        let lost: Vec<Claim> = {
-            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            self.publish(|c| c.epoch += 1);
-            held.drain().map(|(_, (_, claim))| claim).collect()
+        let (lost, old) = {
+            let mut held = locked(&self.held);
+            let mut session = locked(&self.session);
+            let old_epoch = self.now().epoch;
+            self.publish(|c| {
+                c.epoch += 1;
+                c.up = false;
+            });
+            let old = session.take();
+            let mut nodes = locked(&self.nodes);
+            let Nodes {
+                live,
+                doubts,
+                doomed,
+            } = &mut *nodes;
+            live.retain(|path, epoch| {
+                let keep = *epoch != old_epoch;
+                if !keep {
+                    doomed.push(Doomed::Path(path.clone()));
+                }
+                keep
+            });
+            doubts.retain(|uuid, (epoch, lock_path)| {
+                let keep = *epoch != old_epoch;
+                if !keep {
+                    doomed.push(Doomed::Prefix {
+                        lock_path: lock_path.clone(),
+                        uuid: uuid.clone(),
+                    });
+                }
+                keep
+            });
+            let lost: Vec<Claim> = held.drain().map(|(_, (_, claim))| claim).collect();
+            (lost, old)
         };
         if !lost.is_empty() {
             tracing::warn!(
@@ -129,68 +299,197 @@ impl Hub {
         for claim in lost {
             claim.mark_lost();
         }
+        drop(old);
     }
 
-    /// Marks the link up after a call proved it, in case the first `Connected` state came
-    /// before the listener was installed.
-    pub(super) fn confirm_up(&self) {
-        if !self.now().up {
-            self.publish(|c| c.up = true);
+    /// Puts a new session in place (its epoch was set when the old one was lost).
+    fn install(&self, zk: Arc<dyn Zk>) {
+        let mut session = locked(&self.session);
+        let timeout = zk.session_timeout();
+        *session = Some(zk);
+        self.publish(|c| {
+            c.up = true;
+            c.timeout = timeout;
+        });
+        drop(session);
+        self.cleanup.notify_one();
+    }
+
+    /// Closes the session for good: waiters get `Closed`, held locks are lost. Returns once
+    /// the server confirmed the close, or after a short wait.
+    pub(super) async fn close(&self) {
+        let (session, lost) = {
+            let mut held = locked(&self.held);
+            let mut session = locked(&self.session);
+            self.publish(|c| {
+                c.up = false;
+                c.closed = true;
+            });
+            let lost: Vec<Claim> = held.drain().map(|(_, (_, claim))| claim).collect();
+            (session.take(), lost)
+        };
+        for claim in lost {
+            claim.mark_lost();
+        }
+        if let Some(zk) = session {
+            let done = zk.closed();
+            drop(zk);
+            let _ = tokio::time::timeout(CLOSE_WAIT, done).await;
         }
     }
+}
 
-    /// Follows the client's states until it closes. Holds the client weakly so that dropping
-    /// the backend still closes the session.
-    pub(super) async fn run(
-        self: Arc<Self>,
-        zk: Weak<dyn Zk>,
-        mut links: mpsc::UnboundedReceiver<Link>,
-    ) {
-        // When the current outage began, and whether it already cost the session.
-        let mut down_since: Option<Instant> = None;
-        let mut lost_this_outage = false;
-        loop {
-            let expiry = down_since.map(|t| t + self.session_timeout);
-            let link = tokio::select! {
-                link = links.recv() => link,
-                () = sleep_until(expiry.unwrap_or_else(Instant::now)), if expiry.is_some() && !lost_this_outage => {
-                    lost_this_outage = true;
-                    self.lose_session("disconnected for longer than the session timeout");
-                    continue;
-                }
-            };
-            match link {
-                Some(Link::Down) => {
-                    down_since.get_or_insert_with(Instant::now);
-                    self.publish(|c| c.up = false);
-                }
-                Some(Link::Expired) => {
-                    if !lost_this_outage {
-                        lost_this_outage = true;
-                        self.lose_session("expired");
+/// Follows the current session's states; declares it lost when it ends or stays down for a
+/// session timeout, then opens the next one. Holds the hub weakly, so that dropping the
+/// backend still closes the session.
+async fn run(hub: Weak<Hub>, mut links: mpsc::UnboundedReceiver<(u64, Link)>) {
+    // When the current outage began.
+    let mut down_since: Option<Instant> = None;
+    loop {
+        let Some(conn) = hub.upgrade().map(|h| h.now()) else {
+            return;
+        };
+        if conn.closed {
+            return;
+        }
+        let expiry = down_since.map(|t| t + conn.timeout);
+        let event = tokio::select! {
+            link = links.recv() => match link {
+                Some(link) => Some(link),
+                None => return,
+            },
+            () = sleep_until(expiry.unwrap_or_else(Instant::now)), if expiry.is_some() => None,
+        };
+        let Some(h) = hub.upgrade() else { return };
+        match event {
+            // News of a session already replaced.
+            Some((epoch, _)) if epoch != conn.epoch => {}
+            Some((_, Link::Up)) => {
+                down_since = None;
+                h.publish(|c| c.up = true);
+                h.cleanup.notify_one();
+            }
+            Some((_, Link::Down)) => {
+                down_since.get_or_insert_with(Instant::now);
+                h.publish(|c| c.up = false);
+            }
+            Some((_, Link::Gone)) => {
+                down_since = None;
+                h.lose_session("ended by the server");
+                drop(h);
+                reconnect(&hub).await;
+            }
+            None => {
+                down_since = None;
+                h.lose_session("disconnected for longer than the session timeout");
+                drop(h);
+                reconnect(&hub).await;
+            }
+        }
+    }
+}
+
+/// Opens a new session, retrying with a growing pause, until it works or the hub closes.
+async fn reconnect(hub: &Weak<Hub>) {
+    let mut pause = RECONNECT_MIN;
+    loop {
+        let Some(h) = hub.upgrade() else { return };
+        let conn = h.now();
+        if conn.closed {
+            return;
+        }
+        let mut closing = h.subscribe();
+        let settings = h.settings.clone();
+        let links = h.links.clone();
+        drop(h);
+        let attempt = tokio::select! {
+            r = client::connect(&settings, conn.epoch, links) => r,
+            _ = closing.wait_for(|c| c.closed) => return,
+        };
+        match attempt {
+            Ok(zk) => {
+                if let Some(h) = hub.upgrade() {
+                    if !h.now().closed {
+                        h.install(zk);
                     }
-                    down_since.get_or_insert_with(Instant::now);
-                    self.publish(|c| c.up = false);
                 }
-                Some(Link::Up) => {
-                    if let Some(zk) = zk.upgrade() {
-                        if let Err(e) = zk.authenticate().await {
-                            tracing::error!(error = %e, "zookeeper: re-sending digest auth failed");
-                        }
-                    }
-                    down_since = None;
-                    lost_this_outage = false;
-                    self.publish(|c| c.up = true);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, pause = ?pause, "zookeeper: no new session yet");
+            }
+        }
+        tokio::select! {
+            () = sleep(pause) => {}
+            _ = closing.wait_for(|c| c.closed) => return,
+        }
+        pause = (pause * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// Deletes doomed nodes whenever connected: woken by a reconnect or a new doomed node, and
+/// again after a growing pause while some deletes fail.
+async fn cleanup(hub: Weak<Hub>, wake: Arc<Notify>) {
+    let mut pause: Option<Duration> = None;
+    loop {
+        match pause {
+            Some(p) => {
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = sleep(p) => {}
                 }
-                Some(Link::Closed) | None => {
-                    self.lose_session("closed");
-                    self.publish(|c| {
-                        c.up = false;
-                        c.closed = true;
-                    });
-                    return;
+            }
+            None => wake.notified().await,
+        }
+        let Some(h) = hub.upgrade() else { return };
+        if h.now().closed {
+            return;
+        }
+        let Some(up) = h.current() else {
+            // A reconnect wakes us.
+            continue;
+        };
+        let work = std::mem::take(&mut locked(&h.nodes).doomed);
+        if work.is_empty() {
+            pause = None;
+            continue;
+        }
+        let mut failed = Vec::new();
+        for doomed in work {
+            match delete_doomed(&*up.zk, &doomed).await {
+                Ok(()) => {}
+                Err(Failure::Unknown(_)) => failed.push(doomed),
+                Err(f) => {
+                    tracing::warn!(node = ?doomed, failure = %f, "zookeeper: giving up a guaranteed delete");
                 }
             }
         }
+        if failed.is_empty() {
+            pause = None;
+        } else {
+            locked(&h.nodes).doomed.extend(failed);
+            pause = Some(pause.map_or(CLEANUP_MIN, |p| (p * 2).min(CLEANUP_MAX)));
+        }
+    }
+}
+
+async fn delete_doomed(zk: &dyn Zk, doomed: &Doomed) -> client::Outcome<()> {
+    let path = match doomed {
+        Doomed::Path(path) => path.clone(),
+        Doomed::Prefix { lock_path, uuid } => {
+            let prefix = recipe::protection_prefix(uuid);
+            match zk.children(lock_path).await {
+                Ok(kids) => match kids.into_iter().find(|k| k.starts_with(&prefix)) {
+                    Some(name) => format!("{lock_path}/{name}"),
+                    None => return Ok(()),
+                },
+                Err(Failure::NoNode) => return Ok(()),
+                Err(f) => return Err(f),
+            }
+        }
+    };
+    match zk.delete(&path).await {
+        Ok(()) | Err(Failure::NoNode) => Ok(()),
+        Err(f) => Err(f),
     }
 }
