@@ -395,8 +395,9 @@ const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
 
 const ZK_LOGS: &[&str] = &["zookeeper.log", "zookeeper.err"];
 
-/// `java ... ZooKeeperServerMain zoo.cfg` for a port and directory (writes the config).
-fn zk_command(port: u16, dir: &Path) -> (PathBuf, Vec<String>) {
+/// `java ... ZooKeeperServerMain zoo.cfg` for a port and directory (writes the config, with
+/// `extra` settings appended: later lines win).
+fn zk_command(port: u16, dir: &Path, extra: &[(String, String)]) -> (PathBuf, Vec<String>) {
     let java = require_binary("java");
     let jar = require_file(ZK_JAR);
     let mut classpath = jar.display().to_string();
@@ -416,8 +417,13 @@ fn zk_command(port: u16, dir: &Path) -> (PathBuf, Vec<String>) {
              maxSessionTimeout=60000\n\
              maxClientCnxns=0\n\
              admin.enableServer=false\n\
-             4lw.commands.whitelist=*\n",
+             4lw.commands.whitelist=*\n\
+             {extra}",
             data = dir.join("data").display(),
+            extra = extra
+                .iter()
+                .map(|(k, v)| format!("{k}={v}\n"))
+                .collect::<String>(),
         ),
     )
     .expect("write zoo.cfg");
@@ -448,14 +454,34 @@ pub struct ZkServer {
     process: Supervised,
     port: u16,
     dir: tempfile::TempDir,
+    extra: Vec<(String, String)>,
 }
 
 impl ZkServer {
     /// Starts a server and waits until `srvr` says it serves requests. Panics with its log if it
     /// does not, and with the install hint if Java or the ZooKeeper jars are missing.
     pub fn start() -> Self {
-        let (process, port, dir) = launch("ZooKeeper", ZK_LOGS, zk_command, zk_ready);
-        Self { process, port, dir }
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `zoo.cfg` settings (e.g. `maxSessionTimeout`).
+    pub fn start_with(extra: &[(&str, &str)]) -> Self {
+        let extra: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (process, port, dir) = launch(
+            "ZooKeeper",
+            ZK_LOGS,
+            |port, dir| zk_command(port, dir, &extra),
+            zk_ready,
+        );
+        Self {
+            process,
+            port,
+            dir,
+            extra,
+        }
     }
 
     /// Stops the server (SIGKILL), runs `down`, and starts it again on the same port and data
@@ -463,7 +489,7 @@ impl ZkServer {
     pub fn restart_after(&mut self, down: impl FnOnce()) {
         self.process.stop();
         down();
-        let (java, args) = zk_command(self.port, self.dir.path());
+        let (java, args) = zk_command(self.port, self.dir.path(), &self.extra);
         self.process = respawn(
             "ZooKeeper",
             &java,

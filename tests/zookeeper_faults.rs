@@ -1,0 +1,186 @@
+//! Faults against real ZooKeeper servers: a session timeout the server caps, a server down
+//! longer than the sessions (then back on its data directory, reviving them), a holder's node
+//! deleted behind its back. The promises checked: a stale holder is told before anyone else is
+//! granted, and no key stays blocked longer than a session timeout after the server returns.
+#![cfg(feature = "zookeeper")]
+
+mod support;
+
+use std::time::Duration;
+
+use distlock::backend::ZkBackend;
+use distlock::LockClient;
+use support::contract::{partition_then_handover, spawn_timed_lock};
+use support::proxy::Proxy;
+use support::{shared_zookeeper, ZkServer};
+use tokio::time::{sleep, timeout, Instant};
+use zookeeper_client::Client as ZooKeeper;
+
+async fn backend(connect: &str, session: Duration) -> ZkBackend {
+    ZkBackend::builder(connect)
+        .session_timeout(session)
+        .call_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn client(connect: &str, ns: &str, session: Duration) -> LockClient {
+    let backend = backend(connect, session).await;
+    let ttl = backend.session_timeout();
+    LockClient::builder(backend)
+        .namespace(ns)
+        .ttl(ttl)
+        .build()
+        .unwrap()
+}
+
+async fn raw(connect: &str) -> ZooKeeper {
+    timeout(
+        Duration::from_secs(10),
+        ZooKeeper::connector()
+            .with_session_timeout(Duration::from_secs(10))
+            .connect(connect),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+}
+
+async fn until_contenders(zk: &ZooKeeper, path: &str, n: usize) {
+    timeout(Duration::from_secs(10), async {
+        while zk.list_children(path).await.unwrap_or_default().len() != n {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("expected {n} contenders under {path}"));
+}
+
+/// Item 3: the server grants a shorter session than asked for; the holder's lease must follow
+/// the granted one, so a partitioned holder learns it lost the lock before anyone else gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_the_server_caps_bounds_the_lease() {
+    let ns = test_namespace!();
+    let server = ZkServer::start_with(&[("maxSessionTimeout", "2000")]);
+    let granted = Duration::from_secs(2);
+    let proxy = Proxy::start(server.port());
+    let behind = backend(
+        &format!("127.0.0.1:{}", proxy.port()),
+        Duration::from_secs(6),
+    )
+    .await;
+    let reported = behind.session_timeout();
+    let holder = LockClient::builder(behind)
+        .namespace(&ns)
+        .ttl(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let direct = client(&server.connect_string(), &ns, granted).await;
+    let zk = raw(&server.connect_string()).await;
+
+    let held = holder.mutex("k").lock().await.unwrap();
+    let waiter = spawn_timed_lock(direct.mutex("k"));
+    until_contenders(&zk, &format!("/{ns}/k"), 2).await;
+
+    let (guard, lost, granted_after) =
+        partition_then_handover(&proxy, &held, waiter, Duration::from_secs(15)).await;
+    println!("partition: holder lost at {lost:?}, waiter granted at {granted_after:?}");
+    assert_eq!(
+        reported, granted,
+        "the backend must report the granted session timeout"
+    );
+    proxy.heal();
+    drop(held);
+    guard.release().await.unwrap();
+    direct.shutdown().await;
+    holder.shutdown().await;
+}
+
+/// Item 4: a server down longer than the sessions, then restarted on its data directory (which
+/// revives the old sessions): locks abandoned during the outage must not block their keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_revived_by_a_restart_do_not_block_keys() {
+    let ns = test_namespace!();
+    let mut server = ZkServer::start();
+    let connect = server.connect_string();
+    let session = Duration::from_secs(4);
+    let c1 = client(&connect, &ns, session).await;
+    let c2 = client(&connect, &ns, session).await;
+    let c3 = client(&connect, &ns, session).await;
+    let c4 = client(&connect, &ns, session).await;
+    let zk = raw(&connect).await;
+
+    let a = c1.mutex("a").lock().await.unwrap();
+    let b = c2.mutex("b").lock().await.unwrap();
+    let b_waiter = tokio::spawn(c3.mutex("b").lock());
+    let a_waiter = tokio::spawn(c4.mutex("a").lock());
+    until_contenders(&zk, &format!("/{ns}/a"), 2).await;
+    until_contenders(&zk, &format!("/{ns}/b"), 2).await;
+    drop(zk);
+    // Let both waiters finish queueing (list, watch): a first attempt cut short by the outage
+    // would report it, where a queued waiter rides it out.
+    sleep(Duration::from_millis(300)).await;
+
+    // Down for 6.8 s, well past the 4 s sessions; back on the same data.
+    let restart = tokio::task::spawn_blocking(move || {
+        server.restart_after(|| std::thread::sleep(Duration::from_millis(6800)));
+        (server, Instant::now())
+    });
+    sleep(Duration::from_millis(500)).await;
+    // During the outage: a holder gives up its lock, another drops its guard, a waiter is
+    // cancelled. None of their nodes can be deleted now.
+    drop(a);
+    drop(b);
+    a_waiter.abort();
+    let (_server, back) = restart.await.unwrap();
+
+    let c5 = client(&connect, &ns, session).await;
+    let fresh = c5
+        .mutex("a")
+        .lock_timeout(session + Duration::from_secs(3))
+        .await
+        .expect("a key abandoned during the outage stayed blocked after the server returned");
+    let a_free = back.elapsed();
+    let b_guard = timeout(session + Duration::from_secs(3), b_waiter)
+        .await
+        .expect("the waiter on the other key never got it")
+        .unwrap()
+        .unwrap();
+    let b_free = back.elapsed();
+    println!("server back: key a free after {a_free:?}, key b after {b_free:?}");
+    assert!(
+        a_free <= session + Duration::from_secs(1) && b_free <= session + Duration::from_secs(1),
+        "keys free {a_free:?} / {b_free:?} after the server returned (session {session:?})"
+    );
+    drop((fresh, b_guard));
+    for c in [c1, c2, c3, c4, c5] {
+        c.shutdown().await;
+    }
+}
+
+/// Item 10: a holder whose node is deleted behind its back is told at once, not at its next
+/// renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_holder_node_is_noticed_at_once() {
+    let ns = test_namespace!();
+    let connect = shared_zookeeper().connect_string();
+    let c = client(&connect, &ns, Duration::from_secs(6)).await;
+    let zk = raw(&connect).await;
+    let guard = c.mutex("k").lock().await.unwrap();
+    let path = format!("/{ns}/k");
+    let node = zk.list_children(&path).await.unwrap().remove(0);
+    let deleted = Instant::now();
+    zk.delete(&format!("{path}/{node}"), None).await.unwrap();
+    timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost() never resolved");
+    // The first renewal is a third of the 6 s session away.
+    assert!(
+        deleted.elapsed() < Duration::from_millis(500),
+        "noticed {:?} after the delete",
+        deleted.elapsed()
+    );
+    drop(guard);
+    c.shutdown().await;
+}
