@@ -385,7 +385,14 @@ async fn a_partition_longer_than_the_session_loses_the_lock_before_anyone_else_g
     let waiter = spawn_timed_lock(direct.mutex("k"));
     until_contenders(&zk, &format!("/{ns}/k"), 2).await;
 
-    let (guard, lost, _) = partition_then_handover(&proxy, &held, waiter, session * 4).await;
+    let (guard, lost, _) = partition_then_handover(
+        // Packets vanish; the TCP connection looks alive to both ends.
+        || proxy.blackhole(),
+        &held,
+        waiter,
+        session * 4,
+    )
+    .await;
     assert!(lost <= session + Duration::from_millis(500), "{lost:?}");
     assert!(guard.fencing_token() > fence);
     proxy.heal();

@@ -11,6 +11,7 @@ use std::time::Duration;
 use distlock::backend::ZkBackend;
 use distlock::LockClient;
 use support::contract::{partition_then_handover, spawn_timed_lock};
+use support::ensemble::ZkEnsemble;
 use support::proxy::Proxy;
 use support::{shared_zookeeper, ZkServer};
 use tokio::time::{sleep, timeout, Instant};
@@ -84,7 +85,7 @@ async fn a_session_the_server_caps_bounds_the_lease() {
     until_contenders(&zk, &format!("/{ns}/k"), 2).await;
 
     let (guard, lost, granted_after) =
-        partition_then_handover(&proxy, &held, waiter, Duration::from_secs(15)).await;
+        partition_then_handover(|| proxy.blackhole(), &held, waiter, Duration::from_secs(15)).await;
     println!("partition: holder lost at {lost:?}, waiter granted at {granted_after:?}");
     assert_eq!(
         reported, granted,
@@ -183,4 +184,40 @@ async fn a_deleted_holder_node_is_noticed_at_once() {
     );
     drop(guard);
     c.shutdown().await;
+}
+
+/// Item 10: on an ensemble, a lease must not be renewed by a follower cut off from the leader.
+/// Such a follower goes on answering reads (until `syncLimit` runs out) while the leader,
+/// hearing nothing of the session, expires it and grants the lock to someone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_off_from_the_leader_cannot_renew_a_lease() {
+    let ns = test_namespace!();
+    // The cut-off follower serves on for 20 ticks (10 s), far past the 2 s session.
+    let ensemble = ZkEnsemble::start(20);
+    let leader = ensemble.leader();
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let other = (0..3).find(|i| *i != leader && *i != follower).unwrap();
+    let session = Duration::from_secs(2);
+    // The holder knows only the follower; the waiter only the other follower.
+    let holder = client(&ensemble.member(follower), &ns, session).await;
+    let direct = client(&ensemble.member(other), &ns, session).await;
+    let zk = raw(&ensemble.member(leader)).await;
+
+    let held = holder.mutex("k").lock().await.unwrap();
+    let waiter = spawn_timed_lock(direct.mutex("k"));
+    until_contenders(&zk, &format!("/{ns}/k"), 2).await;
+
+    let (guard, lost, granted_after) = partition_then_handover(
+        || ensemble.partition(follower, leader),
+        &held,
+        waiter,
+        Duration::from_secs(20),
+    )
+    .await;
+    println!("follower cut off: holder lost at {lost:?}, waiter granted at {granted_after:?}");
+    ensemble.heal(follower, leader);
+    drop(held);
+    guard.release().await.unwrap();
+    direct.shutdown().await;
+    holder.shutdown().await;
 }

@@ -172,18 +172,18 @@ pub fn spawn_timed_lock(
     })
 }
 
-/// The partition check: `held` reaches its server through `proxy`, `waiter` (from
-/// [`spawn_timed_lock`]) is queued behind it. Blackholes the proxy, waits for both the holder's
-/// `lost()` and the waiter's grant, and asserts the holder learned first. Returns the waiter's
-/// guard and, from the cut, when the holder learned and when the waiter was granted.
+/// The partition check: `waiter` (from [`spawn_timed_lock`]) is queued behind `held`. Runs
+/// `cut` (which partitions the holder from the quorum, e.g. a proxy blackhole), waits for both
+/// the holder's `lost()` and the waiter's grant, and asserts the holder learned first. Returns
+/// the waiter's guard and, from the cut, when the holder learned and when the waiter was
+/// granted.
 pub async fn partition_then_handover(
-    proxy: &super::proxy::Proxy,
+    cut: impl FnOnce(),
     held: &distlock::MutexGuard,
     waiter: tokio::task::JoinHandle<(tokio::time::Instant, distlock::Result<distlock::MutexGuard>)>,
     limit: Duration,
 ) -> (distlock::MutexGuard, Duration, Duration) {
-    // Packets vanish; the TCP connection looks alive to both ends.
-    proxy.blackhole();
+    cut();
     let cut = tokio::time::Instant::now();
     let lost = async {
         held.lost().await;

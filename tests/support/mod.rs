@@ -8,6 +8,7 @@
 
 pub mod contract;
 pub mod curator;
+pub mod ensemble;
 pub mod holder;
 pub mod proxy;
 
@@ -398,6 +399,21 @@ const ZK_LOGS: &[&str] = &["zookeeper.log", "zookeeper.err"];
 /// `java ... ZooKeeperServerMain zoo.cfg` for a port and directory (writes the config, with
 /// `extra` settings appended: later lines win).
 fn zk_command(port: u16, dir: &Path, extra: &[(String, String)]) -> (PathBuf, Vec<String>) {
+    zk_command_with(
+        port,
+        dir,
+        extra,
+        "org.apache.zookeeper.server.ZooKeeperServerMain",
+    )
+}
+
+/// Like [`zk_command`], running `main` (`QuorumPeerMain` for an ensemble member).
+fn zk_command_with(
+    port: u16,
+    dir: &Path,
+    extra: &[(String, String)],
+    main: &str,
+) -> (PathBuf, Vec<String>) {
     let java = require_binary("java");
     let jar = require_file(ZK_JAR);
     let mut classpath = jar.display().to_string();
@@ -437,7 +453,7 @@ fn zk_command(port: u16, dir: &Path, extra: &[(String, String)]) -> (PathBuf, Ve
         "-Dzookeeper.admin.enableServer=false".into(),
         "-cp".into(),
         classpath,
-        "org.apache.zookeeper.server.ZooKeeperServerMain".into(),
+        main.into(),
         cfg.display().to_string(),
     ];
     (java, args)
