@@ -12,8 +12,9 @@
 //!
 //! `server_ops_per_acq` is the INFO `total_commands_processed` delta per acquisition, which
 //! counts the calls a Lua script makes inside the server too; a second line, starting with `#`,
-//! gives the round trips (top-level commands) per acquisition. For ZooKeeper it is the `mntr`
-//! `zk_packets_received` delta per acquisition.
+//! gives the round trips (top-level commands), the server's CPU time (INFO `used_cpu_*`) and
+//! the bytes it wrote to clients (INFO `total_net_output_bytes`) per acquisition. For ZooKeeper
+//! it is the `mntr` `zk_packets_received` delta per acquisition.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_macros)]
@@ -195,10 +196,12 @@ fn report(name: &str, workers: usize, cs_ms: f64, mut o: Outcome, ops: Option<Op
         min / max,
         o.overlaps,
     );
-    if let Some(top_level) = ops.and_then(|o| o.top_level) {
+    if let Some(o) = ops.filter(|o| o.top_level.is_some()) {
         println!(
-            "# {name} workers={workers} cs_ms={cs_ms} round_trips_per_acq={:.2} (top-level commands; server_ops counts script-internal calls too)",
-            per_acq(top_level)
+            "# {name} workers={workers} cs_ms={cs_ms} round_trips_per_acq={:.2} server_cpu_us_per_acq={:.1} out_bytes_per_acq={:.0} (round trips: top-level commands; server_ops counts script-internal calls too)",
+            per_acq(o.top_level.unwrap_or(0)),
+            o.cpu_us / total.max(1) as f64,
+            per_acq(o.out_bytes),
         );
     }
 }
@@ -212,6 +215,22 @@ struct Ops {
     /// Redis only: commands only a client sends: scripts, (un)subscribes, and SET for rslock
     /// (our scripts call SET only when a fence counter restarts, once per key and run).
     top_level: Option<u64>,
+    /// Redis only: CPU time the server used (INFO `used_cpu_sys` + `used_cpu_user`), in µs.
+    cpu_us: f64,
+    /// Redis only: bytes the server wrote to clients (INFO `total_net_output_bytes`), replies
+    /// and pub/sub messages alike.
+    out_bytes: u64,
+}
+
+impl Ops {
+    fn since(self, before: Ops) -> Ops {
+        Ops {
+            total: self.total - before.total,
+            top_level: self.top_level.zip(before.top_level).map(|(a, b)| a - b),
+            cpu_us: self.cpu_us - before.cpu_us,
+            out_bytes: self.out_bytes - before.out_bytes,
+        }
+    }
 }
 
 #[cfg(feature = "redis")]
@@ -231,11 +250,20 @@ async fn server_ops(url: &str) -> Ops {
         .query_async(&mut conn)
         .await
         .expect("info");
-    let total = stats
-        .lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+    let cpu: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn)
+        .await
+        .expect("info");
+    let field = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let total = field(&stats, "total_commands_processed") as u64;
+    let out_bytes = field(&stats, "total_net_output_bytes") as u64;
+    let cpu_us = (field(&cpu, "used_cpu_sys") + field(&cpu, "used_cpu_user")) * 1e6;
     let top_level = commands
         .lines()
         .filter_map(|l| {
@@ -251,6 +279,8 @@ async fn server_ops(url: &str) -> Ops {
     Ops {
         total,
         top_level: Some(top_level),
+        cpu_us,
+        out_bytes,
     }
 }
 
@@ -304,11 +334,7 @@ fn main() {
                             }
                             let before = server_ops(&url).await;
                             let outcome = contend(lockers, cs, args.secs).await;
-                            let after = server_ops(&url).await;
-                            let ops = Ops {
-                                total: after.total - before.total,
-                                top_level: after.top_level.zip(before.top_level).map(|(a, b)| a - b),
-                            };
+                            let ops = server_ops(&url).await.since(before);
                             let label = if name == "redis" {
                                 "distlock-redis"
                             } else {
@@ -334,7 +360,7 @@ fn main() {
                             let outcome = contend(lockers, cs, args.secs).await;
                             let ops = Ops {
                                 total: server.packets_received() - before,
-                                top_level: None,
+                                ..Ops::default()
                             };
                             report("distlock-zookeeper", workers, cs_ms, outcome, Some(ops));
                         }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use distlock::backend::RedisBackend;
 use distlock::LockClient;
+use futures::StreamExt;
 use support::contract::{contend, torture, Overlap};
 use support::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
@@ -89,28 +90,115 @@ async fn mutual_exclusion_and_increasing_fences() {
     );
 }
 
-#[tokio::test]
+/// 64 clients (a fleet's replicas, each with its own connections) queue on one key: served in
+/// arrival order, with strictly increasing fencing tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_served_in_arrival_order() {
+    const CLIENTS: usize = 64;
     let ns = test_namespace!();
     let url = shared_redis().url();
     let holder = client(&ns).await.mutex("fifo").lock().await.unwrap();
-    let order = Arc::new(StdMutex::new(Vec::new()));
+    let grants = Arc::new(StdMutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for i in 0..6 {
-        let mutex = client(&ns).await.mutex("fifo");
-        let order = order.clone();
+    for i in 0..CLIENTS {
+        let c = client(&ns).await;
+        let grants = grants.clone();
         tasks.push(tokio::spawn(async move {
-            let guard = mutex.lock().await.unwrap();
-            order.lock().unwrap().push(i);
+            let guard = c.mutex("fifo").lock().await.unwrap();
+            grants.lock().unwrap().push((i, guard.fencing_token()));
             guard.release().await.unwrap();
+            c.shutdown().await;
         }));
         until_queued(&url, &ns, "fifo", i + 1).await;
     }
+    let first = holder.fencing_token();
+    holder.release().await.unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(30), t).await.unwrap().unwrap();
+    }
+    let grants = grants.lock().unwrap().clone();
+    let order: Vec<usize> = grants.iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, (0..CLIENTS).collect::<Vec<_>>());
+    let fences: Vec<u64> = std::iter::once(first)
+        .chain(grants.iter().map(|(_, f)| *f))
+        .collect();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+/// A grant (or any other message) goes to the one client it names: each waiting client has its
+/// own channel for the key, with one subscriber, and every message published carries a token of
+/// that channel's client. (With one channel per key, every waiting client would get every grant.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_reaches_only_the_client_it_names() {
+    const CLIENTS: usize = 8;
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    // Everything published in the namespace, as the server sends it.
+    let (mut sink, mut stream) = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap()
+        .split();
+    sink.psubscribe(format!("{ns}:*")).await.unwrap();
+    let seen = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Ok(Some(msg)) = timeout(Duration::from_secs(2), stream.next()).await {
+            let payload: String = msg.get_payload().unwrap();
+            seen.push((msg.get_channel_name().to_owned(), payload));
+        }
+        seen
+    });
+
+    let holder = client(&ns).await.mutex("k").lock().await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        let c = client(&ns).await;
+        tasks.push(tokio::spawn(async move {
+            let guard = c.mutex("k").lock().await.unwrap();
+            guard.release().await.unwrap();
+            c.shutdown().await;
+        }));
+        until_queued(&url, &ns, "k", i + 1).await;
+    }
+    let mut conn = raw(&url).await;
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("{ns}:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        channels.len(),
+        CLIENTS,
+        "one channel per waiting client: {channels:?}"
+    );
+    let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channels)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        counts.iter().all(|(_, n)| *n == 1),
+        "a channel with more than one subscriber: {counts:?}"
+    );
+
     holder.release().await.unwrap();
     for t in tasks {
         timeout(Duration::from_secs(10), t).await.unwrap().unwrap();
     }
-    assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
+    let seen = seen.await.unwrap();
+    // A grant per waiter, and a next-in-line hint per grant but the last.
+    assert_eq!(seen.len(), 2 * CLIENTS - 1, "{seen:?}");
+    for (channel, payload) in &seen {
+        let client_id = channel
+            .rsplit_once(":c:")
+            .map(|(_, id)| id)
+            .unwrap_or_else(|| panic!("not a client channel: {channel}"));
+        let named = payload.split(['.', ' ']).next().unwrap_or_default();
+        assert_eq!(named, client_id, "{payload} published on {channel}");
+    }
 }
 
 #[tokio::test]

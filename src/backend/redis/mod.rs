@@ -8,12 +8,16 @@
 //! | `<ns>:{<key>}:q` | list | waiting owner tokens, in arrival order |
 //! | `<ns>:{<key>}:w` | zset | waiting owner → liveness deadline (server time, ms) |
 //! | `<ns>:{<key>}:fence` | string | fencing counter, expires after an hour unused |
-//! | `<ns>:{<key>}:ch` | channel | handoff announcements |
+//! | `<ns>:{<key>}:c:<client>` | channel | messages for one client's waiters on this lock |
 //!
-//! A release hands the lock straight to the live head of the queue (owner set, fence
-//! incremented, a short unconfirmed lease) and publishes it; the new owner learns of its grant
-//! from the message and confirms it with its first renewal. A waiter that misses the message
-//! re-checks at the holder's PTTL deadline, or when the pub/sub connection comes back.
+//! Owner tokens are `<client>.<claim>`: the backend's random id, then the claim's. A release
+//! hands the lock straight to the live head of the queue (owner set, fence incremented, a short
+//! unconfirmed lease) and publishes it on that owner's client channel, so the message reaches
+//! the one connection that waits for it and no other (a handoff costs the same with 2 waiting
+//! clients or 200). The new owner learns of its grant from the message and confirms it with its
+//! first renewal. A waiter that misses the message re-checks at the holder's PTTL deadline, or
+//! when the pub/sub connection comes back. Every name is under the key's hash tag, so each
+//! channel lives in the key's Cluster slot.
 
 mod commands;
 mod notify;
@@ -75,6 +79,8 @@ struct Inner {
     commands: Commands,
     hub: Hub,
     handoff_ttl: Duration,
+    /// This backend's part of every owner token, and of its channel names.
+    client_id: String,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -294,31 +300,41 @@ impl RedisBackendBuilder {
                 commands,
                 hub: Hub::start(client),
                 handoff_ttl: self.handoff_ttl,
+                client_id: uuid::Uuid::new_v4().simple().to_string()[..16].to_owned(),
             }),
         })
     }
 }
 
-/// The names of one lock's keys and channel.
+/// The names of one lock's keys and channels, and a claim's owner token, as one client sees
+/// them.
 struct Keys {
     lock: String,
     queue: String,
     waiters: String,
     fence: String,
+    /// Every client's channel for this lock starts with this; the client id follows.
+    channels: String,
+    /// This client's channel for this lock.
     channel: String,
+    /// The claim's owner token: `<client id>.<claim owner>`.
+    owner: String,
 }
 
 impl Keys {
-    fn new(claim: &Claim) -> Self {
+    fn new(claim: &Claim, client_id: &str) -> Self {
         // Namespaces hold no braces or colons, so `<ns>:{` starts every name, and every name
         // of one key shares its hash tag. Suffixes end in distinct letters, and lock names end
         // in `}`, so no two keys' names can coincide.
         let lock = format!("{}:{{{}}}", claim.namespace(), claim.key());
+        let channels = format!("{lock}:c:");
         Self {
             queue: format!("{lock}:q"),
             waiters: format!("{lock}:w"),
             fence: format!("{lock}:fence"),
-            channel: format!("{lock}:ch"),
+            channel: format!("{channels}{client_id}"),
+            channels,
+            owner: format!("{client_id}.{}", claim.owner()),
             lock,
         }
     }
@@ -396,12 +412,12 @@ impl RedisBackend {
             .key(&keys.queue)
             .key(&keys.waiters)
             .key(&keys.fence)
-            .arg(claim.owner())
+            .arg(&keys.owner)
             .arg(millis(claim.ttl()))
             .arg(u8::from(wait))
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channel);
+            .arg(&keys.channels);
         let sent = Instant::now();
         let (granted, value, server_ms): (i64, i64, i64) =
             self.inner.commands.invoke("acquire", &inv).await?;
@@ -431,7 +447,7 @@ impl Backend for RedisBackend {
     const RENEWS_WAITERS: bool = true;
 
     async fn acquire(&self, claim: &Claim, ticket: &RedisTicket, wait: bool) -> Result<Attempt> {
-        let keys = Keys::new(claim);
+        let keys = Keys::new(claim, &self.inner.client_id);
         if wait && !ticket.subscribed() {
             // A claim subscribes before it queues, so no handoff to it is published unheard.
             // On a channel this client already listens to that costs nothing; otherwise look
@@ -440,7 +456,7 @@ impl Backend for RedisBackend {
             if let Some(sub) = self
                 .inner
                 .hub
-                .subscribe_if_ready(&keys.channel, claim.owner())
+                .subscribe_if_ready(&keys.channel, &keys.owner)
             {
                 ticket.set_sub(Some(sub));
             } else {
@@ -448,11 +464,7 @@ impl Backend for RedisBackend {
                 if matches!(first, Attempt::Granted(_)) {
                     return Ok(first);
                 }
-                let sub = self
-                    .inner
-                    .hub
-                    .subscribe(&keys.channel, claim.owner())
-                    .await?;
+                let sub = self.inner.hub.subscribe(&keys.channel, &keys.owner).await?;
                 ticket.set_sub(Some(sub));
             }
         }
@@ -508,16 +520,16 @@ impl Backend for RedisBackend {
 
     async fn release(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
         ticket.set_sub(None);
-        let keys = Keys::new(claim);
+        let keys = Keys::new(claim, &self.inner.client_id);
         let mut inv = RELEASE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.queue)
             .key(&keys.waiters)
             .key(&keys.fence)
-            .arg(claim.owner())
+            .arg(&keys.owner)
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channel);
+            .arg(&keys.channels);
         let (held, in_doubt): (i64, bool) = self
             .inner
             .commands
@@ -532,11 +544,11 @@ impl Backend for RedisBackend {
     async fn renew(&self, claims: &[(&Claim, &RedisTicket)]) -> Vec<Renewal> {
         let mut inv = RENEW.prepare_invoke();
         for (claim, _) in claims {
-            let keys = Keys::new(claim);
+            let keys = Keys::new(claim, &self.inner.client_id);
             inv.key(keys.lock)
                 .key(keys.waiters)
                 .key(keys.queue)
-                .arg(claim.owner())
+                .arg(keys.owner)
                 .arg(millis(claim.ttl()));
         }
         let sent = Instant::now();

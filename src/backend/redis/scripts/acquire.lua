@@ -1,10 +1,10 @@
 -- Take the lock, or join (or keep our place in) its FIFO queue.
 -- KEYS: lock, queue, waiters, fence
--- ARGV: owner, ttl ms, wait (1|0), fence ttl ms, handoff ttl ms, channel
+-- ARGV: owner, ttl ms, wait (1|0), fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:")
 -- Returns {1, fence, 0} when the lock is ours, {0, holder pttl, server ms} otherwise.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
-local fence_ttl, handoff_ttl, channel = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 
 local holder = redis.call('HGET', lock, 'o')
 if holder == owner then
@@ -23,7 +23,7 @@ if not holder then
     return {1, grant(lock, fence, owner, ttl, fence_ttl), 0}
   end
   -- Free, but another live waiter is first (the last holder expired): it gets the lock.
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, channel)
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
 end
 
 local now = clock()

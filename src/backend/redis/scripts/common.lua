@@ -67,11 +67,17 @@ local function live_head(queue, waiters)
   end
 end
 
+-- Owner tokens are "<client id>.<claim id>"; each client listens on its own channel per lock,
+-- "<lock>:c:<client id>", so a message reaches only the client it names.
+local function channel_of(prefix, owner)
+  return prefix .. string.match(owner, '^[^.]*')
+end
+
 -- Gives the free lock to the live head of the queue, for a short unconfirmed lease, and
--- announces it: "<owner> <fence> <server ms> <px>". The waiter now first in line is told when
--- that lease ends ("<owner> <server ms> <px>"): if the new owner died before confirming it,
--- that waiter takes over then instead of at the old holder's deadline.
-local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, channel)
+-- announces it to that owner's client: "<owner> <fence> <server ms> <px>". The waiter now first
+-- in line is told when that lease ends ("<owner> <server ms> <px>"): if the new owner died
+-- before confirming it, that waiter takes over then instead of at the old holder's deadline.
+local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
   local head = live_head(queue, waiters)
   if not head then
     return
@@ -80,9 +86,9 @@ local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, cha
   redis.call('ZREM', waiters, head)
   local f = grant(lock, fence, head, handoff_ttl, fence_ttl)
   local now = int(clock())
-  redis.call('PUBLISH', channel, head .. ' ' .. int(f) .. ' ' .. now .. ' ' .. handoff_ttl)
+  redis.call('PUBLISH', channel_of(prefix, head), head .. ' ' .. int(f) .. ' ' .. now .. ' ' .. handoff_ttl)
   local next_in_line = redis.call('LINDEX', queue, 0)
   if next_in_line then
-    redis.call('PUBLISH', channel, next_in_line .. ' ' .. now .. ' ' .. handoff_ttl)
+    redis.call('PUBLISH', channel_of(prefix, next_in_line), next_in_line .. ' ' .. now .. ' ' .. handoff_ttl)
   end
 end

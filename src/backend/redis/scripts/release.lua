@@ -1,10 +1,10 @@
 -- Remove every trace of an owner: its grant (handing the lock to the next live waiter) or its
 -- queue entry. Idempotent.
 -- KEYS: lock, queue, waiters, fence
--- ARGV: owner, fence ttl ms, handoff ttl ms, channel
+-- ARGV: owner, fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:")
 -- Returns 1 if the owner held the lock, 0 otherwise.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, fence_ttl, handoff_ttl, channel = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local owner, fence_ttl, handoff_ttl, prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 
 local holder = redis.call('HGET', lock, 'o')
 local held = 0
@@ -17,6 +17,6 @@ else
   end
 end
 if held == 1 or not holder then
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, channel)
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
 end
 return held
