@@ -1,18 +1,18 @@
 //! `LockClient`: the handle users keep, its builder and configuration.
 
 use std::fmt;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::runtime::Handle;
-use tokio::sync::{oneshot, watch};
-
 use crate::backend::{Backend, DynBackend};
+use crate::core::lease::default_drift;
+use crate::core::rules::{validate_namespace, validate_ttl};
+use crate::core::{Config, Core};
 use crate::error::{Error, Result};
-use crate::key::validate_namespace;
-use crate::lease::{default_drift, Lease, LeaseIds, Pending};
+use crate::multi::MultiLock;
 use crate::mutex::Mutex;
-use crate::renewal::{Engine, EngineConfig};
+use crate::rw_lock::RwLock;
+use crate::semaphore::Semaphore;
 
 /// The lease length used when none is configured: 30 seconds, renewed every 10.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -47,25 +47,7 @@ pub const DEFAULT_NAMESPACE: &str = "distlock";
 /// ```
 #[derive(Clone)]
 pub struct LockClient {
-    pub(crate) inner: Arc<ClientInner>,
-}
-
-pub(crate) struct ClientInner {
-    pub(crate) backend: Arc<dyn DynBackend>,
-    pub(crate) config: Config,
-    engine: StdMutex<Option<Engine>>,
-    pending: Arc<Pending>,
-    closed: watch::Sender<bool>,
-    pub(crate) ids: LeaseIds,
-}
-
-/// Settings shared by every lock of a client.
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) namespace: Arc<str>,
-    pub(crate) ttl: Duration,
-    pub(crate) auto_renew: bool,
-    pub(crate) drift: fn(Duration) -> Duration,
+    pub(crate) inner: Arc<Core>,
 }
 
 impl LockClient {
@@ -227,14 +209,7 @@ impl LockClient {
 
     fn from_parts(backend: Arc<dyn DynBackend>, config: Config) -> Self {
         Self {
-            inner: Arc::new(ClientInner {
-                backend,
-                config,
-                engine: StdMutex::new(None),
-                pending: Arc::default(),
-                closed: watch::Sender::new(false),
-                ids: LeaseIds::default(),
-            }),
+            inner: Arc::new(Core::new(backend, config)),
         }
     }
 
@@ -249,7 +224,57 @@ impl LockClient {
     /// assert_eq!(mutex.key(), "orders:42");
     /// ```
     pub fn mutex(&self, key: impl Into<String>) -> Mutex {
-        Mutex::new(self.clone(), key.into())
+        Mutex::new(self.inner.clone(), key.into())
+    }
+
+    /// A handle to the read-write lock named `key` in this client's namespace. No I/O happens
+    /// here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// let rw = client.rw_lock("config");
+    /// assert_eq!(rw.key(), "config");
+    /// ```
+    pub fn rw_lock(&self, key: impl Into<String>) -> RwLock {
+        RwLock::new(self.inner.clone(), key.into())
+    }
+
+    /// A handle to the semaphore named `key` with `max_permits` permits in this client's
+    /// namespace. Every client must use the same number of permits for a key; zero permits is
+    /// an error at the first acquisition. No I/O happens here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// let exports = client.semaphore("exports", 8);
+    /// assert_eq!(exports.max_permits(), 8);
+    /// ```
+    pub fn semaphore(&self, key: impl Into<String>, max_permits: u32) -> Semaphore {
+        Semaphore::new(self.inner.clone(), key.into(), max_permits)
+    }
+
+    /// A handle to a lock on all of `keys` at once (mutexes; add read-write holds with
+    /// [`MultiLock::read`] and [`MultiLock::write`]). No I/O happens here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// let both = client.multi_lock(["stock:oslo", "stock:berlin"]);
+    /// assert_eq!(both.keys(), ["stock:berlin", "stock:oslo"]);
+    /// ```
+    pub fn multi_lock<I>(&self, keys: I) -> MultiLock
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        MultiLock::new(
+            self.inner.clone(),
+            keys.into_iter().map(Into::into).collect(),
+        )
     }
 
     /// Identifies the client (and its clones) within the process.
@@ -291,34 +316,7 @@ impl LockClient {
     /// # }
     /// ```
     pub async fn shutdown(&self) {
-        let first = !self.inner.closed.send_replace(true);
-        let engine = self
-            .inner
-            .engine
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(engine) = engine {
-            let (tx, rx) = oneshot::channel();
-            engine.shutdown(tx);
-            // The task hands back every lease it still tracks; release them here.
-            if let Ok(leases) = rx.await {
-                let releases = leases.into_iter().filter(|l| l.finish()).map(|lease| {
-                    let inner = self.inner.clone();
-                    async move {
-                        lease.claim.mark_lost();
-                        if let Err(err) = inner.backend.release(&lease.claim, &lease.ticket).await {
-                            tracing::warn!(key = lease.claim.key(), error = %err, "release at shutdown failed");
-                        }
-                    }
-                });
-                futures::future::join_all(releases).await;
-            }
-        }
-        self.inner.pending.idle().await;
-        if first {
-            self.inner.backend.shutdown().await;
-        }
+        self.inner.shutdown().await;
     }
 }
 
@@ -328,91 +326,8 @@ impl fmt::Debug for LockClient {
             .field("namespace", &self.inner.config.namespace)
             .field("ttl", &self.inner.config.ttl)
             .field("auto_renew", &self.inner.config.auto_renew)
-            .field("closed", &*self.inner.closed.borrow())
+            .field("closed", &self.inner.is_closed())
             .finish_non_exhaustive()
-    }
-}
-
-impl ClientInner {
-    pub(crate) fn check_open(&self) -> Result<()> {
-        if *self.closed.borrow() {
-            return Err(Error::closed());
-        }
-        Ok(())
-    }
-
-    pub(crate) fn closed(&self) -> watch::Receiver<bool> {
-        self.closed.subscribe()
-    }
-
-    /// The renewal task for the current runtime, started on first use (and again if the runtime
-    /// that ran it has shut down).
-    pub(crate) fn engine(&self, handle: &Handle) -> Result<Engine> {
-        let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
-        self.check_open()?;
-        if let Some(engine) = slot.as_ref().filter(|e| e.is_running()) {
-            return Ok(engine.clone());
-        }
-        let engine = Engine::start(
-            handle,
-            self.backend.clone(),
-            EngineConfig {
-                auto_renew: self.config.auto_renew,
-            },
-        );
-        *slot = Some(engine.clone());
-        Ok(engine)
-    }
-
-    /// Stops renewal of `lease` for good. Returns `false` if it was already stopped (released
-    /// before, or by shutdown).
-    pub(crate) fn stop(&self, lease: &Lease) -> bool {
-        if !lease.finish() {
-            return false;
-        }
-        if let Some(engine) = self
-            .engine
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            engine.forget(lease);
-        }
-        true
-    }
-
-    /// Stops renewal of `lease` and releases it in a task on `handle`.
-    pub(crate) fn spawn_release(self: &Arc<Self>, handle: &Handle, lease: Arc<Lease>) {
-        if self.stop(&lease) {
-            self.release_in_task(handle, lease);
-        }
-    }
-
-    /// Releases a stopped lease in a task on `handle`; `shutdown` waits for it.
-    pub(crate) fn release_in_task(self: &Arc<Self>, handle: &Handle, lease: Arc<Lease>) {
-        let token = self.pending.start();
-        let backend = self.backend.clone();
-        handle.spawn(async move {
-            if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
-                tracing::warn!(key = lease.claim.key(), error = %err, "release failed; the lease will expire");
-            }
-            drop(token);
-        });
-    }
-
-    /// Releases a stopped lease here; if this future is dropped first, the release finishes
-    /// in a task on `handle`.
-    pub(crate) async fn release_now(
-        self: &Arc<Self>,
-        handle: &Handle,
-        lease: &Arc<Lease>,
-    ) -> Result<bool> {
-        let _token = self.pending.start();
-        let backstop =
-            scopeguard::guard(lease.clone(), |lease| self.release_in_task(handle, lease));
-        let result = self.backend.release(&lease.claim, &lease.ticket).await;
-        scopeguard::ScopeGuard::into_inner(backstop);
-        result
     }
 }
 
@@ -490,19 +405,4 @@ impl fmt::Debug for LockClientBuilder {
             .field("auto_renew", &self.auto_renew)
             .finish_non_exhaustive()
     }
-}
-
-/// The shortest TTL accepted. Shorter leases cannot be renewed reliably over a network.
-pub const MIN_TTL: Duration = Duration::from_millis(10);
-
-pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
-    if ttl.is_zero() {
-        return Err(Error::invalid_config("ttl is zero"));
-    }
-    if ttl < MIN_TTL {
-        return Err(Error::invalid_config(format_args!(
-            "ttl of {ttl:?} is below the minimum of {MIN_TTL:?}"
-        )));
-    }
-    Ok(())
 }

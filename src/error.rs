@@ -35,6 +35,13 @@ pub enum ErrorKind {
     Closed,
     /// The call was made outside a Tokio runtime, so there is nowhere to run lease renewal.
     NoRuntime,
+    /// The key is in use on the server as another kind of lock (a mutex asked for as a
+    /// read-write lock, a semaphore asked for with another number of permits, ...). One key
+    /// holds one kind of lock at a time.
+    KindMismatch,
+    /// The backend cannot do this: a kind of lock or an operation it does not implement (for
+    /// example a semaphore on a backend written for mutexes only).
+    Unsupported,
 }
 
 /// The error of every fallible operation in this crate.
@@ -157,6 +164,14 @@ impl Error {
         Self::new(ErrorKind::Closed, "lock client was shut down")
     }
 
+    pub(crate) fn kind_mismatch(reason: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::KindMismatch, reason.to_string())
+    }
+
+    pub(crate) fn unsupported(reason: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Unsupported, reason.to_string())
+    }
+
     pub(crate) fn no_runtime() -> Self {
         Self::new(
             ErrorKind::NoRuntime,
@@ -202,6 +217,16 @@ impl Error {
     /// The client was shut down ([`ErrorKind::Closed`]).
     pub fn is_closed(&self) -> bool {
         self.kind == ErrorKind::Closed
+    }
+
+    /// The key is in use as another kind of lock ([`ErrorKind::KindMismatch`]).
+    pub fn is_kind_mismatch(&self) -> bool {
+        self.kind == ErrorKind::KindMismatch
+    }
+
+    /// The backend cannot do what was asked ([`ErrorKind::Unsupported`]).
+    pub fn is_unsupported(&self) -> bool {
+        self.kind == ErrorKind::Unsupported
     }
 }
 

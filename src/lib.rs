@@ -64,21 +64,24 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
 
-mod acquire;
 #[cfg(feature = "macros")]
 mod attribute;
 pub mod backend;
 mod client;
+mod core;
 mod error;
-mod key;
-mod lease;
+mod multi;
 mod mutex;
-mod renewal;
+mod rw_lock;
+mod semaphore;
 
-pub use client::{LockClient, LockClientBuilder, DEFAULT_NAMESPACE, DEFAULT_TTL, MIN_TTL};
+pub use client::{LockClient, LockClientBuilder, DEFAULT_NAMESPACE, DEFAULT_TTL};
+pub use core::rules::{MAX_KEY_LEN, MAX_NAMESPACE_LEN, MIN_TTL};
 pub use error::{Error, ErrorKind, Result};
-pub use key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
+pub use multi::{MultiGuard, MultiLock};
 pub use mutex::{Mutex, MutexGuard};
+pub use rw_lock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+pub use semaphore::{Semaphore, SemaphorePermit};
 
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]

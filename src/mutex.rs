@@ -5,11 +5,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::acquire::{acquire, Mode};
 use crate::backend::LockKind;
-use crate::client::LockClient;
-use crate::error::{Error, Result};
-use crate::lease::Held;
+use crate::core::acquire::{Mode, Target};
+use crate::core::guard::guard_methods;
+use crate::core::lease::Held;
+use crate::core::Core;
+use crate::error::Result;
 
 /// A mutual-exclusion lock named by a key, shared by every process that uses the same
 /// coordination service and namespace.
@@ -38,23 +39,19 @@ use crate::lease::Held;
 /// ```
 #[derive(Clone)]
 pub struct Mutex {
-    client: LockClient,
-    key: Arc<str>,
-    ttl: Option<Duration>,
+    target: Target,
 }
 
 impl Mutex {
-    pub(crate) fn new(client: LockClient, key: String) -> Self {
+    pub(crate) fn new(core: Arc<Core>, key: String) -> Self {
         Self {
-            client,
-            key: key.into(),
-            ttl: None,
+            target: Target::new(core, key),
         }
     }
 
     /// The key, without the client's namespace.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.target.key
     }
 
     /// Uses `ttl` as this mutex's lease length instead of the client's. A zero or too short TTL
@@ -70,18 +67,13 @@ impl Mutex {
     /// ```
     #[must_use]
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
+        self.target.ttl = Some(ttl);
         self
     }
 
     fn acquire(&self, mode: Mode) -> impl Future<Output = Result<MutexGuard>> + Send + 'static {
-        let client = self.client.inner.clone();
-        let key = self.key.clone();
-        let ttl = self.ttl.unwrap_or(client.config.ttl);
-        async move {
-            let held = acquire(client, key, ttl, LockKind::Exclusive, mode).await?;
-            Ok(MutexGuard { held })
-        }
+        let held = self.target.acquire(LockKind::Exclusive, mode);
+        async move { Ok(MutexGuard { held: held.await? }) }
     }
 
     /// Waits for the lock and returns its guard.
@@ -176,23 +168,17 @@ impl Mutex {
         &self,
         timeout: Duration,
     ) -> impl Future<Output = Result<MutexGuard>> + Send + 'static {
-        let key = self.key.clone();
-        let lock = self.lock();
-        async move {
-            match tokio::time::timeout(timeout, lock).await {
-                Ok(result) => result,
-                Err(_) => Err(Error::timeout(&key)),
-            }
-        }
+        let held = self.target.acquire_timeout(LockKind::Exclusive, timeout);
+        async move { Ok(MutexGuard { held: held.await? }) }
     }
 }
 
 impl fmt::Debug for Mutex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Mutex")
-            .field("namespace", &self.client.namespace())
-            .field("key", &self.key)
-            .field("ttl", &self.ttl.unwrap_or(self.client.ttl()))
+            .field("namespace", &self.target.core.config.namespace)
+            .field("key", &self.target.key)
+            .field("ttl", &self.target.ttl())
             .finish()
     }
 }
@@ -230,86 +216,10 @@ pub struct MutexGuard {
     held: Held,
 }
 
-impl MutexGuard {
-    /// The key that is locked, without the namespace.
-    pub fn key(&self) -> &str {
-        self.held.key()
-    }
-
-    /// The fencing token of this grant: strictly greater than the token of every earlier grant
-    /// of the same key. Storage that remembers the largest token it has seen can reject writes
-    /// from a holder whose lock has since passed to someone else.
-    pub fn fencing_token(&self) -> u64 {
-        self.held.fencing_token()
-    }
-
-    /// Whether ownership is known to be lost: the service refused a renewal, the session ended,
-    /// or the lease deadline (less a clock-drift margin) passed without a successful renewal.
-    pub fn is_lost(&self) -> bool {
-        self.held.is_lost()
-    }
-
-    /// Resolves once ownership is known to be lost; never resolves while the lock is held.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only watches a flag.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use distlock::{backend::MemoryBackend, LockClient};
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), distlock::Error> {
-    /// // Without renewal the lease ends after one TTL.
-    /// let client = LockClient::builder(MemoryBackend::new())
-    ///     .ttl(Duration::from_millis(50))
-    ///     .auto_renew(false)
-    ///     .build()?;
-    /// let guard = client.mutex("k").lock().await?;
-    /// guard.lost().await;
-    /// assert!(guard.is_lost());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn lost(&self) {
-        self.held.lost().await;
-    }
-
-    /// Releases the lock now and reports the outcome, handing it to the next waiter.
-    ///
-    /// # Errors
-    ///
-    /// - [`Lost`](crate::ErrorKind::Lost) if the lock had already been lost, so the critical
-    ///   section may not have been exclusive to the end,
-    /// - [`Backend`](crate::ErrorKind::Backend) if the service could not be told; the lease then
-    ///   runs out after its TTL.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: the release runs in a spawned task and completes even if this future is
-    /// dropped; only its result is lost.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), distlock::Error> {
-    /// let client = distlock::LockClient::memory();
-    /// let guard = client.mutex("k").lock().await?;
-    /// guard.release().await?;
-    /// assert!(client.mutex("k").try_lock().await.is_ok());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn release(self) -> Result<()> {
-        self.held.release().await
-    }
-}
-
-impl fmt::Debug for MutexGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.held, f)
-    }
-}
+guard_methods!(
+    MutexGuard,
+    "let guard = client.mutex(\"k\").lock().await?;",
+    "The fencing token of this grant: strictly greater than the token of every earlier grant \
+     of the same key. Storage that remembers the largest token it has seen can reject writes \
+     from a holder whose lock has since passed to someone else."
+);

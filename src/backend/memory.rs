@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard};
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
-use super::{Attempt, Backend, Claim, Grant, LostSignal, Renewal};
-use crate::error::Result;
+use super::{Attempt, Backend, Claim, Family, Grant, LockKind, LostSignal, Renewal};
+use crate::error::{Error, Result};
 
 /// How many operations pass between sweeps of leases that expired with nobody watching.
 const SWEEP_EVERY: u64 = 1024;
@@ -62,12 +62,13 @@ struct State {
 
 #[derive(Default)]
 struct KeyState {
-    holder: Option<Holder>,
+    holders: Vec<Holder>,
     queue: VecDeque<Waiter>,
 }
 
 struct Holder {
     owner: Arc<str>,
+    kind: LockKind,
     fence: u64,
     valid_until: Instant,
     lost: LostSignal,
@@ -75,6 +76,7 @@ struct Holder {
 
 struct Waiter {
     owner: Arc<str>,
+    kind: LockKind,
     ttl: std::time::Duration,
     wake: Arc<Notify>,
     lost: LostSignal,
@@ -100,6 +102,8 @@ pub struct MemoryStats {
     pub keys: usize,
     /// Keys with a holder whose lease has not expired.
     pub held: usize,
+    /// Live holders across every key (readers and permit holders count one each).
+    pub holders: usize,
     /// Claims waiting in queues.
     pub waiters: usize,
 }
@@ -140,7 +144,9 @@ impl MemoryBackend {
         };
         for ks in state.keys.values() {
             stats.waiters += ks.queue.len();
-            if ks.holder.as_ref().is_some_and(|h| h.valid_until > now) {
+            let live = ks.holders.iter().filter(|h| h.valid_until > now).count();
+            stats.holders += live;
+            if live > 0 {
                 stats.held += 1;
             }
         }
@@ -160,23 +166,22 @@ impl MemoryBackend {
         self.shared.fence.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Runs `f` on the key's state, then drops the state if the key became idle.
+    /// Runs `f` on the key's state, with expired holders removed and every grantable waiter
+    /// granted, then drops the state if the key became idle.
     fn with_key<R>(&self, claim: &Claim, f: impl FnOnce(&Self, &mut KeyState, Instant) -> R) -> R {
         let mut state = self.lock_state();
         let now = Instant::now();
         state.ops += 1;
         if state.ops % SWEEP_EVERY == 0 {
             state.keys.retain(|_, ks| {
-                expire_holder(ks, now);
+                ks.expire_holders(now);
                 !ks.is_idle()
             });
         }
         let name = full_name(claim);
         let ks = state.keys.entry(name.clone()).or_default();
-        expire_holder(ks, now);
-        if ks.holder.is_none() && !ks.queue.is_empty() {
-            self.hand_off(ks, now);
-        }
+        ks.expire_holders(now);
+        self.grant_pass(ks, now);
         let result = f(self, ks, now);
         if ks.is_idle() {
             state.keys.remove(&name);
@@ -184,11 +189,17 @@ impl MemoryBackend {
         result
     }
 
-    /// Gives the free lock to the head of the queue and wakes it.
-    fn hand_off(&self, ks: &mut KeyState, now: Instant) {
-        if let Some(next) = ks.queue.pop_front() {
-            ks.holder = Some(Holder {
+    /// Grants waiters from the head of the queue while the head fits beside the holders, and
+    /// wakes each: readers behind a writer wait for it, a large permit request at the head is
+    /// not overtaken by smaller ones behind it.
+    fn grant_pass(&self, ks: &mut KeyState, now: Instant) {
+        while ks.queue.front().is_some_and(|w| ks.fits(w.kind)) {
+            let Some(next) = ks.queue.pop_front() else {
+                break;
+            };
+            ks.holders.push(Holder {
                 owner: next.owner,
+                kind: next.kind,
                 fence: self.next_fence(),
                 valid_until: now + next.ttl,
                 lost: next.lost,
@@ -211,67 +222,103 @@ fn full_name(claim: &Claim) -> Arc<str> {
     format!("{}:{}", claim.namespace(), claim.key()).into()
 }
 
-fn expire_holder(ks: &mut KeyState, now: Instant) {
-    if ks.holder.as_ref().is_some_and(|h| h.valid_until <= now) {
-        if let Some(old) = ks.holder.take() {
-            old.lost.mark();
-        }
-    }
-}
-
 impl KeyState {
     fn is_idle(&self) -> bool {
-        self.holder.is_none() && self.queue.is_empty()
+        self.holders.is_empty() && self.queue.is_empty()
+    }
+
+    /// Removes holders whose lease ran out, marking them lost.
+    fn expire_holders(&mut self, now: Instant) {
+        self.holders.retain(|h| {
+            let live = h.valid_until > now;
+            if !live {
+                h.lost.mark();
+            }
+            live
+        });
+    }
+
+    /// What the key is now, if anyone holds or waits for it.
+    fn family(&self) -> Option<Family> {
+        self.holders
+            .first()
+            .map(|h| h.kind)
+            .or_else(|| self.queue.front().map(|w| w.kind))
+            .map(LockKind::family)
+    }
+
+    fn fits(&self, kind: LockKind) -> bool {
+        kind.fits(self.holders.iter().map(|h| h.kind))
+    }
+
+    fn holder(&self, owner: &str) -> Option<&Holder> {
+        self.holders.iter().find(|h| &*h.owner == owner)
     }
 
     fn grant_of(&self, owner: &str) -> Option<Grant> {
-        self.holder
-            .as_ref()
-            .filter(|h| &*h.owner == owner)
-            .map(|h| Grant {
-                fence: h.fence,
-                valid_until: h.valid_until,
-            })
+        self.holder(owner).map(|h| Grant {
+            fence: h.fence,
+            valid_until: h.valid_until,
+        })
     }
 
     fn position(&self, owner: &str) -> Option<usize> {
         self.queue.iter().position(|w| &*w.owner == owner)
+    }
+
+    /// The earliest moment a holder's lease runs out: when a waiter should look again.
+    fn next_expiry(&self) -> Option<Instant> {
+        self.holders.iter().map(|h| h.valid_until).min()
     }
 }
 
 impl Backend for MemoryBackend {
     type Ticket = MemoryTicket;
 
+    fn supports(&self, _kind: LockKind) -> bool {
+        true
+    }
+
     async fn acquire(&self, claim: &Claim, ticket: &MemoryTicket, wait: bool) -> Result<Attempt> {
-        Ok(self.with_key(claim, |this, ks, now| {
+        self.with_key(claim, |this, ks, now| {
             if let Some(grant) = ks.grant_of(claim.owner()) {
-                return Attempt::Granted(grant);
+                return Ok(Attempt::Granted(grant));
             }
-            if ks.holder.is_none() && ks.queue.is_empty() {
+            let kind = claim.kind();
+            if let Some(family) = ks.family().filter(|f| *f != kind.family()) {
+                return Err(Error::kind_mismatch(format_args!(
+                    "`{}` is {family} here, asked for as {}",
+                    claim.key(),
+                    kind.family()
+                )));
+            }
+            if ks.queue.is_empty() && ks.fits(kind) {
                 let grant = Grant {
                     fence: this.next_fence(),
                     valid_until: now + claim.ttl(),
                 };
-                ks.holder = Some(Holder {
+                ks.holders.push(Holder {
                     owner: claim.owner.clone(),
+                    kind,
                     fence: grant.fence,
                     valid_until: grant.valid_until,
                     lost: claim.lost_signal().clone(),
                 });
-                return Attempt::Granted(grant);
+                return Ok(Attempt::Granted(grant));
             }
             if wait && ks.position(claim.owner()).is_none() {
                 ks.queue.push_back(Waiter {
                     owner: claim.owner.clone(),
+                    kind,
                     ttl: claim.ttl(),
                     wake: ticket.wake.clone(),
                     lost: claim.lost_signal().clone(),
                 });
             }
-            Attempt::Queued {
-                recheck_at: ks.holder.as_ref().map(|h| h.valid_until),
-            }
-        }))
+            Ok(Attempt::Queued {
+                recheck_at: ks.next_expiry(),
+            })
+        })
     }
 
     async fn wait(
@@ -292,16 +339,41 @@ impl Backend for MemoryBackend {
 
     async fn release(&self, claim: &Claim, _ticket: &MemoryTicket) -> Result<bool> {
         Ok(self.with_key(claim, |this, ks, now| {
-            if ks.grant_of(claim.owner()).is_some() {
-                ks.holder = None;
-                this.hand_off(ks, now);
-                return true;
-            }
-            if let Some(i) = ks.position(claim.owner()) {
-                ks.queue.remove(i);
-            }
-            false
+            let held = match ks.holders.iter().position(|h| *h.owner == *claim.owner()) {
+                Some(i) => {
+                    ks.holders.swap_remove(i);
+                    true
+                }
+                None => {
+                    if let Some(i) = ks.position(claim.owner()) {
+                        ks.queue.remove(i);
+                    }
+                    false
+                }
+            };
+            // A released holder, or a waiter gone from the head, may let others in.
+            this.grant_pass(ks, now);
+            held
         }))
+    }
+
+    async fn downgrade(&self, claim: &Claim, _ticket: &MemoryTicket) -> Result<Grant> {
+        self.with_key(claim, |this, ks, now| {
+            let Some(h) = ks
+                .holders
+                .iter_mut()
+                .find(|h| *h.owner == *claim.owner() && h.kind == LockKind::Write)
+            else {
+                return Err(Error::lost(claim.key()));
+            };
+            h.kind = LockKind::Read;
+            let grant = Grant {
+                fence: h.fence,
+                valid_until: h.valid_until,
+            };
+            this.grant_pass(ks, now);
+            Ok(grant)
+        })
     }
 
     async fn renew(&self, claims: &[(&Claim, &MemoryTicket)]) -> Vec<Renewal> {
@@ -309,7 +381,7 @@ impl Backend for MemoryBackend {
             .iter()
             .map(|(claim, _)| {
                 self.with_key(claim, |_, ks, now| {
-                    if let Some(h) = ks.holder.as_mut().filter(|h| *h.owner == *claim.owner()) {
+                    if let Some(h) = ks.holders.iter_mut().find(|h| *h.owner == *claim.owner()) {
                         h.valid_until = now + claim.ttl();
                         Renewal::Extended(h.valid_until)
                     } else if ks.position(claim.owner()).is_some() {

@@ -19,6 +19,7 @@
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,12 +36,81 @@ mod redis;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
 
-/// What a claim asks for. Exclusive today; room for readers, writers and permits.
+/// What a claim asks for. One key holds one family of lock (a mutex, a read-write lock, or a
+/// semaphore with a given number of permits); a backend refuses a claim of another family on
+/// a key in use with [`ErrorKind::KindMismatch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LockKind {
     /// One holder at a time ([`Mutex`](crate::Mutex)).
     Exclusive,
+    /// Shared with other readers, excluded by a writer ([`RwLock::read`](crate::RwLock::read)).
+    Read,
+    /// One holder, excluding readers too ([`RwLock::write`](crate::RwLock::write)).
+    Write,
+    /// `count` of the `max` permits of a semaphore ([`Semaphore`](crate::Semaphore)).
+    Permits {
+        /// How many permits this claim takes (1 to `max`).
+        count: u32,
+        /// How many permits the semaphore has; every claim on the key must agree.
+        max: u32,
+    },
+}
+
+impl LockKind {
+    /// The family of locks this kind belongs to: one key holds one family.
+    pub fn family(self) -> Family {
+        match self {
+            LockKind::Exclusive => Family::Mutex,
+            LockKind::Read | LockKind::Write => Family::RwLock,
+            LockKind::Permits { max, .. } => Family::Semaphore { max },
+        }
+    }
+
+    /// Whether a claim of this kind can hold the lock alongside holders of `others`, as the
+    /// queue rules see it: a writer or exclusive claim only alone, a reader with readers, and
+    /// permits while the semaphore has enough left.
+    pub fn fits<I: IntoIterator<Item = LockKind>>(self, others: I) -> bool {
+        let mut others = others.into_iter();
+        match self {
+            LockKind::Exclusive | LockKind::Write => others.next().is_none(),
+            LockKind::Read => others.all(|k| k == LockKind::Read),
+            LockKind::Permits { count, max } => {
+                let used: u64 = others
+                    .map(|k| match k {
+                        LockKind::Permits { count, .. } => u64::from(count),
+                        _ => u64::from(max),
+                    })
+                    .sum();
+                used + u64::from(count) <= u64::from(max)
+            }
+        }
+    }
+}
+
+/// The family of a [`LockKind`]: what a key is, while anyone holds or waits for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Family {
+    /// A [`Mutex`](crate::Mutex).
+    Mutex,
+    /// An [`RwLock`](crate::RwLock).
+    RwLock,
+    /// A [`Semaphore`](crate::Semaphore) with `max` permits.
+    Semaphore {
+        /// Its number of permits.
+        max: u32,
+    },
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Family::Mutex => f.write_str("a mutex"),
+            Family::RwLock => f.write_str("a read-write lock"),
+            Family::Semaphore { max } => write!(f, "a semaphore of {max} permits"),
+        }
+    }
 }
 
 /// One attempt by one owner to hold one key, from the moment it is queued until it is released.
@@ -55,6 +125,8 @@ pub struct Claim {
     owner: Arc<str>,
     ttl: Duration,
     kind: LockKind,
+    /// A write hold turned into a read hold ([`Backend::downgrade`]).
+    downgraded: Arc<AtomicBool>,
     lost: LostSignal,
 }
 
@@ -66,6 +138,7 @@ impl Claim {
             owner: uuid::Uuid::new_v4().hyphenated().to_string().into(),
             ttl,
             kind,
+            downgraded: Arc::new(AtomicBool::new(false)),
             lost: LostSignal::new(),
         }
     }
@@ -93,9 +166,19 @@ impl Claim {
         self.ttl
     }
 
-    /// What kind of hold is asked for.
+    /// What kind of hold is asked for, or held: a write claim reads as [`LockKind::Read`]
+    /// once it was downgraded.
     pub fn kind(&self) -> LockKind {
-        self.kind
+        if self.kind == LockKind::Write && self.downgraded.load(Ordering::Acquire) {
+            LockKind::Read
+        } else {
+            self.kind
+        }
+    }
+
+    /// Records that the server turned this write hold into a read hold.
+    pub(crate) fn set_downgraded(&self) {
+        self.downgraded.store(true, Ordering::Release);
     }
 
     /// Marks the claim lost: its guard reports [`is_lost`](crate::MutexGuard::is_lost) and
@@ -231,6 +314,13 @@ pub trait Backend: Send + Sync + 'static {
     /// expire; ZooKeeper nodes and in-process queues do not).
     const RENEWS_WAITERS: bool = false;
 
+    /// Whether this backend can hold claims of `kind`. The default is [`LockKind::Exclusive`]
+    /// only, so a backend written before read-write locks and semaphores refuses them (with
+    /// [`ErrorKind::Unsupported`], before any I/O) instead of treating them as mutexes.
+    fn supports(&self, kind: LockKind) -> bool {
+        matches!(kind, LockKind::Exclusive)
+    }
+
     /// Rejects keys this service cannot hold, before any I/O. The shared rules (non-empty,
     /// at most [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, no NUL) are already checked.
     ///
@@ -286,6 +376,28 @@ pub trait Backend: Send + Sync + 'static {
         ticket: &Self::Ticket,
     ) -> impl Future<Output = Result<bool>> + Send;
 
+    /// Turns the claim's write hold into a read hold in one step, so no writer queued behind
+    /// it can take the lock in between; readers queued behind it may then be granted. The grant
+    /// keeps its fencing token. Called only for a held [`LockKind::Write`] claim; the default
+    /// refuses.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] by default; [`ErrorKind::Lost`] if the claim no longer holds
+    /// the lock; [`ErrorKind::Backend`] when the service fails.
+    fn downgrade(
+        &self,
+        claim: &Claim,
+        ticket: &Self::Ticket,
+    ) -> impl Future<Output = Result<Grant>> + Send {
+        let _ = ticket;
+        let refused = Error::unsupported(format_args!(
+            "this backend cannot downgrade a write lock (`{}`)",
+            claim.key()
+        ));
+        async move { Err(refused) }
+    }
+
     /// Extends many leases and queue entries, ideally in one round trip. Returns one
     /// [`Renewal`] per input, in order.
     fn renew(
@@ -318,6 +430,7 @@ pub(crate) type AnyTicket = Box<dyn Any + Send + Sync>;
 pub(crate) trait DynBackend: Send + Sync + 'static {
     fn new_ticket(&self) -> AnyTicket;
     fn renews_waiters(&self) -> bool;
+    fn supports(&self, kind: LockKind) -> bool;
     fn validate_key(&self, key: &str) -> Result<()>;
     fn acquire<'a>(
         &'a self,
@@ -336,6 +449,11 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         claim: &'a Claim,
         ticket: &'a AnyTicket,
     ) -> BoxFuture<'a, Result<bool>>;
+    fn downgrade<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+    ) -> BoxFuture<'a, Result<Grant>>;
     fn renew<'a>(&'a self, claims: &'a [(&'a Claim, &'a AnyTicket)])
         -> BoxFuture<'a, Vec<Renewal>>;
     fn shutdown(&self) -> BoxFuture<'_, ()>;
@@ -357,6 +475,10 @@ impl<B: Backend> DynBackend for B {
 
     fn renews_waiters(&self) -> bool {
         B::RENEWS_WAITERS
+    }
+
+    fn supports(&self, kind: LockKind) -> bool {
+        Backend::supports(self, kind)
     }
 
     fn validate_key(&self, key: &str) -> Result<()> {
@@ -387,6 +509,14 @@ impl<B: Backend> DynBackend for B {
         ticket: &'a AnyTicket,
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move { Backend::release(self, claim, typed(ticket)?).await })
+    }
+
+    fn downgrade<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+    ) -> BoxFuture<'a, Result<Grant>> {
+        Box::pin(async move { Backend::downgrade(self, claim, typed(ticket)?).await })
     }
 
     fn renew<'a>(

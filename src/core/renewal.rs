@@ -19,9 +19,9 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{sleep_until, Instant};
 
+use super::lease::{Lease, Verdict};
 use crate::backend::{AnyTicket, Claim, DynBackend, Renewal};
 use crate::error::{Error, ErrorKind};
-use crate::lease::{Lease, Verdict};
 
 /// The shortest time a renewal call is given before it is abandoned and retried.
 const MIN_CALL_LIMIT: Duration = Duration::from_millis(50);

@@ -1,7 +1,7 @@
 //! Leases: what one claim's lease is known to be, the lost signal, and release on drop.
 //!
 //! A [`Lease`] records the claim's grant and how long it is certainly valid on this machine's
-//! clock. The renewal engine ([`crate::renewal`]) extends it; every rule that decides whether a
+//! clock. The renewal engine ([`super::renewal`]) extends it; every rule that decides whether a
 //! lease still stands lives here, so the engine, the guard and `is_lost()` agree:
 //!
 //! - the lease is lost once its deadline, less a clock-drift margin, has passed, and that is
@@ -16,8 +16,8 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::{sleep_until, Instant};
 
+use super::Core;
 use crate::backend::{AnyTicket, Claim, Grant};
-use crate::client::ClientInner;
 use crate::error::{Error, Result};
 
 /// The smallest pause before retrying a failed renewal.
@@ -259,7 +259,7 @@ pub(crate) fn renew_at(now: Instant, valid_until: Instant) -> Instant {
 
 /// A held lease with its RAII release: the part every guard type shares.
 pub(crate) struct Held {
-    client: Arc<ClientInner>,
+    client: Arc<Core>,
     lease: Arc<Lease>,
     handle: Handle,
     fence: u64,
@@ -267,7 +267,7 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    pub(crate) fn new(client: Arc<ClientInner>, lease: Arc<Lease>, handle: Handle) -> Self {
+    pub(crate) fn new(client: Arc<Core>, lease: Arc<Lease>, handle: Handle) -> Self {
         let fence = lease.fence();
         Self {
             client,
@@ -292,6 +292,24 @@ impl Held {
 
     pub(crate) async fn lost(&self) {
         self.lease.lost().await;
+    }
+
+    /// Turns a write hold into a read hold on the server, keeping the lease and its fencing
+    /// token. On an error the hold is released (this `Held` is dropped).
+    pub(crate) async fn downgrade(self) -> Result<Self> {
+        if self.is_lost() {
+            return Err(Error::lost(self.key()));
+        }
+        let (generation, sent) = (self.lease.schedule().generation, Instant::now());
+        let grant = self
+            .client
+            .backend
+            .downgrade(&self.lease.claim, &self.lease.ticket)
+            .await?;
+        self.lease.claim.set_downgraded();
+        // A downgrade that also refreshed the lease moves it, by the usual rule.
+        let _ = self.lease.extend(generation, sent, grant.valid_until);
+        Ok(self)
     }
 
     pub(crate) async fn release(mut self) -> Result<()> {

@@ -1,6 +1,24 @@
-//! Key and namespace rules shared by every backend, checked before any I/O.
+//! The rules every input is checked against before any I/O: keys, namespaces, TTLs.
 
+use std::time::Duration;
+
+use crate::backend::LockKind;
 use crate::error::{Error, Result};
+
+/// The shortest TTL accepted. Shorter leases cannot be renewed reliably over a network.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
+    if ttl.is_zero() {
+        return Err(Error::invalid_config("ttl is zero"));
+    }
+    if ttl < MIN_TTL {
+        return Err(Error::invalid_config(format_args!(
+            "ttl of {ttl:?} is below the minimum of {MIN_TTL:?}"
+        )));
+    }
+    Ok(())
+}
 
 /// The longest key accepted, in bytes (UTF-8). Longer keys are rejected with
 /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey).
@@ -8,6 +26,27 @@ pub const MAX_KEY_LEN: usize = 512;
 
 /// The longest namespace accepted, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 128;
+
+/// Checks what a claim asks for: a semaphore has at least one permit, and a claim asks for at
+/// least one and at most all of them (more could never be granted).
+pub(crate) fn validate_kind(kind: LockKind) -> Result<()> {
+    if let LockKind::Permits { count, max } = kind {
+        if max == 0 {
+            return Err(Error::invalid_config(
+                "a semaphore needs at least one permit",
+            ));
+        }
+        if count == 0 {
+            return Err(Error::invalid_config("zero permits asked for"));
+        }
+        if count > max {
+            return Err(Error::invalid_config(format_args!(
+                "{count} permits asked of a semaphore of {max}: it could never be granted"
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// Checks a user key against the rules every backend shares.
 pub(crate) fn validate_key(key: &str) -> Result<()> {

@@ -1,15 +1,65 @@
 //! The acquisition loop every lock type shares: ask, wait for a notification, ask again.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
 
+use super::lease::{Held, Lease};
+use super::rules::{validate_key, validate_kind, validate_ttl};
+use super::Core;
 use crate::backend::{Attempt, Claim, Grant, LockKind};
-use crate::client::{validate_ttl, ClientInner};
 use crate::error::{Error, Result};
-use crate::key::validate_key;
-use crate::lease::{Held, Lease};
+
+/// A named lock as a primitive sees it: the client's core, the key, and a lease length of its
+/// own if it has one. Cheap to clone; no I/O until acquired.
+#[derive(Clone)]
+pub(crate) struct Target {
+    pub(crate) core: Arc<Core>,
+    pub(crate) key: Arc<str>,
+    pub(crate) ttl: Option<Duration>,
+}
+
+impl Target {
+    pub(crate) fn new(core: Arc<Core>, key: impl Into<Arc<str>>) -> Self {
+        Self {
+            core,
+            key: key.into(),
+            ttl: None,
+        }
+    }
+
+    /// The lease length: the target's own, or the client's.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl.unwrap_or(self.core.config.ttl)
+    }
+
+    /// Acquires the lock as `kind`, waiting or not as `mode` says.
+    pub(crate) fn acquire(
+        &self,
+        kind: LockKind,
+        mode: Mode,
+    ) -> impl Future<Output = Result<Held>> + Send + 'static {
+        acquire(self.core.clone(), self.key.clone(), self.ttl(), kind, mode)
+    }
+
+    /// Acquires the lock as `kind`, waiting at most `timeout`.
+    pub(crate) fn acquire_timeout(
+        &self,
+        kind: LockKind,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Held>> + Send + 'static {
+        let key = self.key.clone();
+        let wait = self.acquire(kind, Mode::Wait);
+        async move {
+            match tokio::time::timeout(timeout, wait).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::timeout(&key)),
+            }
+        }
+    }
+}
 
 /// The first and the longest pause between re-checks while the backend is unreachable.
 const MIN_OUTAGE_PAUSE: Duration = Duration::from_millis(50);
@@ -28,7 +78,7 @@ pub(crate) enum Mode {
 /// the claim; dropping this future anywhere spawns a release that removes its queue entry and
 /// any grant that raced with the drop.
 pub(crate) async fn acquire(
-    client: Arc<ClientInner>,
+    client: Arc<Core>,
     key: Arc<str>,
     ttl: Duration,
     kind: LockKind,
@@ -38,6 +88,13 @@ pub(crate) async fn acquire(
     validate_key(&key)?;
     client.backend.validate_key(&key)?;
     validate_ttl(ttl)?;
+    validate_kind(kind)?;
+    if !client.backend.supports(kind) {
+        return Err(Error::unsupported(format_args!(
+            "this backend does not support {} (asked for `{key}`)",
+            kind.family()
+        )));
+    }
     let handle = Handle::try_current().map_err(|_| Error::no_runtime())?;
     let engine = client.engine(&handle)?;
     let backend = client.backend.clone();

@@ -1,0 +1,171 @@
+//! The acquisition core, written once for every primitive: the wait loop ([`acquire`]), leases
+//! and their guards ([`lease`]), the renewal engine ([`renewal`]), release on drop and the
+//! pending-release accounting (here), and the rules every input is checked against before any
+//! I/O ([`rules`]).
+//!
+//! Dependencies run one way: the client makes primitives, primitives call into this core, and
+//! the core calls the backend. Nothing here knows the client or the primitives.
+
+pub(crate) mod acquire;
+pub(crate) mod guard;
+pub(crate) mod lease;
+pub(crate) mod renewal;
+pub(crate) mod rules;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::{oneshot, watch};
+
+use crate::backend::DynBackend;
+use crate::error::{Error, Result};
+
+use self::lease::{Lease, LeaseIds, Pending};
+use self::renewal::{Engine, EngineConfig};
+
+/// Settings shared by every lock of a client.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) namespace: Arc<str>,
+    pub(crate) ttl: Duration,
+    pub(crate) auto_renew: bool,
+    pub(crate) drift: fn(Duration) -> Duration,
+}
+
+/// What every lock of one client shares: the backend, the settings, the renewal engine, the
+/// releases still running, and whether the client was shut down.
+pub(crate) struct Core {
+    pub(crate) backend: Arc<dyn DynBackend>,
+    pub(crate) config: Config,
+    engine: StdMutex<Option<Engine>>,
+    pending: Arc<Pending>,
+    closed: watch::Sender<bool>,
+    pub(crate) ids: LeaseIds,
+}
+
+impl Core {
+    pub(crate) fn new(backend: Arc<dyn DynBackend>, config: Config) -> Self {
+        Self {
+            backend,
+            config,
+            engine: StdMutex::new(None),
+            pending: Arc::default(),
+            closed: watch::Sender::new(false),
+            ids: LeaseIds::default(),
+        }
+    }
+
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if *self.closed.borrow() {
+            return Err(Error::closed());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    pub(crate) fn closed(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+
+    /// The renewal task for the current runtime, started on first use (and again if the runtime
+    /// that ran it has shut down).
+    pub(crate) fn engine(&self, handle: &Handle) -> Result<Engine> {
+        let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+        self.check_open()?;
+        if let Some(engine) = slot.as_ref().filter(|e| e.is_running()) {
+            return Ok(engine.clone());
+        }
+        let engine = Engine::start(
+            handle,
+            self.backend.clone(),
+            EngineConfig {
+                auto_renew: self.config.auto_renew,
+            },
+        );
+        *slot = Some(engine.clone());
+        Ok(engine)
+    }
+
+    /// Stops renewal of `lease` for good. Returns `false` if it was already stopped (released
+    /// before, or by shutdown).
+    pub(crate) fn stop(&self, lease: &Lease) -> bool {
+        if !lease.finish() {
+            return false;
+        }
+        if let Some(engine) = self
+            .engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            engine.forget(lease);
+        }
+        true
+    }
+
+    /// Stops renewal of `lease` and releases it in a task on `handle`.
+    pub(crate) fn spawn_release(self: &Arc<Self>, handle: &Handle, lease: Arc<Lease>) {
+        if self.stop(&lease) {
+            self.release_in_task(handle, lease);
+        }
+    }
+
+    /// Releases a stopped lease in a task on `handle`; `shutdown` waits for it.
+    pub(crate) fn release_in_task(self: &Arc<Self>, handle: &Handle, lease: Arc<Lease>) {
+        let token = self.pending.start();
+        let backend = self.backend.clone();
+        handle.spawn(async move {
+            if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
+                tracing::warn!(key = lease.claim.key(), error = %err, "release failed; the lease will expire");
+            }
+            drop(token);
+        });
+    }
+
+    /// Releases a stopped lease here; if this future is dropped first, the release finishes
+    /// in a task on `handle`.
+    pub(crate) async fn release_now(
+        self: &Arc<Self>,
+        handle: &Handle,
+        lease: &Arc<Lease>,
+    ) -> Result<bool> {
+        let _token = self.pending.start();
+        let backstop =
+            scopeguard::guard(lease.clone(), |lease| self.release_in_task(handle, lease));
+        let result = self.backend.release(&lease.claim, &lease.ticket).await;
+        scopeguard::ScopeGuard::into_inner(backstop);
+        result
+    }
+
+    /// Closes the core: waiting acquisitions end with `Closed`, held leases are released (and
+    /// marked lost), pending releases are flushed, then the backend closes. Idempotent.
+    pub(crate) async fn shutdown(&self) {
+        let first = !self.closed.send_replace(true);
+        let engine = self.engine.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(engine) = engine {
+            let (tx, rx) = oneshot::channel();
+            engine.shutdown(tx);
+            // The task hands back every lease it still tracks; release them here.
+            if let Ok(leases) = rx.await {
+                let releases = leases.into_iter().filter(|l| l.finish()).map(|lease| {
+                    let backend = self.backend.clone();
+                    async move {
+                        lease.claim.mark_lost();
+                        if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
+                            tracing::warn!(key = lease.claim.key(), error = %err, "release at shutdown failed");
+                        }
+                    }
+                });
+                futures::future::join_all(releases).await;
+            }
+        }
+        self.pending.idle().await;
+        if first {
+            self.backend.shutdown().await;
+        }
+    }
+}
