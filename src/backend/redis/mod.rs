@@ -4,8 +4,9 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<ns>:{<key>}` | hash | `o` owner token, `f` fencing token; PX = lease |
-//! | `<ns>:{<key>}:q` | list | waiting owner tokens, in arrival order |
+//! | `<ns>:{<key>}` | hash | a mutex: `o` owner token, `f` fencing token; PX = lease. A read-write lock or semaphore: `t` = `rw`/`sem`, `m` permits, `u` in use, `wr` writer, `f:<owner>`, `n:<owner>` per holder |
+//! | `<ns>:{<key>}:h` | zset | read-write lock or semaphore holder → lease deadline (server time, ms) |
+//! | `<ns>:{<key>}:q` | list | waiting owner tokens (`r:`/`w:`/`<n>:` before them for the shared kinds), in arrival order |
 //! | `<ns>:{<key>}:w` | zset | waiting owner → liveness deadline (server time, ms) |
 //! | `<ns>:{<key>}:fence` | string | fencing counter, expires after an hour unused |
 //! | `<ns>:{<key>}:c:<client>` | channel | messages for one client's waiters on this lock |
@@ -31,7 +32,7 @@ use tokio::time::{sleep_until, Instant};
 
 use self::commands::{redis_error, Commands, CALL_TIMEOUT};
 use self::notify::{Hub, Subscription, Wake};
-use super::{Attempt, Backend, Claim, Grant, Renewal};
+use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long the fencing counter of an unused key lives. After it expires, the next grant starts
@@ -49,6 +50,12 @@ fn script(body: &str) -> Script {
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/acquire.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/release.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/renew.lua")));
+static ACQUIRE_SHARED: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("scripts/acquire_shared.lua")));
+static RELEASE_SHARED: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("scripts/release_shared.lua")));
+static DOWNGRADE: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("scripts/downgrade.lua")));
 
 /// Locks on a Redis server (or Valkey, KeyDB, Tair: the same scripts run there).
 ///
@@ -310,6 +317,8 @@ impl RedisBackendBuilder {
 /// them.
 struct Keys {
     lock: String,
+    /// Read-write locks and semaphores: holder -> lease deadline.
+    holders: String,
     queue: String,
     waiters: String,
     fence: String,
@@ -329,6 +338,7 @@ impl Keys {
         let lock = format!("{}:{{{}}}", claim.namespace(), claim.key());
         let channels = format!("{lock}:c:");
         Self {
+            holders: format!("{lock}:h"),
             queue: format!("{lock}:q"),
             waiters: format!("{lock}:w"),
             fence: format!("{lock}:fence"),
@@ -407,21 +417,39 @@ impl RedisBackend {
         keys: &Keys,
         wait: bool,
     ) -> Result<Attempt> {
-        let mut inv = ACQUIRE.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.queue)
-            .key(&keys.waiters)
-            .key(&keys.fence)
-            .arg(&keys.owner)
+        let shared = Shared::of(claim.kind());
+        let mut inv = match shared {
+            None => {
+                let mut inv = ACQUIRE.prepare_invoke();
+                inv.key(&keys.lock)
+                    .key(&keys.queue)
+                    .key(&keys.waiters)
+                    .key(&keys.fence);
+                inv
+            }
+            Some(_) => {
+                let mut inv = ACQUIRE_SHARED.prepare_invoke();
+                inv.key(&keys.lock)
+                    .key(&keys.holders)
+                    .key(&keys.queue)
+                    .key(&keys.waiters)
+                    .key(&keys.fence);
+                inv
+            }
+        };
+        inv.arg(&keys.owner)
             .arg(millis(claim.ttl()))
             .arg(u8::from(wait))
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
             .arg(&keys.channels);
+        if let Some(shared) = &shared {
+            inv.arg(&shared.kind).arg(shared.max);
+        }
         let sent = Instant::now();
-        let (granted, value, server_ms): (i64, i64, i64) =
-            self.inner.commands.invoke("acquire", &inv).await?;
-        if granted == 1 {
+        let reply: Vec<::redis::Value> = self.inner.commands.invoke("acquire", &inv).await?;
+        let (code, value, server_ms) = parse_acquire(claim, &reply)?;
+        if code == 1 {
             return Ok(Attempt::Granted(Grant {
                 fence: fence_of(value)?,
                 valid_until: sent + claim.ttl(),
@@ -429,9 +457,8 @@ impl RedisBackend {
         }
         // Queued: remember when the server's clock read `server_ms`, to place a handoff.
         *ticket.clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent, server_ms));
-        // The holder's remaining lease. PTTL is 0 in the last millisecond of a lease (and -2
-        // once it is gone): look again at once. -1 (a key without expiry, not ours): after
-        // our own TTL.
+        // How long the blocking lease has left. 0 in its last millisecond (and -2 once it is
+        // gone): look again at once. -1 (a key without expiry, not ours): after our own TTL.
         let wait_for = match value {
             -1 => claim.ttl(),
             ms => Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1)),
@@ -442,9 +469,74 @@ impl RedisBackend {
     }
 }
 
+/// How a read-write lock or semaphore claim is written in the shared scripts; `None` for a
+/// mutex.
+struct Shared {
+    /// `r`, `w`, or the permit count.
+    kind: String,
+    /// The semaphore's permits (0 for a read-write lock).
+    max: u32,
+}
+
+impl Shared {
+    fn of(kind: LockKind) -> Option<Self> {
+        let (kind, max) = match kind {
+            LockKind::Read => ("r".to_owned(), 0),
+            LockKind::Write => ("w".to_owned(), 0),
+            LockKind::Permits { count, max } => (count.to_string(), max),
+            _ => return None,
+        };
+        Some(Self { kind, max })
+    }
+}
+
+/// Reads an acquire script's reply: `{1, fence, 0}`, `{0, ms to wait, server ms}`, or
+/// `{-1, family}` when the key is another kind of lock.
+fn parse_acquire(claim: &Claim, reply: &[::redis::Value]) -> Result<(i64, i64, i64)> {
+    let int = |i: usize| -> Option<i64> { ::redis::from_redis_value_ref(reply.get(i)?).ok() };
+    match (int(0), reply.get(1)) {
+        (Some(-1), Some(family)) => {
+            let family: String = ::redis::from_redis_value_ref(family).unwrap_or_default();
+            Err(Error::kind_mismatch(format_args!(
+                "`{}` is {} on the server, asked for as {}",
+                claim.key(),
+                describe_family(&family),
+                claim.kind().family()
+            )))
+        }
+        (Some(code), _) => match (int(1), int(2)) {
+            (Some(value), Some(server_ms)) => Ok((code, value, server_ms)),
+            _ => Err(Error::new(
+                ErrorKind::Backend,
+                "redis acquire returned a malformed reply",
+            )),
+        },
+        _ => Err(Error::new(
+            ErrorKind::Backend,
+            "redis acquire returned a malformed reply",
+        )),
+    }
+}
+
+/// Names a family as the scripts report it (`mutex`, `rw`, `sem:<permits>`).
+fn describe_family(family: &str) -> String {
+    match family {
+        "mutex" => Family::Mutex.to_string(),
+        "rw" => Family::RwLock.to_string(),
+        other => match other.strip_prefix("sem:").and_then(|m| m.parse().ok()) {
+            Some(max) => Family::Semaphore { max }.to_string(),
+            None => format!("`{other}`"),
+        },
+    }
+}
+
 impl Backend for RedisBackend {
     type Ticket = RedisTicket;
     const RENEWS_WAITERS: bool = true;
+
+    fn supports(&self, _kind: LockKind) -> bool {
+        true
+    }
 
     async fn acquire(&self, claim: &Claim, ticket: &RedisTicket, wait: bool) -> Result<Attempt> {
         let keys = Keys::new(claim, &self.inner.client_id);
@@ -521,15 +613,34 @@ impl Backend for RedisBackend {
     async fn release(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
         ticket.set_sub(None);
         let keys = Keys::new(claim, &self.inner.client_id);
-        let mut inv = RELEASE.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.queue)
-            .key(&keys.waiters)
-            .key(&keys.fence)
-            .arg(&keys.owner)
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels);
+        let inv = match Shared::of(claim.kind()) {
+            None => {
+                let mut inv = RELEASE.prepare_invoke();
+                inv.key(&keys.lock)
+                    .key(&keys.queue)
+                    .key(&keys.waiters)
+                    .key(&keys.fence)
+                    .arg(&keys.owner)
+                    .arg(millis(FENCE_TTL))
+                    .arg(millis(self.inner.handoff_ttl))
+                    .arg(&keys.channels);
+                inv
+            }
+            Some(shared) => {
+                let mut inv = RELEASE_SHARED.prepare_invoke();
+                inv.key(&keys.lock)
+                    .key(&keys.holders)
+                    .key(&keys.queue)
+                    .key(&keys.waiters)
+                    .key(&keys.fence)
+                    .arg(&keys.owner)
+                    .arg(millis(FENCE_TTL))
+                    .arg(millis(self.inner.handoff_ttl))
+                    .arg(&keys.channels)
+                    .arg(format!("{}:{}", shared.kind, keys.owner));
+                inv
+            }
+        };
         let (held, in_doubt): (i64, bool) = self
             .inner
             .commands
@@ -541,11 +652,36 @@ impl Backend for RedisBackend {
         Ok(held == 1 || in_doubt)
     }
 
+    async fn downgrade(&self, claim: &Claim, _ticket: &RedisTicket) -> Result<Grant> {
+        let keys = Keys::new(claim, &self.inner.client_id);
+        let mut inv = DOWNGRADE.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.holders)
+            .key(&keys.queue)
+            .key(&keys.waiters)
+            .key(&keys.fence)
+            .arg(&keys.owner)
+            .arg(millis(claim.ttl()))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channels);
+        let sent = Instant::now();
+        let (done, fence): (i64, i64) = self.inner.commands.invoke("downgrade", &inv).await?;
+        if done != 1 {
+            return Err(Error::lost(claim.key()));
+        }
+        Ok(Grant {
+            fence: fence_of(fence)?,
+            valid_until: sent + claim.ttl(),
+        })
+    }
+
     async fn renew(&self, claims: &[(&Claim, &RedisTicket)]) -> Vec<Renewal> {
         let mut inv = RENEW.prepare_invoke();
         for (claim, _) in claims {
             let keys = Keys::new(claim, &self.inner.client_id);
             inv.key(keys.lock)
+                .key(keys.holders)
                 .key(keys.waiters)
                 .key(keys.queue)
                 .arg(keys.owner)

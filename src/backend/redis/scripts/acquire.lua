@@ -1,12 +1,16 @@
 -- Take the lock, or join (or keep our place in) its FIFO queue.
 -- KEYS: lock, queue, waiters, fence
 -- ARGV: owner, ttl ms, wait (1|0), fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:")
--- Returns {1, fence, 0} when the lock is ours, {0, holder pttl, server ms} otherwise.
+-- Returns {1, fence, 0} when the lock is ours, {0, holder pttl, server ms} otherwise, and
+-- {-1, family} if the key is in use as a read-write lock or semaphore.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 
-local holder = redis.call('HGET', lock, 'o')
+local holder, family = unpack(redis.call('HMGET', lock, 'o', 't'))
+if family then
+  return {-1, family_of(lock, queue)}
+end
 if holder == owner then
   -- Ours already (handed to us, or asked again): confirm the full lease.
   redis.call('PEXPIRE', lock, ttl)
@@ -14,7 +18,11 @@ if holder == owner then
 end
 
 if not holder then
-  local head = live_head(queue, waiters)
+  local head, head_owner = live_head(queue, waiters)
+  if head and head ~= head_owner then
+    -- A read-write lock's or semaphore's queue (its hash expired): not a mutex.
+    return {-1, family_of(lock, queue)}
+  end
   if not head or head == owner then
     if head then
       redis.call('LPOP', queue)

@@ -1,9 +1,14 @@
 -- Shared by every distlock script. Per lock key (one hash tag, so one Cluster slot):
---   lock     hash  o = owner token, f = fencing token          PX = lease
---   queue    list  owner tokens in arrival order
+--   base     hash  a mutex: o = owner token, f = fencing token, PX = lease
+--                  a read-write lock or semaphore: t = rw | sem, m = permits (sem),
+--                  u = permits in use (sem), wr = the writer (rw), f:<owner> = each holder's
+--                  fencing token, n:<owner> = each holder's permits (sem)
+--   holders  zset  owner -> lease deadline (server ms): read-write locks and semaphores
+--   queue    list  a mutex: owner tokens; the others: "<r|w|count>:<owner>", in arrival order
 --   waiters  zset  owner token -> liveness deadline (server ms)
 --   fence    string counter, long TTL; restarts at server time in microseconds
--- Every time is the server's TIME; no client clock reaches a score.
+-- Owner tokens are "<client id>.<claim id>". Every time is the server's TIME; no client clock
+-- reaches a score.
 
 -- Server time in ms and in µs, read once per script and only if needed.
 local NOW, NOW_US
@@ -48,23 +53,60 @@ local function grant(lock, fence, owner, px, fence_ttl)
   return f
 end
 
--- The first queued owner whose liveness deadline has not passed; dead ones are dropped.
+-- A queue entry's kind and owner: "<kind>:<owner>" for read-write locks and semaphores, the
+-- bare owner (kind nil) for a mutex. Owner tokens hold no ':'.
+local function parse_entry(entry)
+  local kind, owner = string.match(entry, '^([^:]*):(.*)$')
+  if kind then
+    return kind, owner
+  end
+  return nil, entry
+end
+
+-- The first queued entry whose owner's liveness deadline has not passed, and that owner; dead
+-- ones are dropped.
 local function live_head(queue, waiters)
   while true do
     local head = redis.call('LINDEX', queue, 0)
     if not head then
       return nil
     end
+    local _, owner = parse_entry(head)
     local now = clock()
-    local deadline = redis.call('ZSCORE', waiters, head)
+    local deadline = redis.call('ZSCORE', waiters, owner)
     if deadline and tonumber(deadline) > now then
-      return head
+      return head, owner
     end
     redis.call('LPOP', queue)
     if deadline then
-      redis.call('ZREM', waiters, head)
+      redis.call('ZREM', waiters, owner)
     end
   end
+end
+
+-- What the key is while anyone holds or waits for it: 'mutex', 'rw' or 'sem:<permits>'; nil
+-- when it is free. (A read-write lock's or semaphore's hash lives while anyone waits; a
+-- mutex's only while it is held, so a free mutex with waiters is known by its queue.)
+local function family_of(base, queue)
+  local t, o, m = unpack(redis.call('HMGET', base, 't', 'o', 'm'))
+  if t == 'rw' then
+    return 'rw'
+  elseif t == 'sem' then
+    return 'sem:' .. m
+  elseif o then
+    return 'mutex'
+  end
+  local head = redis.call('LINDEX', queue, 0)
+  if not head then
+    return nil
+  end
+  local kind = parse_entry(head)
+  if not kind then
+    return 'mutex'
+  elseif kind == 'r' or kind == 'w' then
+    return 'rw'
+  end
+  return 'sem:?'
 end
 
 -- Owner tokens are "<client id>.<claim id>"; each client listens on its own channel per lock,
@@ -73,22 +115,115 @@ local function channel_of(prefix, owner)
   return prefix .. string.match(owner, '^[^.]*')
 end
 
--- Gives the free lock to the live head of the queue, for a short unconfirmed lease, and
--- announces it to that owner's client: "<owner> <fence> <server ms> <px>". The waiter now first
--- in line is told when that lease ends ("<owner> <server ms> <px>"): if the new owner died
--- before confirming it, that waiter takes over then instead of at the old holder's deadline.
+-- Tells `owner` the lock is its, under a provisional lease: "<owner> <fence> <server ms> <px>".
+local function announce(prefix, owner, f, px)
+  redis.call('PUBLISH', channel_of(prefix, owner),
+    owner .. ' ' .. int(f) .. ' ' .. int(clock()) .. ' ' .. px)
+end
+
+-- Tells the waiter now first in line when the provisional leases just handed out end
+-- ("<owner> <server ms> <px>"): if their owners died before confirming them, it takes over then
+-- instead of at the old holders' deadlines.
+local function hint_next(prefix, queue, px)
+  local next_in_line = redis.call('LINDEX', queue, 0)
+  if next_in_line then
+    local _, owner = parse_entry(next_in_line)
+    redis.call('PUBLISH', channel_of(prefix, owner), owner .. ' ' .. int(clock()) .. ' ' .. px)
+  end
+end
+
+-- Gives the free mutex to the live head of the queue, for a short unconfirmed lease, and
+-- announces it.
 local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
-  local head = live_head(queue, waiters)
-  if not head then
+  local head, owner = live_head(queue, waiters)
+  if not head or head ~= owner then
+    -- Nobody waits, or this is another kind of lock's queue.
     return
   end
   redis.call('LPOP', queue)
   redis.call('ZREM', waiters, head)
   local f = grant(lock, fence, head, handoff_ttl, fence_ttl)
-  local now = int(clock())
-  redis.call('PUBLISH', channel_of(prefix, head), head .. ' ' .. int(f) .. ' ' .. now .. ' ' .. handoff_ttl)
-  local next_in_line = redis.call('LINDEX', queue, 0)
-  if next_in_line then
-    redis.call('PUBLISH', channel_of(prefix, next_in_line), next_in_line .. ' ' .. now .. ' ' .. handoff_ttl)
+  announce(prefix, head, f, handoff_ttl)
+  hint_next(prefix, queue, handoff_ttl)
+end
+
+-- Read-write locks and semaphores ----------------------------------------------------------
+
+-- Forgets a holder: its lease, its token, its permits, its write hold.
+local function drop_holder(base, holders, owner)
+  redis.call('ZREM', holders, owner)
+  local n = redis.call('HGET', base, 'n:' .. owner)
+  if n then
+    redis.call('HINCRBY', base, 'u', -tonumber(n))
+  end
+  if redis.call('HGET', base, 'wr') == owner then
+    redis.call('HDEL', base, 'wr')
+  end
+  redis.call('HDEL', base, 'f:' .. owner, 'n:' .. owner)
+end
+
+-- Drops every holder whose lease has run out.
+local function purge(base, holders)
+  local now = clock()
+  local dead = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
+  for _, owner in ipairs(dead) do
+    drop_holder(base, holders, owner)
+  end
+end
+
+-- Whether a claim of `kind` ('r', 'w', or a permit count) fits beside the current holders: a
+-- writer alone, a reader with readers, permits while enough are free.
+local function fits(base, holders, kind)
+  if kind == 'w' then
+    return redis.call('ZCARD', holders) == 0
+  elseif kind == 'r' then
+    return not redis.call('HGET', base, 'wr')
+  end
+  local used = tonumber(redis.call('HGET', base, 'u') or '0')
+  return used + tonumber(kind) <= tonumber(redis.call('HGET', base, 'm'))
+end
+
+-- Makes `owner` a holder of `kind` with a lease of `px` ms; returns its fencing token.
+local function add_holder(base, holders, fence, fence_ttl, owner, kind, px)
+  local f = next_fence(fence, fence_ttl)
+  redis.call('HSET', base, 'f:' .. owner, int(f))
+  if kind == 'w' then
+    redis.call('HSET', base, 'wr', owner)
+  elseif kind ~= 'r' then
+    redis.call('HSET', base, 'n:' .. owner, kind)
+    redis.call('HINCRBY', base, 'u', tonumber(kind))
+  end
+  redis.call('ZADD', holders, clock() + px, owner)
+  return f
+end
+
+-- Grants the queue from its head while the head fits (readers queued together go together; a
+-- request that does not fit stops the pass, so nothing overtakes it) and announces each grant.
+local function grant_pass(base, holders, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  local granted = false
+  while true do
+    local head, owner = live_head(queue, waiters)
+    if not head then
+      break
+    end
+    local kind = parse_entry(head)
+    if not fits(base, holders, kind) then
+      break
+    end
+    redis.call('LPOP', queue)
+    redis.call('ZREM', waiters, owner)
+    local f = add_holder(base, holders, fence, fence_ttl, owner, kind, handoff_ttl)
+    announce(prefix, owner, f, handoff_ttl)
+    granted = true
+  end
+  if granted then
+    hint_next(prefix, queue, handoff_ttl)
+  end
+end
+
+-- A read-write lock or semaphore nobody holds or waits for keeps nothing but its fence counter.
+local function forget_if_idle(base, holders, queue)
+  if redis.call('ZCARD', holders) == 0 and redis.call('LLEN', queue) == 0 then
+    redis.call('DEL', base, holders)
   end
 end

@@ -6,7 +6,11 @@
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, fence_ttl, handoff_ttl, prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 
-local holder = redis.call('HGET', lock, 'o')
+local holder, family = unpack(redis.call('HMGET', lock, 'o', 't'))
+if family then
+  -- A read-write lock or semaphore: a mutex claim was refused there and left nothing.
+  return 0
+end
 local held = 0
 if holder == owner then
   redis.call('DEL', lock)
