@@ -363,7 +363,7 @@ async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl() {
             .build()
             .unwrap();
         let guard = c.mutex("k").lock().await.unwrap();
-        support::holder::report_and_hold(&guard).await;
+        support::holder::report_and_hold(guard.fencing_token()).await;
     }
     let ns = test_namespace!();
     let url = shared_redis().url();

@@ -82,12 +82,77 @@ pub async fn contend(
     fences
 }
 
-/// Cancellation torture: `holders` take `key` `holder_rounds` times each and hold it briefly;
-/// meanwhile every canceller starts `cancel_rounds` `lock()` futures and cancels most of them at
-/// random points, by a tiny timeout (`r * timeout_unit`) or by aborting the task after a few
-/// polls. Asserts that no two holders ever overlapped and that many futures were cancelled;
-/// shuts every client down. The caller then checks the backend holds no trace of the key.
+/// Takes an exclusive hold of a key on a client, as some primitive does: the guard is boxed,
+/// and dropping it releases.
+pub type Take = Arc<
+    dyn Fn(
+            LockClient,
+            String,
+        ) -> futures::future::BoxFuture<'static, distlock::Result<Box<dyn Send>>>
+        + Send
+        + Sync,
+>;
+
+/// [`Take`] for a `Mutex`.
+pub fn take_mutex() -> Take {
+    Arc::new(|c, key| {
+        Box::pin(async move { Ok(Box::new(c.mutex(key).lock().await?) as Box<dyn Send>) })
+    })
+}
+
+/// [`Take`] for an `RwLock`'s write side.
+pub fn take_write() -> Take {
+    Arc::new(|c, key| {
+        Box::pin(async move { Ok(Box::new(c.rw_lock(key).write().await?) as Box<dyn Send>) })
+    })
+}
+
+/// [`Take`] for the one permit of a one-permit `Semaphore`.
+pub fn take_permit() -> Take {
+    Arc::new(|c, key| {
+        Box::pin(async move { Ok(Box::new(c.semaphore(key, 1).acquire().await?) as Box<dyn Send>) })
+    })
+}
+
+/// [`Take`] for a `MultiLock` over `<key>:a` and `<key>:b`.
+pub fn take_multi() -> Take {
+    Arc::new(|c, key| {
+        Box::pin(async move {
+            let keys = [format!("{key}:a"), format!("{key}:b")];
+            Ok(Box::new(c.multi_lock(keys).lock().await?) as Box<dyn Send>)
+        })
+    })
+}
+
+/// Cancellation torture on mutexes: see [`torture_with`].
 pub async fn torture(
+    holders: Vec<LockClient>,
+    cancellers: Vec<LockClient>,
+    key: &str,
+    holder_rounds: u64,
+    cancel_rounds: u64,
+    timeout_unit: Duration,
+) {
+    torture_with(
+        take_mutex(),
+        holders,
+        cancellers,
+        key,
+        holder_rounds,
+        cancel_rounds,
+        timeout_unit,
+    )
+    .await;
+}
+
+/// Cancellation torture: `holders` take `key` (through `take`) `holder_rounds` times each and
+/// hold it briefly; meanwhile every canceller starts `cancel_rounds` acquisitions and cancels
+/// most of them at random points, by a tiny timeout (`r * timeout_unit`) or by aborting the task
+/// after a few polls. Asserts that no two holders ever overlapped and that many futures were
+/// cancelled; shuts every client down. The caller then checks the backend holds no trace of the
+/// key.
+pub async fn torture_with(
+    take: Take,
     holders: Vec<LockClient>,
     cancellers: Vec<LockClient>,
     key: &str,
@@ -100,10 +165,10 @@ pub async fn torture(
     let clients: Vec<LockClient> = holders.iter().chain(&cancellers).cloned().collect();
     let mut tasks = Vec::new();
     for (h, c) in (0u64..).zip(holders) {
-        let (overlap, key) = (overlap.clone(), key.to_owned());
+        let (overlap, key, take) = (overlap.clone(), key.to_owned(), take.clone());
         tasks.push(tokio::spawn(async move {
             for i in 0..holder_rounds {
-                let guard = c.mutex(&key).lock().await.unwrap();
+                let guard = take(c.clone(), key.clone()).await.unwrap();
                 overlap.enter();
                 sleep(Duration::from_micros(250 * ((i + h) % 4))).await;
                 overlap.exit();
@@ -112,7 +177,12 @@ pub async fn torture(
         }));
     }
     for (w, c) in (0u64..).zip(cancellers) {
-        let (overlap, cancelled, key) = (overlap.clone(), cancelled.clone(), key.to_owned());
+        let (overlap, cancelled, key, take) = (
+            overlap.clone(),
+            cancelled.clone(),
+            key.to_owned(),
+            take.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut x = w * 7919 + 13;
             for _ in 0..cancel_rounds {
@@ -120,12 +190,12 @@ pub async fn torture(
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 let r = (x >> 33) % 1000;
-                let mutex = c.mutex(&key);
+                let lock = take(c.clone(), key.clone());
                 let got = if r % 2 == 0 {
                     let limit = timeout_unit * u32::try_from(r).unwrap();
-                    timeout(limit, mutex.lock()).await.ok()
+                    timeout(limit, lock).await.ok()
                 } else {
-                    let task = tokio::spawn(mutex.lock());
+                    let task = tokio::spawn(lock);
                     for _ in 0..(r % 7) {
                         tokio::task::yield_now().await;
                     }
@@ -162,31 +232,58 @@ pub async fn torture(
     );
 }
 
-/// A `lock()` in its own task that notes when it was granted.
-pub fn spawn_timed_lock(
-    mutex: distlock::Mutex,
-) -> tokio::task::JoinHandle<(tokio::time::Instant, distlock::Result<distlock::MutexGuard>)> {
+/// What the partition check needs of a guard, for every guard type.
+pub trait Guard: Send + Sync {
+    fn lost_signal(&self) -> futures::future::BoxFuture<'_, ()>;
+}
+
+macro_rules! impl_guard {
+    ($($t:ty),*) => {$(
+        impl Guard for $t {
+            fn lost_signal(&self) -> futures::future::BoxFuture<'_, ()> {
+                Box::pin(self.lost())
+            }
+        }
+    )*};
+}
+impl_guard!(
+    distlock::MutexGuard,
+    distlock::RwLockReadGuard,
+    distlock::RwLockWriteGuard,
+    distlock::SemaphorePermit
+);
+
+/// An acquisition (`lock()`, `write()`, ...) in its own task that notes when it was granted.
+pub fn spawn_timed<G: Send + 'static>(
+    acquire: impl std::future::Future<Output = distlock::Result<G>> + Send + 'static,
+) -> tokio::task::JoinHandle<(tokio::time::Instant, distlock::Result<G>)> {
     tokio::spawn(async move {
-        let g = mutex.lock().await;
+        let g = acquire.await;
         (tokio::time::Instant::now(), g)
     })
 }
 
-/// The partition check: `waiter` (from [`spawn_timed_lock`]) is queued behind `held`. Runs
-/// `cut` (which partitions the holder from the quorum, e.g. a proxy blackhole), waits for both
-/// the holder's `lost()` and the waiter's grant, and asserts the holder learned first. Returns
-/// the waiter's guard and, from the cut, when the holder learned and when the waiter was
-/// granted.
-pub async fn partition_then_handover(
+/// A mutex `lock()` in its own task that notes when it was granted.
+pub fn spawn_timed_lock(
+    mutex: distlock::Mutex,
+) -> tokio::task::JoinHandle<(tokio::time::Instant, distlock::Result<distlock::MutexGuard>)> {
+    spawn_timed(mutex.lock())
+}
+
+/// The partition check: `waiter` (from [`spawn_timed`]) is queued behind `held`. Runs `cut`
+/// (which partitions the holder from the service, e.g. a proxy blackhole), waits for both the
+/// holder's `lost()` and the waiter's grant, and asserts the holder learned first. Returns the
+/// waiter's guard and, from the cut, when the holder learned and when the waiter was granted.
+pub async fn partition_then_handover<G>(
     cut: impl FnOnce(),
-    held: &distlock::MutexGuard,
-    waiter: tokio::task::JoinHandle<(tokio::time::Instant, distlock::Result<distlock::MutexGuard>)>,
+    held: &dyn Guard,
+    waiter: tokio::task::JoinHandle<(tokio::time::Instant, distlock::Result<G>)>,
     limit: Duration,
-) -> (distlock::MutexGuard, Duration, Duration) {
+) -> (G, Duration, Duration) {
     cut();
     let cut = tokio::time::Instant::now();
     let lost = async {
-        held.lost().await;
+        held.lost_signal().await;
         tokio::time::Instant::now()
     };
     let (outcome, lost_at) = tokio::join!(timeout(limit, waiter), lost);

@@ -5,9 +5,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The child's side: tell the parent the lock is held, then hold it until killed.
-pub async fn report_and_hold(guard: &distlock::MutexGuard) -> ! {
-    println!("HOLDING {}", guard.fencing_token());
+/// The child's side: tell the parent the lock is held (with its fencing token), then hold it
+/// until killed.
+pub async fn report_and_hold(fence: u64) -> ! {
+    println!("HOLDING {fence}");
     std::future::pending::<()>().await;
     unreachable!()
 }
@@ -36,11 +37,11 @@ pub async fn spawn(test: &str, env: &str, spec: String) -> (Child, u64) {
 
 /// SIGKILLs the holder and returns what `waiter` got, with how long after the kill it got it.
 /// Panics if the waiter is not granted within `limit`.
-pub async fn kill_and_await(
+pub async fn kill_and_await<G>(
     mut child: Child,
-    waiter: tokio::task::JoinHandle<distlock::Result<distlock::MutexGuard>>,
+    waiter: tokio::task::JoinHandle<distlock::Result<G>>,
     limit: Duration,
-) -> (distlock::MutexGuard, Duration) {
+) -> (G, Duration) {
     child.kill().expect("SIGKILL the holder");
     let killed = Instant::now();
     child.wait().expect("reap the holder");

@@ -9,6 +9,7 @@
 pub mod contract;
 pub mod curator;
 pub mod ensemble;
+pub mod family;
 pub mod holder;
 pub mod proxy;
 
