@@ -8,7 +8,7 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::LockClient;
+use crate::{LockClient, MutexGuard, RwLockReadGuard, RwLockWriteGuard, SemaphorePermit};
 
 static DEFAULT: RwLock<Option<LockClient>> = RwLock::new(None);
 
@@ -25,8 +25,89 @@ pub fn set_default(client: LockClient) {
 }
 
 tokio::task_local! {
-    /// The (client, key) pairs the current task holds through `#[distributed_lock]`.
-    static HELD: Vec<(usize, String)>;
+    /// What the current task holds through `#[distributed_lock]`: client, key, mode.
+    static HELD: Vec<(usize, String, Mode)>;
+}
+
+/// Which lock an annotated function takes: `read`, `write`, `permits = N`, or a mutex.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A mutex (the default).
+    Mutex,
+    /// The read side of a read-write lock.
+    Read,
+    /// The write side of a read-write lock.
+    Write,
+    /// One permit of a semaphore with this many.
+    Permits(u32),
+}
+
+impl Mode {
+    /// Whether a task holding the key this way may run a nested call that asks for `inner`
+    /// without taking anything: the same lock, held at least as strongly.
+    fn covers(self, inner: Mode) -> bool {
+        match (self, inner) {
+            (Mode::Write, Mode::Read) => true,
+            (a, b) => a == b,
+        }
+    }
+}
+
+/// The guard of whichever lock was taken.
+enum Guard {
+    Mutex(MutexGuard),
+    Read(RwLockReadGuard),
+    Write(RwLockWriteGuard),
+    Permit(SemaphorePermit),
+}
+
+impl Guard {
+    async fn take(client: &LockClient, key: &str, options: &Options) -> Result<Self> {
+        macro_rules! take {
+            ($handle:expr, $wait:ident, $try:ident, $timeout:ident, $variant:ident) => {{
+                let handle = match options.ttl {
+                    Some(ttl) => $handle.with_ttl(ttl),
+                    None => $handle,
+                };
+                match (options.wait, options.timeout) {
+                    (false, _) => handle.$try().await,
+                    (true, Some(limit)) => handle.$timeout(limit).await,
+                    (true, None) => handle.$wait().await,
+                }
+                .map(Guard::$variant)
+            }};
+        }
+        match options.mode {
+            Mode::Mutex => take!(client.mutex(key), lock, try_lock, lock_timeout, Mutex),
+            Mode::Read => take!(client.rw_lock(key), read, try_read, read_timeout, Read),
+            Mode::Write => take!(client.rw_lock(key), write, try_write, write_timeout, Write),
+            Mode::Permits(max) => take!(
+                client.semaphore(key, max),
+                acquire,
+                try_acquire,
+                acquire_timeout,
+                Permit
+            ),
+        }
+    }
+
+    async fn lost(&self) {
+        match self {
+            Guard::Mutex(g) => g.lost().await,
+            Guard::Read(g) => g.lost().await,
+            Guard::Write(g) => g.lost().await,
+            Guard::Permit(g) => g.lost().await,
+        }
+    }
+
+    async fn release(self) -> Result<()> {
+        match self {
+            Guard::Mutex(g) => g.release().await,
+            Guard::Read(g) => g.release().await,
+            Guard::Write(g) => g.release().await,
+            Guard::Permit(g) => g.release().await,
+        }
+    }
 }
 
 /// How one annotated function locks.
@@ -40,6 +121,8 @@ pub struct Options {
     pub wait: bool,
     /// `on_lost = "abort"`: cancel the body once the lock is lost.
     pub abort_on_lost: bool,
+    /// `read`, `write`, `permits = N`, or a mutex.
+    pub mode: Mode,
 }
 
 /// The process default client, or an error saying how to set one.
@@ -77,23 +160,23 @@ where
 {
     let client = client?;
     let id = client.id();
-    let reentered = HELD
-        .try_with(|held| held.iter().any(|(c, k)| *c == id && *k == key))
-        .unwrap_or(false);
-    if reentered {
-        return body.await;
+    let held = HELD.try_with(Clone::clone).unwrap_or_default();
+    let mut outer = held.iter().filter(|(c, k, _)| *c == id && *k == key);
+    if let Some((_, _, mode)) = outer.next() {
+        if mode.covers(options.mode) {
+            return body.await;
+        }
+        if *mode == Mode::Read && options.mode == Mode::Write {
+            // Taking it would wait for ourselves: read locks do not upgrade.
+            return Err(E::from(Error::new(
+                ErrorKind::WouldBlock,
+                format!("`{key}` is held for reading by this task; a write under it would wait for itself (read locks do not upgrade)"),
+            )));
+        }
     }
-    let mut mutex = client.mutex(key.clone());
-    if let Some(ttl) = options.ttl {
-        mutex = mutex.with_ttl(ttl);
-    }
-    let guard = match (options.wait, options.timeout) {
-        (false, _) => mutex.try_lock().await,
-        (true, Some(limit)) => mutex.lock_timeout(limit).await,
-        (true, None) => mutex.lock().await,
-    }?;
-    let mut held = HELD.try_with(Clone::clone).unwrap_or_default();
-    held.push((id, key.clone()));
+    let guard = Guard::take(&client, &key, &options).await?;
+    let mut held = held;
+    held.push((id, key.clone(), options.mode));
     let body = std::pin::pin!(HELD.scope(held, body));
     let out = if options.abort_on_lost {
         tokio::select! {

@@ -131,6 +131,9 @@ pub use attribute::set_default;
 /// - `timeout = "5s"` bounds the wait (`is_timeout()`); `wait = false` tries once
 ///   (`is_would_block()`); `ttl = "30s"` sets the lease. Durations take `ms`, `s`, `m`, `h`
 ///   and are checked at compile time.
+/// - `read` or `write` takes the key as a read-write lock ([`RwLock`]) for reading or writing;
+///   `permits = 8` takes one permit of a semaphore of 8 ([`Semaphore`]). Without either, the
+///   key is a [`Mutex`].
 /// - `on_lost = "abort"` cancels the body at its next await once the lock is lost and returns
 ///   the lost error; by default the body runs on and the lost lock is only logged.
 /// - `crate = "path"` names distlock when it is re-exported under another path.
@@ -138,8 +141,10 @@ pub use attribute::set_default;
 /// The function keeps its signature. It must return `Result<T, E>` with
 /// `E: From<distlock::Error>`: lock errors are returned through it. The lock is released when
 /// the body returns, fails or panics. A nested call with the same key on the same client in
-/// the same task runs without locking again (instead of deadlocking); other tasks wait as
-/// usual. Works on methods, including under `#[async_trait]`.
+/// the same task runs without locking again (instead of deadlocking) when the outer call holds
+/// it at least as strongly (a read under a write, or the same mode); a write under the task's
+/// own read is refused with a would-block error, since read locks do not upgrade. Other tasks
+/// wait as usual. Works on methods, including under `#[async_trait]`.
 ///
 /// # Errors
 ///
@@ -158,7 +163,7 @@ pub use distlock_macros::distributed_lock;
 #[cfg(feature = "macros")]
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::attribute::{client_of, default_client, locked, Options};
+    pub use crate::attribute::{client_of, default_client, locked, Mode, Options};
     pub use std::time::Duration;
 }
 

@@ -281,3 +281,84 @@ async fn methods_under_async_trait_lock_too() {
     assert!(ledger.settle(5).await.unwrap_err().lock().is_would_block());
     held.release().await.unwrap();
 }
+
+#[distributed_lock("doc:{id}", read, client = client)]
+async fn read_doc(client: &LockClient, id: u32, inside: &AtomicUsize) -> Result<usize, AppError> {
+    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+    sleep(Duration::from_millis(100)).await;
+    inside.fetch_sub(1, Ordering::SeqCst);
+    Ok(now)
+}
+
+#[distributed_lock("doc:{id}", write, client = client, wait = false)]
+async fn try_write_doc(client: &LockClient, id: u32) -> Result<(), AppError> {
+    Ok(())
+}
+
+#[distributed_lock("doc:{id}", write, client = client)]
+async fn write_then_read(client: &LockClient, id: u32) -> Result<usize, AppError> {
+    // A nested read of the key this task writes re-enters.
+    read_doc(client, id, &AtomicUsize::new(0)).await
+}
+
+#[distributed_lock("doc:{id}", read, client = client)]
+async fn read_then_write(client: &LockClient, id: u32) -> Result<(), AppError> {
+    // A nested write under this task's own read would wait for itself.
+    try_write_doc(client, id).await
+}
+
+#[distributed_lock("exports", permits = 2, client = client)]
+async fn export(
+    client: &LockClient,
+    inside: &AtomicUsize,
+    peak: &AtomicUsize,
+) -> Result<(), AppError> {
+    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+    peak.fetch_max(now, Ordering::SeqCst);
+    sleep(Duration::from_millis(30)).await;
+    inside.fetch_sub(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_and_permit_modes() {
+    let client = LockClient::memory();
+    // Readers share the lock; a writer that will not wait is refused meanwhile.
+    let inside = Arc::new(AtomicUsize::new(0));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (client, inside) = (client.clone(), inside.clone());
+            tokio::spawn(async move { read_doc(&client, 1, &inside).await.unwrap() })
+        })
+        .collect();
+    sleep(Duration::from_millis(30)).await;
+    assert!(try_write_doc(&client, 1)
+        .await
+        .unwrap_err()
+        .lock()
+        .is_would_block());
+    let mut most = 0;
+    for r in readers {
+        most = most.max(r.await.unwrap());
+    }
+    assert!(most > 1, "readers never shared the lock");
+    try_write_doc(&client, 1).await.unwrap();
+
+    write_then_read(&client, 2).await.unwrap();
+    let err = read_then_write(&client, 3).await.unwrap_err().lock();
+    assert!(err.is_would_block(), "{err:?}");
+    assert!(err.to_string().contains("upgrade"), "{err}");
+
+    // A semaphore of two lets two bodies run at once, never three.
+    let (inside, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let (client, inside, peak) = (client.clone(), inside.clone(), peak.clone());
+            tokio::spawn(async move { export(&client, &inside, &peak).await.unwrap() })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 2);
+}

@@ -3,7 +3,17 @@
 use proc_macro2::Span;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
-use syn::{Expr, Ident, LitBool, LitStr, Path, Token};
+use syn::{Expr, Ident, LitBool, LitInt, LitStr, Path, Token};
+
+/// Which lock the key names, and how it is taken.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Mutex,
+    Read,
+    Write,
+    /// One permit of a semaphore of this many.
+    Permits(u32),
+}
 
 /// The attribute's arguments, checked.
 pub(crate) struct Args {
@@ -16,9 +26,10 @@ pub(crate) struct Args {
     pub(crate) wait: bool,
     pub(crate) abort_on_lost: bool,
     pub(crate) krate: Option<Path>,
+    pub(crate) mode: Mode,
 }
 
-const OPTIONS: &str = "client, timeout, ttl, wait, on_lost, crate";
+const OPTIONS: &str = "client, timeout, ttl, wait, on_lost, crate, read, write, permits";
 
 impl Parse for Args {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
@@ -42,8 +53,10 @@ impl Parse for Args {
             wait: true,
             abort_on_lost: false,
             krate: None,
+            mode: Mode::Mutex,
         };
         let mut seen: Vec<String> = Vec::new();
+        let mut mode_span: Option<(String, Span)> = None;
         let mut timeout_span = None;
         let mut wait_set = None;
         while !input.is_empty() {
@@ -59,8 +72,47 @@ impl Parse for Args {
                     format!("duplicate option `{key}`"),
                 ));
             }
+            if matches!(key.as_str(), "read" | "write" | "permits") {
+                if let Some((other, _)) = &mode_span {
+                    return Err(syn::Error::new(
+                        name.span(),
+                        format!("`{key}` and `{other}` exclude each other: a key is a mutex, a read-write lock (`read` or `write`) or a semaphore (`permits = N`)"),
+                    ));
+                }
+                mode_span = Some((key.clone(), name.span()));
+            }
+            if key == "read" || key == "write" {
+                if input.peek(Token![=]) {
+                    return Err(syn::Error::new(
+                        name.span(),
+                        format!("`{key}` takes no value: write `{key}` to take the read-write lock for {}ing", if key == "read" { "read" } else { "writ" }),
+                    ));
+                }
+                args.mode = if key == "read" {
+                    Mode::Read
+                } else {
+                    Mode::Write
+                };
+                seen.push(key);
+                continue;
+            }
             input.parse::<Token![=]>()?;
             match key.as_str() {
+                "permits" => {
+                    let lit: LitInt = input.parse().map_err(|e| {
+                        syn::Error::new(e.span(), "`permits` takes a whole number: the semaphore's number of permits, e.g. permits = 8")
+                    })?;
+                    let n: u32 = lit
+                        .base10_parse()
+                        .map_err(|_| syn::Error::new(lit.span(), "`permits` must fit in a u32"))?;
+                    if n == 0 {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            "a semaphore needs at least one permit",
+                        ));
+                    }
+                    args.mode = Mode::Permits(n);
+                }
                 "client" => args.client = Some(input.parse()?),
                 "timeout" => {
                     let lit: LitStr = input.parse()?;

@@ -9,7 +9,7 @@ use syn::{
     Type, TypeParamBound,
 };
 
-use crate::attr::{placeholders, Args};
+use crate::attr::{placeholders, Args, Mode};
 
 pub(crate) fn expand(args: Args, mut item: ItemFn) -> syn::Result<TokenStream> {
     let names = argument_names(&item);
@@ -65,6 +65,12 @@ fn locked(args: &Args, body: TokenStream) -> TokenStream {
     };
     let (ttl, timeout) = (millis(args.ttl), millis(args.timeout));
     let (wait, abort) = (args.wait, args.abort_on_lost);
+    let mode = match args.mode {
+        Mode::Mutex => quote!(#krate::__private::Mode::Mutex),
+        Mode::Read => quote!(#krate::__private::Mode::Read),
+        Mode::Write => quote!(#krate::__private::Mode::Write),
+        Mode::Permits(n) => quote!(#krate::__private::Mode::Permits(#n)),
+    };
     quote! {
         let __distlock_client = #client;
         let __distlock_key: ::std::string::String = ::std::format!(#template);
@@ -76,6 +82,7 @@ fn locked(args: &Args, body: TokenStream) -> TokenStream {
                 timeout: #timeout,
                 wait: #wait,
                 abort_on_lost: #abort,
+                mode: #mode,
             },
             async move #body,
         )
