@@ -4,8 +4,10 @@
 //!
 //! `<impl> workers=W cs_ms=C acq_per_s=… p50_ms=… p99_ms=… max_ms=… fairness_min_over_max=… server_ops_per_acq=… overlaps=0`
 //!
-//! Run: `cargo bench --bench contention --all-features [-- --workers 8 --cs-ms 1 --secs 5 --impl memory,redis,rslock]`.
-//! `--workers`, `--cs-ms` and `--impl` take comma-separated lists. Redis runs start their own
+//! Run: `cargo bench --bench contention --all-features [-- --workers 8 --cs-ms 1 --secs 5 --impl memory,redis,rslock --lock mutex,rwlock,semaphore]`.
+//! `--workers`, `--cs-ms`, `--impl` and `--lock` take comma-separated lists. `--lock` picks the
+//! primitive on memory and Redis: `mutex` (default), `rwlock` (one write in ten, the rest
+//! reads; label `-rwlock90`) or `semaphore` (4 permits, one each; label `-semaphore4`). Redis runs start their own
 //! `redis-server` on a free loopback port (tests/support), shared by `redis` and `rslock`;
 //! ZooKeeper runs start a standalone ZooKeeper, shared by `zookeeper` and `curator` (Apache
 //! Curator 5's `InterProcessMutex` in a JVM, `tests/java/CuratorBench.java`, same workload).
@@ -32,6 +34,27 @@ struct Args {
     cs_ms: Vec<f64>,
     secs: f64,
     impls: Vec<String>,
+    locks: Vec<Prim>,
+}
+
+/// The primitive a run exercises (`--lock mutex,rwlock,semaphore`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prim {
+    Mutex,
+    /// A read-write lock, one write in ten.
+    RwLock,
+    /// A semaphore of this many permits, one permit per acquisition.
+    Semaphore(u32),
+}
+
+impl Prim {
+    fn label(self) -> String {
+        match self {
+            Prim::Mutex => String::new(),
+            Prim::RwLock => "-rwlock90".into(),
+            Prim::Semaphore(n) => format!("-semaphore{n}"),
+        }
+    }
 }
 
 fn parse_args() -> Args {
@@ -40,6 +63,7 @@ fn parse_args() -> Args {
         cs_ms: vec![0.0, 1.0],
         secs: 3.0,
         impls: vec!["memory".into()],
+        locks: vec![Prim::Mutex],
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -51,6 +75,20 @@ fn parse_args() -> Args {
             "--cs-ms" => args.cs_ms = value().split(',').filter_map(|s| s.parse().ok()).collect(),
             "--secs" => args.secs = value().parse().unwrap_or(args.secs),
             "--impl" => args.impls = value().split(',').map(str::to_owned).collect(),
+            "--lock" => {
+                args.locks = value()
+                    .split(',')
+                    .filter_map(|s| match s {
+                        "mutex" => Some(Prim::Mutex),
+                        "rwlock" => Some(Prim::RwLock),
+                        "semaphore" => Some(Prim::Semaphore(4)),
+                        other => {
+                            eprintln!("unknown --lock {other}; known: mutex, rwlock, semaphore");
+                            None
+                        }
+                    })
+                    .collect()
+            }
             // `cargo bench` passes `--bench`; ignore what we do not know.
             _ => {}
         }
@@ -66,29 +104,96 @@ struct Outcome {
     elapsed: Duration,
 }
 
-/// One worker's lock: distlock on any backend, or rslock.
+/// One worker's lock: distlock on any backend (as some primitive), or rslock.
 enum Locker {
-    Distlock(LockClient),
+    Distlock(LockClient, Prim),
     #[cfg(feature = "redis")]
     Rslock(rslock::LockManager),
 }
 
+/// How one acquisition holds the key.
+#[derive(Clone, Copy)]
+enum Hold {
+    Exclusive,
+    Read,
+    Permit(u32),
+}
+
+/// Who is inside the critical section; an entry that breaks the primitive's rule counts.
+#[derive(Default)]
+struct Inside {
+    exclusive: AtomicUsize,
+    shared: AtomicUsize,
+    overlaps: AtomicUsize,
+}
+
+impl Inside {
+    fn enter(&self, hold: Hold) {
+        let broken = match hold {
+            Hold::Exclusive => {
+                self.exclusive.fetch_add(1, Ordering::SeqCst) != 0
+                    || self.shared.load(Ordering::SeqCst) != 0
+            }
+            Hold::Read => {
+                self.shared.fetch_add(1, Ordering::SeqCst);
+                self.exclusive.load(Ordering::SeqCst) != 0
+            }
+            Hold::Permit(max) => self.shared.fetch_add(1, Ordering::SeqCst) >= max as usize,
+        };
+        if broken {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn exit(&self, hold: Hold) {
+        match hold {
+            Hold::Exclusive => self.exclusive.fetch_sub(1, Ordering::SeqCst),
+            Hold::Read | Hold::Permit(_) => self.shared.fetch_sub(1, Ordering::SeqCst),
+        };
+    }
+}
+
 impl Locker {
+    /// How acquisition number `i` of worker `w` holds the key.
+    fn hold(&self, w: usize, i: usize) -> Hold {
+        match self {
+            Self::Distlock(_, Prim::RwLock) if (w + i) % 10 != 0 => Hold::Read,
+            Self::Distlock(_, Prim::Semaphore(n)) => Hold::Permit(*n),
+            _ => Hold::Exclusive,
+        }
+    }
+
     /// Takes the lock, runs `section`, releases it; returns how long the lock took.
-    async fn cycle(&self, section: impl std::future::Future<Output = ()>) -> Duration {
+    async fn cycle(
+        &self,
+        hold: Hold,
+        section: impl std::future::Future<Output = ()> + Send,
+    ) -> Duration {
+        const KEY: &str = "bench:contention";
         let asked = Instant::now();
         match self {
-            Self::Distlock(client) => {
-                let guard = client.mutex("bench:contention").lock().await.expect("lock");
-                let waited = asked.elapsed();
-                section.await;
-                guard.release().await.expect("release");
-                waited
+            Self::Distlock(client, prim) => {
+                // Take, hold for the section, release: the same steps for every primitive.
+                macro_rules! cycle {
+                    ($take:expr) => {{
+                        let guard = $take.await.expect("acquire");
+                        let waited = asked.elapsed();
+                        section.await;
+                        guard.release().await.expect("release");
+                        waited
+                    }};
+                }
+                match (prim, hold) {
+                    (Prim::RwLock, Hold::Read) => cycle!(client.rw_lock(KEY).read()),
+                    (Prim::RwLock, _) => cycle!(client.rw_lock(KEY).write()),
+                    (Prim::Semaphore(n), _) => cycle!(client.semaphore(KEY, *n).acquire()),
+                    (Prim::Mutex, _) => cycle!(client.mutex(KEY).lock()),
+                }
             }
             #[cfg(feature = "redis")]
             Self::Rslock(manager) => {
                 let lock = manager
-                    .acquire_no_guard("bench:contention", Duration::from_secs(30))
+                    .acquire_no_guard(KEY, Duration::from_secs(30))
                     .await
                     .expect("rslock");
                 let waited = asked.elapsed();
@@ -100,7 +205,7 @@ impl Locker {
     }
 
     async fn close(self) {
-        if let Self::Distlock(client) = self {
+        if let Self::Distlock(client, _) = self {
             client.shutdown().await;
         }
     }
@@ -109,26 +214,27 @@ impl Locker {
 /// Runs W workers, one client each, on one key for `secs`.
 async fn contend(lockers: Vec<Locker>, cs: Duration, secs: f64) -> Outcome {
     let stop = Arc::new(AtomicBool::new(false));
-    let inside = Arc::new(AtomicUsize::new(0));
-    let overlaps = Arc::new(AtomicUsize::new(0));
+    let inside = Arc::new(Inside::default());
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for locker in lockers {
-        let (stop, inside, overlaps) = (stop.clone(), inside.clone(), overlaps.clone());
+    for (w, locker) in lockers.into_iter().enumerate() {
+        let (stop, inside) = (stop.clone(), inside.clone());
         tasks.push(tokio::spawn(async move {
             let mut waits = Vec::new();
+            let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
+                let hold = locker.hold(w, i);
+                i += 1;
+                let inside = &inside;
                 let waited = locker
-                    .cycle(async {
-                        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                            overlaps.fetch_add(1, Ordering::SeqCst);
-                        }
+                    .cycle(hold, async move {
+                        inside.enter(hold);
                         if cs.is_zero() {
                             tokio::task::yield_now().await;
                         } else {
                             busy_or_sleep(cs).await;
                         }
-                        inside.fetch_sub(1, Ordering::SeqCst);
+                        inside.exit(hold);
                     })
                     .await;
                 waits.push(waited);
@@ -149,7 +255,7 @@ async fn contend(lockers: Vec<Locker>, cs: Duration, secs: f64) -> Outcome {
     Outcome {
         waits,
         per_worker,
-        overlaps: overlaps.load(Ordering::SeqCst),
+        overlaps: inside.overlaps.load(Ordering::SeqCst),
         elapsed: start.elapsed(),
     }
 }
@@ -298,6 +404,13 @@ fn main() {
         .expect("runtime");
     rt.block_on(async {
         for name in &args.impls {
+            // Only memory and Redis have the whole family; the others are mutexes.
+            let prims: &[Prim] = if matches!(name.as_str(), "memory" | "redis") {
+                &args.locks
+            } else {
+                &[Prim::Mutex]
+            };
+            for &prim in prims {
             for &workers in &args.workers {
                 for &cs_ms in &args.cs_ms {
                     let cs = Duration::from_secs_f64(cs_ms / 1e3);
@@ -310,11 +423,13 @@ fn main() {
                                         LockClient::builder(backend.clone())
                                             .build()
                                             .expect("client"),
+                                        prim,
                                     )
                                 })
                                 .collect();
                             let outcome = contend(lockers, cs, args.secs).await;
-                            report("distlock-memory", workers, cs_ms, outcome, None);
+                            let label = format!("distlock-memory{}", prim.label());
+                            report(&label, workers, cs_ms, outcome, None);
                         }
                         #[cfg(feature = "redis")]
                         "redis" | "rslock" => {
@@ -327,6 +442,7 @@ fn main() {
                                         .expect("redis backend");
                                     Locker::Distlock(
                                         LockClient::builder(backend).build().expect("client"),
+                                        prim,
                                     )
                                 } else {
                                     Locker::Rslock(rslock::LockManager::new(vec![url.clone()]))
@@ -336,11 +452,11 @@ fn main() {
                             let outcome = contend(lockers, cs, args.secs).await;
                             let ops = server_ops(&url).await.since(before);
                             let label = if name == "redis" {
-                                "distlock-redis"
+                                format!("distlock-redis{}", prim.label())
                             } else {
-                                "rslock"
+                                "rslock".to_owned()
                             };
-                            report(label, workers, cs_ms, outcome, Some(ops));
+                            report(&label, workers, cs_ms, outcome, Some(ops));
                         }
                         #[cfg(feature = "zookeeper")]
                         "zookeeper" => {
@@ -354,6 +470,7 @@ fn main() {
                                 let ttl = backend.session_timeout();
                                 lockers.push(Locker::Distlock(
                                     LockClient::builder(backend).ttl(ttl).build().expect("client"),
+                                    prim,
                                 ));
                             }
                             let before = server.packets_received();
@@ -390,6 +507,7 @@ fn main() {
                         ),
                     }
                 }
+            }
             }
         }
     });

@@ -12,6 +12,11 @@
 //! Every future is cancellation-safe: dropping a `lock()` future at any await point removes its
 //! queue entry and releases a grant that raced with the drop.
 //!
+//! The rest of the family keeps the same guard contract: [`RwLock`] (many readers or one
+//! writer, fair and write-preferring, with [`RwLockWriteGuard::downgrade`]), [`Semaphore`]
+//! (counted permits that are leases) and [`MultiLock`] (several keys in one deadlock-free order,
+//! all or nothing).
+//!
 //! # Backends
 //!
 //! One API over several services, behind the [`Backend`](backend::Backend) trait:
@@ -190,6 +195,22 @@ mod bounds {
         send_static(&mutex.lock_timeout(std::time::Duration::from_secs(1)));
         fn guard_is_send_sync<T: Send + Sync + 'static>() {}
         guard_is_send_sync::<MutexGuard>();
+        guard_is_send_sync::<RwLockReadGuard>();
+        guard_is_send_sync::<RwLockWriteGuard>();
+        guard_is_send_sync::<SemaphorePermit>();
+        guard_is_send_sync::<MultiGuard>();
+        let (rw, sem, multi) = (
+            client.rw_lock("k"),
+            client.semaphore("s", 2),
+            client.multi_lock(["a"]),
+        );
+        send_sync_static(&rw);
+        send_sync_static(&sem);
+        send_sync_static(&multi);
+        send_static(&rw.read());
+        send_static(&rw.write());
+        send_static(&sem.acquire_many(2));
+        send_static(&multi.lock());
         guard_is_send_sync::<Error>();
     }
 }
