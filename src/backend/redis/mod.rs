@@ -27,7 +27,7 @@ use std::sync::{Arc, LazyLock, Mutex as StdMutex};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::Script;
+use ::redis::{Script, ScriptInvocation};
 use tokio::time::{sleep_until, Instant};
 
 use self::commands::{redis_error, Commands, CALL_TIMEOUT};
@@ -418,25 +418,12 @@ impl RedisBackend {
         wait: bool,
     ) -> Result<Attempt> {
         let shared = Shared::of(claim.kind());
-        let mut inv = match shared {
-            None => {
-                let mut inv = ACQUIRE.prepare_invoke();
-                inv.key(&keys.lock)
-                    .key(&keys.queue)
-                    .key(&keys.waiters)
-                    .key(&keys.fence);
-                inv
-            }
-            Some(_) => {
-                let mut inv = ACQUIRE_SHARED.prepare_invoke();
-                inv.key(&keys.lock)
-                    .key(&keys.holders)
-                    .key(&keys.queue)
-                    .key(&keys.waiters)
-                    .key(&keys.fence);
-                inv
-            }
+        let script: &Script = if shared.is_some() {
+            &ACQUIRE_SHARED
+        } else {
+            &ACQUIRE
         };
+        let mut inv = keys.invoke(script, shared.is_some());
         inv.arg(&keys.owner)
             .arg(millis(claim.ttl()))
             .arg(u8::from(wait))
@@ -466,6 +453,21 @@ impl RedisBackend {
         Ok(Attempt::Queued {
             recheck_at: Some(Instant::now() + wait_for),
         })
+    }
+}
+
+impl Keys {
+    /// A call of `script` with this lock's keys in the order the scripts take them: the mutex
+    /// scripts' (lock, queue, waiters, fence), or with `shared` the read-write lock and semaphore
+    /// scripts' (base, holders, queue, waiters, fence).
+    fn invoke<'a>(&self, script: &'a Script, shared: bool) -> ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        inv.key(&self.lock);
+        if shared {
+            inv.key(&self.holders);
+        }
+        inv.key(&self.queue).key(&self.waiters).key(&self.fence);
+        inv
     }
 }
 
@@ -613,34 +615,20 @@ impl Backend for RedisBackend {
     async fn release(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
         ticket.set_sub(None);
         let keys = Keys::new(claim, &self.inner.client_id);
-        let inv = match Shared::of(claim.kind()) {
-            None => {
-                let mut inv = RELEASE.prepare_invoke();
-                inv.key(&keys.lock)
-                    .key(&keys.queue)
-                    .key(&keys.waiters)
-                    .key(&keys.fence)
-                    .arg(&keys.owner)
-                    .arg(millis(FENCE_TTL))
-                    .arg(millis(self.inner.handoff_ttl))
-                    .arg(&keys.channels);
-                inv
-            }
-            Some(shared) => {
-                let mut inv = RELEASE_SHARED.prepare_invoke();
-                inv.key(&keys.lock)
-                    .key(&keys.holders)
-                    .key(&keys.queue)
-                    .key(&keys.waiters)
-                    .key(&keys.fence)
-                    .arg(&keys.owner)
-                    .arg(millis(FENCE_TTL))
-                    .arg(millis(self.inner.handoff_ttl))
-                    .arg(&keys.channels)
-                    .arg(format!("{}:{}", shared.kind, keys.owner));
-                inv
-            }
+        let shared = Shared::of(claim.kind());
+        let script: &Script = if shared.is_some() {
+            &RELEASE_SHARED
+        } else {
+            &RELEASE
         };
+        let mut inv = keys.invoke(script, shared.is_some());
+        inv.arg(&keys.owner)
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channels);
+        if let Some(shared) = &shared {
+            inv.arg(format!("{}:{}", shared.kind, keys.owner));
+        }
         let (held, in_doubt): (i64, bool) = self
             .inner
             .commands
@@ -654,13 +642,8 @@ impl Backend for RedisBackend {
 
     async fn downgrade(&self, claim: &Claim, _ticket: &RedisTicket) -> Result<Grant> {
         let keys = Keys::new(claim, &self.inner.client_id);
-        let mut inv = DOWNGRADE.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.holders)
-            .key(&keys.queue)
-            .key(&keys.waiters)
-            .key(&keys.fence)
-            .arg(&keys.owner)
+        let mut inv = keys.invoke(&DOWNGRADE, true);
+        inv.arg(&keys.owner)
             .arg(millis(claim.ttl()))
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
