@@ -142,15 +142,24 @@ async fn waiters_are_served_in_arrival_order() {
 #[tokio::test]
 async fn a_release_wakes_only_the_next_waiter() {
     let ns = test_namespace!();
-    let server = shared_zookeeper();
-    let zk = raw(&server.connect_string()).await;
+    // A server of its own, and long sessions: the packet count below must not pick up other
+    // tests' traffic or idle pings (sent after 15% of a session timeout without requests).
+    let server = ZkServer::start();
+    let connect = server.connect_string();
+    let session = Duration::from_secs(30);
+    let zk = raw(&connect).await;
     let path = format!("/{ns}/herd");
-    let holder = client(&ns).await.mutex("herd").lock().await.unwrap();
+    let holder = client_at(&connect, &ns, session)
+        .await
+        .mutex("herd")
+        .lock()
+        .await
+        .unwrap();
     let (granted_tx, mut granted_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = Vec::new();
     const WAITERS: usize = 8;
     for i in 0..WAITERS {
-        let mutex = client(&ns).await.mutex("herd");
+        let mutex = client_at(&connect, &ns, session).await.mutex("herd");
         let granted_tx = granted_tx.clone();
         tasks.push(tokio::spawn(async move {
             let guard = mutex.lock().await.unwrap();
@@ -168,7 +177,7 @@ async fn a_release_wakes_only_the_next_waiter() {
     let after = server.packets_received();
     // The holder's delete, and nothing from the waiters: the next one learns it is first from
     // its watch alone, the others are not woken at all. (A herd would be one or more requests
-    // per waiter; pings of idle sessions are the only other traffic and are rare at 4 s.)
+    // per waiter; pings of idle sessions are the only other traffic, rare with 30 s sessions.)
     let spent = after - before;
     assert!(
         spent < 3,

@@ -243,18 +243,25 @@ impl Session {
     }
 }
 
+/// Only a definite answer from the server is a refusal; everything else (a lost or reset
+/// connection, a timeout, a session that ended, anything the client could not read) leaves the
+/// outcome unknown, and the recipe retries it.
 fn failure(e: zkc::Error) -> Failure {
     match e {
         zkc::Error::NoNode => Failure::NoNode,
         zkc::Error::NodeExists => Failure::NodeExists,
         zkc::Error::NotEmpty => Failure::NotEmpty,
-        zkc::Error::ConnectionLoss
-        | zkc::Error::Timeout
-        | zkc::Error::SessionMoved
-        | zkc::Error::SessionExpired
-        | zkc::Error::ClientClosed => Failure::Unknown(e.to_string()),
         zkc::Error::NoAuth => Failure::Refused("not authorized (NoAuth)".into()),
-        other => Failure::Refused(other.to_string()),
+        zkc::Error::AuthFailed
+        | zkc::Error::BadArguments(_)
+        | zkc::Error::InvalidAcl
+        | zkc::Error::BadVersion
+        | zkc::Error::NoChildrenForEphemerals
+        | zkc::Error::Unimplemented
+        | zkc::Error::QuotaExceeded
+        | zkc::Error::NotReadOnly
+        | zkc::Error::ReconfigDisabled => Failure::Refused(e.to_string()),
+        other => Failure::Unknown(other.to_string()),
     }
 }
 
