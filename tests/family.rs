@@ -200,6 +200,7 @@ async fn memory_multi_locks_over_overlapping_keys_never_deadlock() {
 mod redis_backend {
     use super::*;
     use distlock::backend::RedisBackend;
+    use support::redis::{until_only_fences, until_queued};
     use support::shared_redis;
 
     async fn client(ns: &str) -> LockClient {
@@ -215,59 +216,16 @@ mod redis_backend {
         out
     }
 
-    async fn raw() -> redis::aio::MultiplexedConnection {
-        redis::Client::open(shared_redis().url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap()
-    }
-
     fn queued(ns: &str, key: &str) -> impl Fn(usize) -> BoxFuture<'static, ()> + Sync {
-        let queue = format!("{ns}:{{{key}}}:q");
+        let (ns, key) = (ns.to_owned(), key.to_owned());
         move |n| {
-            let queue = queue.clone();
-            Box::pin(async move {
-                let mut conn = raw().await;
-                timeout(Duration::from_secs(10), async {
-                    loop {
-                        let len: usize = redis::cmd("LLEN")
-                            .arg(&queue)
-                            .query_async(&mut conn)
-                            .await
-                            .unwrap();
-                        if len == n {
-                            return;
-                        }
-                        sleep(Duration::from_millis(2)).await;
-                    }
-                })
-                .await
-                .unwrap_or_else(|_| panic!("expected {n} queued on {queue}"));
-            })
+            let (ns, key) = (ns.clone(), key.clone());
+            Box::pin(async move { until_queued(&shared_redis().url(), &ns, &key, n).await })
         }
     }
 
-    /// Waits until only fence counters are left in the namespace.
     async fn assert_only_fences(ns: &str) {
-        let mut conn = raw().await;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg(format!("{ns}:*"))
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            let left: Vec<&String> = keys.iter().filter(|k| !k.ends_with(":fence")).collect();
-            if left.is_empty() {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "keys left in {ns}: {left:?}"
-            );
-            sleep(Duration::from_millis(20)).await;
-        }
+        until_only_fences(&shared_redis().url(), ns).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

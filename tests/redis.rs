@@ -13,6 +13,7 @@ use distlock::backend::RedisBackend;
 use distlock::LockClient;
 use futures::StreamExt;
 use support::contract::{contend, torture, Overlap};
+use support::redis::{connection as raw, keys_in, queue_len, until_queued};
 use support::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -23,56 +24,6 @@ async fn client_at(url: &str, ns: &str) -> LockClient {
 
 async fn client(ns: &str) -> LockClient {
     client_at(&shared_redis().url(), ns).await
-}
-
-async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
-/// Every key in the namespace.
-async fn keys_in(url: &str, ns: &str) -> Vec<String> {
-    let mut conn = raw(url).await;
-    let mut cursor: u64 = 0;
-    let mut out = Vec::new();
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{ns}:*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        out.extend(batch);
-        if next == 0 {
-            return out;
-        }
-        cursor = next;
-    }
-}
-
-async fn queue_len(url: &str, ns: &str, key: &str) -> usize {
-    let mut conn = raw(url).await;
-    redis::cmd("LLEN")
-        .arg(format!("{ns}:{{{key}}}:q"))
-        .query_async(&mut conn)
-        .await
-        .unwrap()
-}
-
-async fn until_queued(url: &str, ns: &str, key: &str, n: usize) {
-    timeout(Duration::from_secs(10), async {
-        while queue_len(url, ns, key).await != n {
-            sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("expected {n} queued waiters"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,7 @@ use std::time::Duration;
 use distlock::backend::RedisBackend;
 use distlock::{LockClient, MutexGuard};
 use support::proxy::{Proxy, Which};
+use support::redis::{connection, until_queued};
 use support::shared_redis;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
@@ -34,32 +35,6 @@ fn via(proxy: &Proxy) -> String {
     format!("redis://127.0.0.1:{}/", proxy.port())
 }
 
-async fn raw() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(shared_redis().url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
-async fn queued(ns: &str, key: &str) -> usize {
-    redis::cmd("LLEN")
-        .arg(format!("{ns}:{{{key}}}:q"))
-        .query_async(&mut raw().await)
-        .await
-        .unwrap()
-}
-
-async fn until_queued(ns: &str, key: &str, n: usize) {
-    timeout(Duration::from_secs(10), async {
-        while queued(ns, key).await != n {
-            sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("expected {n} queued waiters"));
-}
-
 /// The server-side liveness deadline of the first queued waiter (moved by each renewal).
 async fn first_waiter_deadline(ns: &str, key: &str) -> Option<i64> {
     let r: Vec<(String, i64)> = redis::cmd("ZRANGE")
@@ -67,7 +42,7 @@ async fn first_waiter_deadline(ns: &str, key: &str) -> Option<i64> {
         .arg(0)
         .arg(0)
         .arg("WITHSCORES")
-        .query_async(&mut raw().await)
+        .query_async(&mut connection(&shared_redis().url()).await)
         .await
         .unwrap();
     r.first().map(|(_, s)| *s)
@@ -124,7 +99,7 @@ async fn a_late_queue_renewal_reply_does_not_stretch_a_handoff_lease() {
 
     let held = h.mutex("k").lock().await.unwrap();
     let waiter = tokio::spawn(w.mutex("k").lock());
-    until_queued(&ns, "k", 1).await;
+    until_queued(&shared_redis().url(), &ns, "k", 1).await;
 
     // Replies to W's commands now arrive 700 ms late (its pub/sub connection is untouched).
     proxy.delay_replies(Which::Commands, Duration::from_millis(700));
@@ -169,7 +144,7 @@ async fn without_renewal_a_handed_over_lock_lasts_its_ttl() {
 
     let held = h.mutex("k").lock().await.unwrap();
     let waiter = tokio::spawn(w.mutex("k").lock());
-    until_queued(&ns, "k", 1).await;
+    until_queued(&shared_redis().url(), &ns, "k", 1).await;
     held.release().await.unwrap();
     let w_guard = waiter.await.unwrap().unwrap();
     let granted = Instant::now();
@@ -246,9 +221,9 @@ async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
 
     let held = h.mutex("k").lock().await.unwrap();
     let doomed = tokio::spawn(dead.mutex("k").lock());
-    until_queued(&ns, "k", 1).await;
+    until_queued(&shared_redis().url(), &ns, "k", 1).await;
     let waiter = tokio::spawn(next.mutex("k").lock());
-    until_queued(&ns, "k", 2).await;
+    until_queued(&shared_redis().url(), &ns, "k", 2).await;
 
     // The first waiter's process is gone (its queue entry still looks alive for a TTL).
     proxy.cut();
@@ -283,7 +258,7 @@ async fn a_half_open_pubsub_connection_does_not_lose_a_grant() {
 
     let held = h.mutex("k").lock().await.unwrap();
     let waiter = tokio::spawn(w.mutex("k").lock());
-    until_queued(&ns, "k", 1).await;
+    until_queued(&shared_redis().url(), &ns, "k", 1).await;
     proxy.blackhole_only(Which::Subscribers);
     let released = Instant::now();
     held.release().await.unwrap();
@@ -316,7 +291,7 @@ async fn a_foreign_typed_key_fails_only_its_own_lease() {
     let a = c.mutex("a").lock().await.unwrap();
     let b = c.mutex("b").lock().await.unwrap();
 
-    let mut conn = raw().await;
+    let mut conn = connection(&shared_redis().url()).await;
     let _: () = redis::pipe()
         .cmd("DEL")
         .arg(format!("{ns}:{{a}}"))
@@ -379,7 +354,7 @@ async fn a_release_whose_reply_was_lost_is_not_reported_lost() {
     );
     let exists: i64 = redis::cmd("EXISTS")
         .arg(format!("{ns}:{{k}}"))
-        .query_async(&mut raw().await)
+        .query_async(&mut connection(&shared_redis().url()).await)
         .await
         .unwrap();
     assert_eq!(exists, 0);

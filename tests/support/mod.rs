@@ -12,6 +12,8 @@ pub mod ensemble;
 pub mod family;
 pub mod holder;
 pub mod proxy;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

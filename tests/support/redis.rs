@@ -1,0 +1,75 @@
+//! Looking at a lock's keys on a real `redis-server` from the tests.
+
+use std::time::Duration;
+
+use tokio::time::{sleep, timeout, Instant};
+
+/// A plain connection to `url`.
+pub async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Every key in the namespace.
+pub async fn keys_in(url: &str, ns: &str) -> Vec<String> {
+    let mut conn = connection(url).await;
+    let mut cursor: u64 = 0;
+    let mut out = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{ns}:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        out.extend(batch);
+        if next == 0 {
+            return out;
+        }
+        cursor = next;
+    }
+}
+
+/// How many claims are queued on `key`.
+pub async fn queue_len(url: &str, ns: &str, key: &str) -> usize {
+    let mut conn = connection(url).await;
+    redis::cmd("LLEN")
+        .arg(format!("{ns}:{{{key}}}:q"))
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// Waits until `n` claims are queued on `key`.
+pub async fn until_queued(url: &str, ns: &str, key: &str, n: usize) {
+    timeout(Duration::from_secs(10), async {
+        while queue_len(url, ns, key).await != n {
+            sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("expected {n} queued waiters"));
+}
+
+/// Waits (releases run in the background) until only fence counters are left in the namespace.
+pub async fn until_only_fences(url: &str, ns: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<String> = keys_in(url, ns)
+            .await
+            .into_iter()
+            .filter(|k| !k.ends_with(":fence"))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "keys left in {ns}: {left:?}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
