@@ -198,17 +198,10 @@ impl MultiLock {
             for (key, kind) in plan? {
                 let target = Target {
                     core: core.clone(),
-                    key: key.clone(),
+                    key,
                     ttl,
                 };
-                let one = target.acquire(kind, mode);
-                let step = match deadline {
-                    Some(at) => tokio::time::timeout_at(at, one)
-                        .await
-                        .unwrap_or_else(|_| Err(Error::timeout(&key))),
-                    None => one.await,
-                };
-                match step {
+                match target.acquire_until(kind, mode, deadline).await {
                     Ok(h) => taken.held.push(h),
                     Err(e) => {
                         // Returned errors leave nothing held: release before reporting.

@@ -5,6 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::TryFutureExt;
+
 use crate::backend::LockKind;
 use crate::core::acquire::{Mode, Target};
 use crate::core::guard::guard_methods;
@@ -72,8 +74,9 @@ impl Mutex {
     }
 
     fn acquire(&self, mode: Mode) -> impl Future<Output = Result<MutexGuard>> + Send + 'static {
-        let held = self.target.acquire(LockKind::Exclusive, mode);
-        async move { Ok(MutexGuard { held: held.await? }) }
+        self.target
+            .acquire(LockKind::Exclusive, mode)
+            .map_ok(|held| MutexGuard { held })
     }
 
     /// Waits for the lock and returns its guard.
@@ -168,8 +171,9 @@ impl Mutex {
         &self,
         timeout: Duration,
     ) -> impl Future<Output = Result<MutexGuard>> + Send + 'static {
-        let held = self.target.acquire_timeout(LockKind::Exclusive, timeout);
-        async move { Ok(MutexGuard { held: held.await? }) }
+        self.target
+            .acquire_timeout(LockKind::Exclusive, timeout)
+            .map_ok(|held| MutexGuard { held })
     }
 }
 

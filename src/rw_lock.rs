@@ -5,6 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::TryFutureExt;
+
 use crate::backend::LockKind;
 use crate::core::acquire::{Mode, Target};
 use crate::core::guard::guard_methods;
@@ -88,16 +90,18 @@ impl RwLock {
         &self,
         mode: Mode,
     ) -> impl Future<Output = Result<RwLockReadGuard>> + Send + 'static {
-        let held = self.target.acquire(LockKind::Read, mode);
-        async move { Ok(RwLockReadGuard { held: held.await? }) }
+        self.target
+            .acquire(LockKind::Read, mode)
+            .map_ok(|held| RwLockReadGuard { held })
     }
 
     fn write_as(
         &self,
         mode: Mode,
     ) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + 'static {
-        let held = self.target.acquire(LockKind::Write, mode);
-        async move { Ok(RwLockWriteGuard { held: held.await? }) }
+        self.target
+            .acquire(LockKind::Write, mode)
+            .map_ok(|held| RwLockWriteGuard { held })
     }
 
     /// Waits for shared read access: granted while no writer holds the lock and none is queued
@@ -243,8 +247,9 @@ impl RwLock {
         &self,
         timeout: Duration,
     ) -> impl Future<Output = Result<RwLockReadGuard>> + Send + 'static {
-        let held = self.target.acquire_timeout(LockKind::Read, timeout);
-        async move { Ok(RwLockReadGuard { held: held.await? }) }
+        self.target
+            .acquire_timeout(LockKind::Read, timeout)
+            .map_ok(|held| RwLockReadGuard { held })
     }
 
     /// Waits for write access at most `timeout`.
@@ -275,8 +280,9 @@ impl RwLock {
         &self,
         timeout: Duration,
     ) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + 'static {
-        let held = self.target.acquire_timeout(LockKind::Write, timeout);
-        async move { Ok(RwLockWriteGuard { held: held.await? }) }
+        self.target
+            .acquire_timeout(LockKind::Write, timeout)
+            .map_ok(|held| RwLockWriteGuard { held })
     }
 }
 

@@ -5,6 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::TryFutureExt;
+
 use crate::backend::LockKind;
 use crate::core::acquire::{Mode, Target};
 use crate::core::guard::guard_methods;
@@ -93,13 +95,9 @@ impl Semaphore {
         count: u32,
         mode: Mode,
     ) -> impl Future<Output = Result<SemaphorePermit>> + Send + 'static {
-        let held = self.target.acquire(self.kind(count), mode);
-        async move {
-            Ok(SemaphorePermit {
-                held: held.await?,
-                count,
-            })
-        }
+        self.target
+            .acquire(self.kind(count), mode)
+            .map_ok(move |held| SemaphorePermit { held, count })
     }
 
     /// Waits for one permit.
@@ -283,13 +281,9 @@ impl Semaphore {
         n: u32,
         timeout: Duration,
     ) -> impl Future<Output = Result<SemaphorePermit>> + Send + 'static {
-        let held = self.target.acquire_timeout(self.kind(n), timeout);
-        async move {
-            Ok(SemaphorePermit {
-                held: held.await?,
-                count: n,
-            })
-        }
+        self.target
+            .acquire_timeout(self.kind(n), timeout)
+            .map_ok(move |held| SemaphorePermit { held, count: n })
     }
 }
 

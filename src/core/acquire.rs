@@ -50,12 +50,29 @@ impl Target {
         kind: LockKind,
         timeout: Duration,
     ) -> impl Future<Output = Result<Held>> + Send + 'static {
+        self.acquire_until(
+            kind,
+            Mode::Wait,
+            Some(tokio::time::Instant::now() + timeout),
+        )
+    }
+
+    /// Acquires the lock as `kind`, as `mode` says, giving up with a timeout error at
+    /// `deadline` if one is set.
+    pub(crate) fn acquire_until(
+        &self,
+        kind: LockKind,
+        mode: Mode,
+        deadline: Option<tokio::time::Instant>,
+    ) -> impl Future<Output = Result<Held>> + Send + 'static {
         let key = self.key.clone();
-        let wait = self.acquire(kind, Mode::Wait);
+        let acquire = self.acquire(kind, mode);
         async move {
-            match tokio::time::timeout(timeout, wait).await {
-                Ok(result) => result,
-                Err(_) => Err(Error::timeout(&key)),
+            match deadline {
+                Some(at) => tokio::time::timeout_at(at, acquire)
+                    .await
+                    .unwrap_or_else(|_| Err(Error::timeout(&key))),
+                None => acquire.await,
             }
         }
     }
