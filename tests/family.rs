@@ -8,7 +8,7 @@ use std::time::Duration;
 use distlock::backend::MemoryBackend;
 use distlock::LockClient;
 use futures::future::BoxFuture;
-use support::contract::{take_multi, take_permit, take_write, torture_with, Take};
+use support::contract::{take_multi, take_permit, take_write, torture_family, torture_with, Take};
 use support::family::{
     downgrade_keeps_queued_writers_out, kinds_do_not_mix, rw_exclusion, rw_fifo, semaphore_bound,
     semaphore_head_is_not_overtaken,
@@ -80,7 +80,7 @@ async fn memory_downgrade_keeps_queued_writers_out() {
 async fn memory_kinds_do_not_mix() {
     let backend = MemoryBackend::new();
     let clients: [LockClient; 2] = memory_clients(&backend, 2).try_into().unwrap();
-    kinds_do_not_mix(clients, "k").await;
+    kinds_do_not_mix(clients, "k", true).await;
 }
 
 async fn memory_torture(take: Take) {
@@ -270,7 +270,7 @@ mod redis_backend {
     async fn redis_kinds_do_not_mix() {
         let ns = test_namespace!();
         let c: [LockClient; 2] = clients(&ns, 2).await.try_into().unwrap();
-        kinds_do_not_mix(c, "k").await;
+        kinds_do_not_mix(c, "k", true).await;
         assert_only_fences(&ns).await;
     }
 
@@ -415,21 +415,7 @@ mod redis_backend {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_cancelled_family_futures_leave_nothing_behind() {
         let ns = test_namespace!();
-        for (i, take) in [take_write(), take_permit(), take_multi()]
-            .into_iter()
-            .enumerate()
-        {
-            torture_with(
-                take,
-                clients(&ns, 2).await,
-                clients(&ns, 4).await,
-                &format!("torture{i}"),
-                20,
-                60,
-                Duration::from_micros(4),
-            )
-            .await;
-        }
+        torture_family(|n| clients(&ns, n), 20, 60).await;
         assert_only_fences(&ns).await;
     }
 }

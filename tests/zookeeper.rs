@@ -12,94 +12,14 @@ use distlock::LockClient;
 use support::contract::{contend, partition_then_handover, spawn_timed_lock, torture};
 use support::curator::Curator;
 use support::proxy::Proxy;
+use support::zk::{assert_no_znodes, children, client_at, raw, raw_as, until_contenders};
 use support::{shared_zookeeper, ZkServer};
-use tokio::time::{sleep, timeout, Instant};
-use zookeeper_client::Client as ZooKeeper;
+use tokio::time::{sleep, timeout};
 
 const SESSION: Duration = Duration::from_secs(4);
 
-async fn client_at(connect: &str, ns: &str, session: Duration) -> LockClient {
-    let backend = ZkBackend::builder(connect)
-        .session_timeout(session)
-        .call_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
-    LockClient::builder(backend)
-        .namespace(ns)
-        .ttl(session)
-        .build()
-        .unwrap()
-}
-
 async fn client(ns: &str) -> LockClient {
     client_at(&shared_zookeeper().connect_string(), ns, SESSION).await
-}
-
-/// A plain client for looking at the tree.
-async fn raw(connect: &str) -> ZooKeeper {
-    raw_as(connect, None).await
-}
-
-/// A plain client, authenticated with digest `user:password` if given.
-async fn raw_as(connect: &str, digest: Option<&str>) -> ZooKeeper {
-    let mut connector = ZooKeeper::connector().with_session_timeout(Duration::from_secs(10));
-    if let Some(digest) = digest {
-        connector = connector.with_auth("digest", digest.as_bytes());
-    }
-    timeout(Duration::from_secs(10), connector.connect(connect))
-        .await
-        .unwrap()
-        .unwrap()
-}
-
-/// Every znode under `root` (not `root` itself), depth first.
-async fn znodes_under(zk: &ZooKeeper, root: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut todo = vec![root.to_owned()];
-    while let Some(path) = todo.pop() {
-        let Ok(kids) = zk.list_children(&path).await else {
-            continue;
-        };
-        for k in kids {
-            let child = format!("{path}/{k}");
-            out.push(child.clone());
-            todo.push(child);
-        }
-    }
-    out
-}
-
-async fn children(zk: &ZooKeeper, path: &str) -> Vec<String> {
-    zk.list_children(path).await.unwrap_or_default()
-}
-
-/// Waits until the lock node has `n` children (holder included).
-async fn until_contenders(zk: &ZooKeeper, path: &str, n: usize) {
-    timeout(Duration::from_secs(10), async {
-        while children(zk, path).await.len() != n {
-            sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("expected {n} contenders under {path}"));
-}
-
-/// Waits out the lingering delete of idle lock nodes and checks nothing is left.
-async fn assert_no_znodes(zk: &ZooKeeper, ns: &str) {
-    let root = format!("/{ns}");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = znodes_under(zk, &root).await;
-        if left.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "znodes left under {root}: {left:?}"
-        );
-        sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,23 +182,6 @@ async fn bad_keys_are_refused_before_any_io() {
     assert!(c.mutex(long).try_lock().await.unwrap_err().is_invalid_key());
     assert!(zk.check_stat(&format!("/{ns}")).await.unwrap().is_none());
     assert!(zk.check_stat("/b").await.unwrap().is_none());
-}
-
-/// Until the Curator read-write lock and semaphore recipes land here, the backend refuses them
-/// before any I/O instead of treating them as mutexes.
-#[tokio::test]
-async fn read_write_locks_and_semaphores_are_refused_for_now() {
-    let ns = test_namespace!();
-    let c = client(&ns).await;
-    let err = c.rw_lock("k").read().await.unwrap_err();
-    assert!(err.is_unsupported(), "{err:?}");
-    let err = c.semaphore("k", 2).try_acquire().await.unwrap_err();
-    assert!(err.is_unsupported(), "{err:?}");
-    let err = c.multi_lock(["a"]).write("b").lock().await.unwrap_err();
-    assert!(err.is_unsupported(), "{err:?}");
-    c.shutdown().await;
-    let zk = raw(&shared_zookeeper().connect_string()).await;
-    assert_no_znodes(&zk, &ns).await;
 }
 
 #[tokio::test]

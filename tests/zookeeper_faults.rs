@@ -8,55 +8,13 @@ mod support;
 
 use std::time::Duration;
 
-use distlock::backend::ZkBackend;
 use distlock::LockClient;
 use support::contract::{partition_then_handover, spawn_timed_lock};
 use support::ensemble::ZkEnsemble;
 use support::proxy::Proxy;
+use support::zk::{backend, client_at as client, raw, until_contenders};
 use support::{shared_zookeeper, ZkServer};
 use tokio::time::{sleep, timeout, Instant};
-use zookeeper_client::Client as ZooKeeper;
-
-async fn backend(connect: &str, session: Duration) -> ZkBackend {
-    ZkBackend::builder(connect)
-        .session_timeout(session)
-        .call_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap()
-}
-
-async fn client(connect: &str, ns: &str, session: Duration) -> LockClient {
-    let backend = backend(connect, session).await;
-    let ttl = backend.session_timeout();
-    LockClient::builder(backend)
-        .namespace(ns)
-        .ttl(ttl)
-        .build()
-        .unwrap()
-}
-
-async fn raw(connect: &str) -> ZooKeeper {
-    timeout(
-        Duration::from_secs(10),
-        ZooKeeper::connector()
-            .with_session_timeout(Duration::from_secs(10))
-            .connect(connect),
-    )
-    .await
-    .unwrap()
-    .unwrap()
-}
-
-async fn until_contenders(zk: &ZooKeeper, path: &str, n: usize) {
-    timeout(Duration::from_secs(10), async {
-        while zk.list_children(path).await.unwrap_or_default().len() != n {
-            sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("expected {n} contenders under {path}"));
-}
 
 /// Item 3: the server grants a shorter session than asked for; the holder's lease must follow
 /// the granted one, so a partitioned holder learns it lost the lock before anyone else gets it.

@@ -5,23 +5,11 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.util.concurrent.TimeUnit;
 import org.apache.curator.framework.CuratorFramework;
-import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
-import org.apache.curator.retry.RetryNTimes;
 
 public class CuratorLock {
     public static void main(String[] args) throws Exception {
-        CuratorFramework client = CuratorFrameworkFactory.builder()
-            .connectString(args[0])
-            .sessionTimeoutMs(4000)
-            .connectionTimeoutMs(4000)
-            .retryPolicy(new RetryNTimes(3, 100))
-            .build();
-        client.start();
-        if (!client.blockUntilConnected(20, TimeUnit.SECONDS)) {
-            System.out.println("NOT CONNECTED");
-            System.exit(1);
-        }
+        CuratorFramework client = Curators.connect(args[0]);
         InterProcessMutex mutex = new InterProcessMutex(client, args[1]);
         System.out.println("READY");
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in));

@@ -232,6 +232,30 @@ pub async fn torture_with(
     );
 }
 
+/// [`torture_with`] for an `RwLock`'s writers, one-permit semaphores and multi-locks in turn,
+/// on keys `torture0..2`, with fresh clients from `clients(n)` for each.
+pub async fn torture_family<F, Fut>(mut clients: F, holder_rounds: u64, cancel_rounds: u64)
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Vec<LockClient>>,
+{
+    for (i, take) in [take_write(), take_permit(), take_multi()]
+        .into_iter()
+        .enumerate()
+    {
+        torture_with(
+            take,
+            clients(2).await,
+            clients(4).await,
+            &format!("torture{i}"),
+            holder_rounds,
+            cancel_rounds,
+            Duration::from_micros(4),
+        )
+        .await;
+    }
+}
+
 /// What the partition check needs of a guard, for every guard type.
 pub trait Guard: Send + Sync {
     fn lost_signal(&self) -> futures::future::BoxFuture<'_, ()>;

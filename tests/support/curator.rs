@@ -1,5 +1,6 @@
 //! Apache Curator 5 (Debian's `libcurator-recipes-java`) in a Java child process: an
-//! `InterProcessMutex` driven over stdin for the interop tests (`tests/java/CuratorLock.java`)
+//! `InterProcessMutex` driven over stdin for the interop tests (`tests/java/CuratorLock.java`),
+//! its read-write lock and semaphores (`tests/java/CuratorFamily.java`),
 //! and the contention workload for the benchmark (`tests/java/CuratorBench.java`), compiled
 //! with `javac` once per test binary.
 
@@ -46,8 +47,10 @@ fn classes() -> &'static PathBuf {
             .arg(&dir)
             .arg("-cp")
             .arg(classpath())
+            .arg(sources.join("Curators.java"))
             .arg(sources.join("CuratorLock.java"))
             .arg(sources.join("CuratorBench.java"))
+            .arg(sources.join("CuratorFamily.java"))
             .output()
             .expect("run javac");
         assert!(
@@ -95,7 +98,19 @@ pub struct Curator {
 impl Curator {
     /// Starts the JVM, connects, and waits until the mutex is ready.
     pub fn start(connect: &str, path: &str) -> Self {
-        let mut child = java(&["CuratorLock", connect, path])
+        Self::launch(&["CuratorLock", connect, path])
+    }
+
+    /// Curator's read-write lock (`recipe` = `rw`), `InterProcessSemaphoreV2` (`sem <max>`) or
+    /// `InterProcessSemaphoreMutex` (`semmutex`) on `path` (`tests/java/CuratorFamily.java`).
+    pub fn start_family(connect: &str, path: &str, recipe: &str) -> Self {
+        let mut args = vec!["CuratorFamily", connect, path];
+        args.extend(recipe.split(' '));
+        Self::launch(&args)
+    }
+
+    fn launch(args: &[&str]) -> Self {
+        let mut child = java(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -14,6 +14,8 @@ pub mod holder;
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "zookeeper")]
+pub mod zk;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

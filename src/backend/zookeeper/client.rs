@@ -95,10 +95,21 @@ pub(super) trait Zk: Send + Sync + 'static {
         &'a self,
         prefix: &'a str,
     ) -> BoxFuture<'a, Outcome<(String, NodeStat)>>;
+    /// Creates `count` EPHEMERAL_SEQUENTIAL nodes `<prefix><seq>` in one `multi`: all of them
+    /// or none. Their names and stats, in sequence order (one zxid, so one czxid).
+    fn create_lease_nodes<'a>(
+        &'a self,
+        prefix: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Outcome<Vec<(String, NodeStat)>>>;
+    /// Creates the plain EPHEMERAL node `path` (a downgraded read node).
+    fn create_ephemeral<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<NodeStat>>;
     fn create_parent<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>>;
     fn delete<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>>;
     fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Vec<String>>>;
     fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Option<NodeStat>>>;
+    /// Lists `path`'s children and watches them for a change (a child added or removed).
+    fn watch_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<String>, Watch)>>;
     /// Sets a one-shot data watch on `path` (`NoNode` if it is already gone).
     fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Watch>>;
     /// Checks in one quorum write (a `multi` of `check` operations) that every path exists,
@@ -293,6 +304,66 @@ impl Zk for Session {
         })
     }
 
+    fn create_lease_nodes<'a>(
+        &'a self,
+        prefix: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Outcome<Vec<(String, NodeStat)>>> {
+        Box::pin(async move {
+            let options = zkc::CreateMode::EphemeralSequential.with_acls(acls(self.acl));
+            let mut multi = self.client.new_multi_writer();
+            for _ in 0..count {
+                multi.add_create(prefix, &[], &options).map_err(failure)?;
+            }
+            let results = match tokio::time::timeout(self.call_timeout, multi.commit()).await {
+                Ok(Ok(results)) => results,
+                Ok(Err(
+                    zkc::MultiWriteError::OperationFailed { source, .. }
+                    | zkc::MultiWriteError::RequestFailed { source },
+                )) => return Err(failure(source)),
+                Err(_) => {
+                    return Err(Failure::Unknown(format!(
+                        "no reply within {:?}",
+                        self.call_timeout
+                    )))
+                }
+            };
+            let mut made = Vec::with_capacity(results.len());
+            for result in results {
+                let zkc::MultiWriteResult::Create { path, stat: s } = result else {
+                    return Err(Failure::Unknown("unexpected multi result".into()));
+                };
+                // Some servers leave the stat of a create inside a multi empty
+                // (ZOOKEEPER-4026): read it.
+                let s = if s.is_invalid() {
+                    match self.call(self.client.check_stat(&path)).await? {
+                        Some(s) => s,
+                        None => return Err(Failure::NoNode),
+                    }
+                } else {
+                    s
+                };
+                made.push((path, stat(&s)));
+            }
+            made.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(made)
+        })
+    }
+
+    fn create_ephemeral<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<NodeStat>> {
+        Box::pin(async move {
+            let options = zkc::CreateMode::Ephemeral.with_acls(acls(self.acl));
+            let (made, _) = self.call(self.client.create(path, &[], &options)).await?;
+            if made.is_invalid() {
+                return match self.call(self.client.check_stat(path)).await? {
+                    Some(s) => Ok(stat(&s)),
+                    None => Err(Failure::NoNode),
+                };
+            }
+            Ok(stat(&made))
+        })
+    }
+
     fn create_parent<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>> {
         Box::pin(async move {
             // Containers, as Curator makes them: the server deletes one that has emptied,
@@ -316,6 +387,14 @@ impl Zk for Session {
         Box::pin(async move {
             let found = self.call(self.client.check_stat(path)).await?;
             Ok(found.as_ref().map(stat))
+        })
+    }
+
+    fn watch_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<String>, Watch)>> {
+        Box::pin(async move {
+            let (children, watcher) = self.call(self.client.list_and_watch_children(path)).await?;
+            let watch: Watch = Box::pin(async move { fired(&watcher.changed().await) });
+            Ok((children, watch))
         })
     }
 

@@ -1,20 +1,49 @@
-//! Curator's `InterProcessMutex` layout: node names, their order, and key-to-path rules.
+//! Curator's lock layouts: node names, their order, who holds, whom a waiter watches, and
+//! key-to-path rules.
 //!
-//! A lock on `<root>/<key>` is a set of EPHEMERAL_SEQUENTIAL children named
-//! `_c_<uuid>-lock-<10-digit sequence>` (Curator's protected mode). Every child of the lock
-//! node counts, foreign names included, ordered by what follows the last `lock-` (or the whole
-//! name) compared byte-wise, exactly as Curator's `standardFixForSorting` and Java's
-//! `String.compareTo` do for ASCII. The first child holds the lock; every other waits on the
-//! one just before it.
+//! | distlock | Curator 5 | children of `<root>/<key>` |
+//! |---|---|---|
+//! | `Mutex` | `InterProcessMutex` | `_c_<uuid>-lock-<seq>` |
+//! | `RwLock` | `InterProcessReadWriteLock` | `_c_<uuid>-__READ__<seq>`, `_c_<uuid>-__WRIT__<seq>` |
+//! | `Semaphore` | `InterProcessSemaphoreV2` | `locks/_c_<uuid>-lock-<seq>` (admission), `leases/_c_<uuid>-lease-<seq>` |
+//!
+//! All lock nodes are EPHEMERAL_SEQUENTIAL (a downgraded read node excepted, see
+//! [`downgraded_name`]). Every child of a queue node counts, foreign names included, ordered by
+//! what follows the last lock name (or the whole name) compared byte-wise, exactly as Curator's
+//! drivers and Java's `String.compareTo` do for ASCII.
 
+use crate::backend::LockKind;
 use crate::error::{Error, Result};
 
-/// Curator's `LockInternals` lock name.
+/// Curator's `InterProcessMutex` lock name (also the semaphore's admission queue).
 const LOCK_NAME: &str = "lock-";
+/// `InterProcessReadWriteLock.READ_LOCK_NAME`.
+const READ_NAME: &str = "__READ__";
+/// `InterProcessReadWriteLock.WRITE_LOCK_NAME`.
+const WRITE_NAME: &str = "__WRIT__";
+/// `InterProcessSemaphoreV2.LEASE_BASE_NAME`.
+const LEASE_NAME: &str = "lease-";
+/// `InterProcessSemaphoreV2`'s admission queue and lease children, under the semaphore's node.
+pub(super) const ADMISSION: &str = "locks";
+pub(super) const LEASES: &str = "leases";
 
-/// The prefix ZooKeeper appends the sequence to: `_c_<uuid>-lock-`.
-pub(super) fn node_prefix(uuid: &str) -> String {
-    format!("{}{LOCK_NAME}", protection_prefix(uuid))
+/// The lock name a claim of `kind` queues under.
+fn lock_name(kind: LockKind) -> &'static str {
+    match kind {
+        LockKind::Read => READ_NAME,
+        LockKind::Write => WRITE_NAME,
+        _ => LOCK_NAME,
+    }
+}
+
+/// The prefix ZooKeeper appends the sequence to: `_c_<uuid>-lock-` (or `__READ__`, `__WRIT__`).
+pub(super) fn node_prefix(uuid: &str, kind: LockKind) -> String {
+    format!("{}{}", protection_prefix(uuid), lock_name(kind))
+}
+
+/// The prefix of a semaphore's lease nodes: `_c_<uuid>-lease-`.
+pub(super) fn lease_prefix(uuid: &str) -> String {
+    format!("{}{LEASE_NAME}", protection_prefix(uuid))
 }
 
 /// The part of a node name that finds it again after a lost `create` reply: `_c_<uuid>-`.
@@ -22,40 +51,127 @@ pub(super) fn protection_prefix(uuid: &str) -> String {
     format!("_c_{uuid}-")
 }
 
-/// What Curator sorts a child by.
-fn sort_key(name: &str) -> &str {
-    name.rfind(LOCK_NAME)
-        .map_or(name, |at| &name[at + LOCK_NAME.len()..])
+/// The name of the read node a write node turns into (Curator >= 5.5, CURATOR-621): a plain
+/// EPHEMERAL node `_c_<uuid>-__READ__<the write node's sequence>`, so it sorts exactly where
+/// the write node was and no writer queued behind can overtake it when the write node goes.
+/// `None` if `write_node` is not a write node.
+pub(super) fn downgraded_name(write_node: &str, uuid: &str) -> Option<String> {
+    let at = write_node.rfind(WRITE_NAME)?;
+    let seq = &write_node[at + WRITE_NAME.len()..];
+    Some(format!("{}{READ_NAME}{seq}", protection_prefix(uuid)))
+}
+
+/// Curator's `standardFixForSorting`: what follows the last `lock_name`, or the whole name.
+fn fix<'a>(name: &'a str, lock_name: &str) -> &'a str {
+    name.rfind(lock_name)
+        .map_or(name, |at| &name[at + lock_name.len()..])
+}
+
+/// What Curator sorts a child by, for a queue of `kind` claims.
+fn sort_key(kind: LockKind, name: &str) -> &str {
+    match kind {
+        // `SortingLockInternalsDriver`: readers and writers share one order by sequence.
+        LockKind::Read | LockKind::Write => fix(fix(name, READ_NAME), WRITE_NAME),
+        _ => fix(name, LOCK_NAME),
+    }
 }
 
 /// Sorts children into lock order (stable, like Curator's sort over the server's list).
-pub(super) fn sort(children: &mut [String]) {
-    children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+pub(super) fn sort(kind: LockKind, children: &mut [String]) {
+    children.sort_by(|a, b| sort_key(kind, a).cmp(sort_key(kind, b)));
 }
 
 /// Where `ours` stands among sorted `children`, and the child it must wait for.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Place<'a> {
-    /// First in line: the lock is ours.
+    /// Nothing ahead of us excludes us: the lock is ours (for a semaphore claim: the admission
+    /// queue is).
     Head,
-    /// Behind `predecessor`; `predecessor_is_head` when it is the holder itself.
+    /// Behind `predecessor`; `granted_when_gone` when its deletion alone makes us the holder,
+    /// with no need to list again.
     Behind {
         predecessor: &'a str,
-        predecessor_is_head: bool,
+        granted_when_gone: bool,
     },
     /// Our node is not among the children (its session ended, or someone deleted it).
     Missing,
 }
 
-pub(super) fn place<'a>(sorted: &'a [String], ours: &str) -> Place<'a> {
-    match sorted.iter().position(|c| c == ours) {
-        None => Place::Missing,
-        Some(0) => Place::Head,
-        Some(i) => Place::Behind {
+/// Curator's predicates. A writer (or a mutex, or a semaphore's admission claim) holds when
+/// it is first and watches the child just before it. A reader holds when no writer is ahead of
+/// it and otherwise watches the *first* writer ahead (`ReadLock`'s driver), so every reader
+/// behind one writer wakes together.
+///
+/// Only a mutex (or admission) waiter right behind the head, or a reader behind exactly one
+/// writer, is granted by a deletion alone: a read-write lock's head may be a writer that
+/// downgrades, leaving a read node in its place that still excludes the next writer.
+pub(super) fn place<'a>(kind: LockKind, sorted: &'a [String], ours: &str) -> Place<'a> {
+    let Some(at) = sorted.iter().position(|c| c == ours) else {
+        return Place::Missing;
+    };
+    if kind == LockKind::Read {
+        let mut writers = sorted[..at].iter().filter(|c| c.contains(WRITE_NAME));
+        return match (writers.next(), writers.next()) {
+            (None, _) => Place::Head,
+            (Some(first), second) => Place::Behind {
+                predecessor: first,
+                granted_when_gone: second.is_none(),
+            },
+        };
+    }
+    match at {
+        0 => Place::Head,
+        i => Place::Behind {
             predecessor: &sorted[i - 1],
-            predecessor_is_head: i == 1,
+            granted_when_gone: i == 1 && kind != LockKind::Write,
         },
     }
+}
+
+/// Another family of lock seen among the children of a lock node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Other {
+    /// `InterProcessMutex` nodes.
+    Mutex,
+    /// `InterProcessReadWriteLock` nodes.
+    RwLock,
+    /// `InterProcessSemaphoreV2`'s `locks` / `leases` nodes (in use only if they have
+    /// children, which the caller checks).
+    Semaphore,
+}
+
+impl std::fmt::Display for Other {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Other::Mutex => "a mutex (Curator `InterProcessMutex` nodes)",
+            Other::RwLock => "a read-write lock (Curator `InterProcessReadWriteLock` nodes)",
+            Other::Semaphore => "a semaphore (Curator `InterProcessSemaphoreV2` nodes)",
+        })
+    }
+}
+
+/// The first child of a lock node that belongs to another family than `kind`'s. Curator would
+/// let them coexist without excluding each other (their sorters disagree); distlock refuses.
+/// Names of no family at all are left alone, as Curator does.
+pub(super) fn other_family(kind: LockKind, children: &[String]) -> Option<Other> {
+    children.iter().find_map(|c| {
+        let other = if c == ADMISSION || c == LEASES {
+            Other::Semaphore
+        } else if c.contains(READ_NAME) || c.contains(WRITE_NAME) {
+            Other::RwLock
+        } else if c.contains(LOCK_NAME) {
+            Other::Mutex
+        } else {
+            return None;
+        };
+        let same = matches!(
+            (kind, other),
+            (LockKind::Exclusive, Other::Mutex)
+                | (LockKind::Read | LockKind::Write, Other::RwLock)
+                | (LockKind::Permits { .. }, Other::Semaphore)
+        );
+        (!same).then_some(other)
+    })
 }
 
 /// Rejects keys that are not a clean relative ZooKeeper path: empty segments, `.` and `..`,
@@ -107,7 +223,7 @@ mod tests {
             "foreign",
             "_c_88888888-8888-4888-8888-888888888888-lock-0000000001",
         ]);
-        sort(&mut c);
+        sort(LockKind::Exclusive, &mut c);
         assert_eq!(
             c,
             names(&[
@@ -126,35 +242,118 @@ mod tests {
             "b-lock-0000000002",
             "c-lock-0000000003",
         ]);
-        assert_eq!(place(&c, "a-lock-0000000001"), Place::Head);
+        let m = LockKind::Exclusive;
+        assert_eq!(place(m, &c, "a-lock-0000000001"), Place::Head);
         assert_eq!(
-            place(&c, "b-lock-0000000002"),
+            place(m, &c, "b-lock-0000000002"),
             Place::Behind {
                 predecessor: "a-lock-0000000001",
-                predecessor_is_head: true
+                granted_when_gone: true
             }
         );
         assert_eq!(
-            place(&c, "c-lock-0000000003"),
+            place(m, &c, "c-lock-0000000003"),
             Place::Behind {
                 predecessor: "b-lock-0000000002",
-                predecessor_is_head: false
+                granted_when_gone: false
             }
         );
-        assert_eq!(place(&c, "d-lock-0000000004"), Place::Missing);
+        assert_eq!(place(m, &c, "d-lock-0000000004"), Place::Missing);
     }
 
     #[test]
     fn protected_names_match_curator() {
         let uuid = "53345f98-9423-4e0c-a7b5-9f819e3ec2e1";
         assert_eq!(
-            node_prefix(uuid),
+            node_prefix(uuid, LockKind::Exclusive),
             "_c_53345f98-9423-4e0c-a7b5-9f819e3ec2e1-lock-"
         );
+        assert_eq!(
+            node_prefix(uuid, LockKind::Write),
+            "_c_53345f98-9423-4e0c-a7b5-9f819e3ec2e1-__WRIT__"
+        );
+        assert_eq!(
+            lease_prefix(uuid),
+            "_c_53345f98-9423-4e0c-a7b5-9f819e3ec2e1-lease-"
+        );
         // Curator's isProtectedZNode: char 39 is '-' and 3..39 parse as a UUID.
-        let name = format!("{}0000000007", node_prefix(uuid));
+        let name = format!("{}0000000007", node_prefix(uuid, LockKind::Read));
         assert_eq!(name.as_bytes()[39], b'-');
         assert_eq!(&name[3..39], uuid);
+    }
+
+    #[test]
+    fn readers_and_writers_share_one_order_and_follow_curators_predicates() {
+        let mut c = names(&[
+            "_c_3-__WRIT__0000000004",
+            "_c_1-__READ__0000000001",
+            "_c_5-__READ__0000000005",
+            "_c_2-__READ__0000000002",
+            "_c_6-__WRIT__0000000006",
+            "_c_7-__READ__0000000007",
+        ]);
+        sort(LockKind::Read, &mut c);
+        assert_eq!(c[0], "_c_1-__READ__0000000001");
+        assert_eq!(c[2], "_c_3-__WRIT__0000000004");
+        // Readers ahead of every writer hold together.
+        assert_eq!(
+            place(LockKind::Read, &c, "_c_2-__READ__0000000002"),
+            Place::Head
+        );
+        // A writer waits for the node just before it, reader or writer, and even right behind
+        // the head it lists again when that goes (the head may have downgraded).
+        assert_eq!(
+            place(LockKind::Write, &c, "_c_3-__WRIT__0000000004"),
+            Place::Behind {
+                predecessor: "_c_2-__READ__0000000002",
+                granted_when_gone: false
+            }
+        );
+        // A reader watches the first writer ahead of it, not the nearest one.
+        assert_eq!(
+            place(LockKind::Read, &c, "_c_5-__READ__0000000005"),
+            Place::Behind {
+                predecessor: "_c_3-__WRIT__0000000004",
+                granted_when_gone: true
+            }
+        );
+        assert_eq!(
+            place(LockKind::Read, &c, "_c_7-__READ__0000000007"),
+            Place::Behind {
+                predecessor: "_c_3-__WRIT__0000000004",
+                granted_when_gone: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_downgraded_read_node_takes_the_write_nodes_place() {
+        let read = downgraded_name("_c_a-__WRIT__0000000004", "b").unwrap();
+        assert_eq!(read, "_c_b-__READ__0000000004");
+        let mut c = names(&["_c_c-__WRIT__0000000005", &read, "_c_a-__WRIT__0000000004"]);
+        sort(LockKind::Write, &mut c);
+        assert_eq!(
+            place(LockKind::Write, &c, "_c_c-__WRIT__0000000005"),
+            Place::Behind {
+                predecessor: "_c_a-__WRIT__0000000004",
+                granted_when_gone: false
+            }
+        );
+        assert_eq!(downgraded_name("_c_a-lock-0000000004", "b"), None);
+    }
+
+    #[test]
+    fn other_families_are_named() {
+        let rw = names(&["_c_1-__READ__0000000001"]);
+        assert_eq!(other_family(LockKind::Exclusive, &rw), Some(Other::RwLock));
+        assert_eq!(other_family(LockKind::Write, &rw), None);
+        let sem = names(&["leases", "locks"]);
+        assert_eq!(other_family(LockKind::Read, &sem), Some(Other::Semaphore));
+        let permits = LockKind::Permits { count: 1, max: 2 };
+        assert_eq!(other_family(permits, &sem), None);
+        let mutex = names(&["foreign", "_c_1-lock-0000000001"]);
+        assert_eq!(other_family(permits, &mutex), Some(Other::Mutex));
+        assert_eq!(other_family(LockKind::Exclusive, &mutex), None);
     }
 
     #[test]

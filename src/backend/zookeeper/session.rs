@@ -61,6 +61,12 @@ enum Doomed {
     Prefix { lock_path: String, uuid: String },
 }
 
+/// A grant, and the nodes that carry it.
+struct Held {
+    claim: Claim,
+    nodes: Vec<String>,
+}
+
 #[derive(Default)]
 struct Nodes {
     /// Nodes we made, by path, with their epoch.
@@ -77,7 +83,7 @@ pub(super) struct Hub {
     session: StdMutex<Option<Arc<dyn Zk>>>,
     /// Granted claims by owner token, with the epoch they were granted in. The lock also
     /// orders registration against epoch changes.
-    held: StdMutex<HashMap<Arc<str>, (u64, Claim)>>,
+    held: StdMutex<HashMap<Arc<str>, Held>>,
     nodes: StdMutex<Nodes>,
     /// When the last quorum write of the current epoch was sent.
     proven: StdMutex<Option<(u64, Instant)>>,
@@ -167,18 +173,29 @@ impl Hub {
 
     /// Records a grant made in `epoch`. False if the epoch has moved on meanwhile: the node is
     /// gone with its session and the grant must not be reported.
-    pub(super) fn register(&self, claim: &Claim, epoch: u64) -> bool {
+    pub(super) fn register(&self, claim: &Claim, epoch: u64, nodes: Vec<String>) -> bool {
         let mut held = locked(&self.held);
         if self.now().epoch != epoch {
             return false;
         }
-        held.insert(claim.owner().into(), (epoch, claim.clone()));
+        let claim = claim.clone();
+        held.insert(claim.owner().into(), Held { claim, nodes });
         true
     }
 
-    /// Whether `claim` holds its lock in the current session.
-    pub(super) fn holds(&self, claim: &Claim) -> bool {
-        locked(&self.held).contains_key(claim.owner())
+    /// Whether `claim` holds its lock in the current session through the node `path`.
+    pub(super) fn holds_by(&self, claim: &Claim, path: &str) -> bool {
+        locked(&self.held)
+            .get(claim.owner())
+            .is_some_and(|h| h.nodes.iter().any(|n| n == path))
+    }
+
+    /// A held claim's lock now rests on `nodes` (a downgrade swapped its write node for a read
+    /// node).
+    pub(super) fn carried_by(&self, claim: &Claim, nodes: Vec<String>) {
+        if let Some(h) = locked(&self.held).get_mut(claim.owner()) {
+            h.nodes = nodes;
+        }
     }
 
     pub(super) fn unregister(&self, claim: &Claim) {
@@ -287,7 +304,7 @@ impl Hub {
                 }
                 keep
             });
-            let lost: Vec<Claim> = held.drain().map(|(_, (_, claim))| claim).collect();
+            let lost: Vec<Claim> = held.drain().map(|(_, h)| h.claim).collect();
             (lost, old)
         };
         if !lost.is_empty() {
@@ -325,7 +342,7 @@ impl Hub {
                 c.up = false;
                 c.closed = true;
             });
-            let lost: Vec<Claim> = held.drain().map(|(_, (_, claim))| claim).collect();
+            let lost: Vec<Claim> = held.drain().map(|(_, h)| h.claim).collect();
             (session.take(), lost)
         };
         for claim in lost {
@@ -474,22 +491,27 @@ async fn cleanup(hub: Weak<Hub>, wake: Arc<Notify>) {
 }
 
 async fn delete_doomed(zk: &dyn Zk, doomed: &Doomed) -> client::Outcome<()> {
-    let path = match doomed {
-        Doomed::Path(path) => path.clone(),
+    let paths = match doomed {
+        Doomed::Path(path) => vec![path.clone()],
         Doomed::Prefix { lock_path, uuid } => {
+            // Every node the create made: a semaphore's lease create makes several.
             let prefix = recipe::protection_prefix(uuid);
             match zk.children(lock_path).await {
-                Ok(kids) => match kids.into_iter().find(|k| k.starts_with(&prefix)) {
-                    Some(name) => format!("{lock_path}/{name}"),
-                    None => return Ok(()),
-                },
+                Ok(kids) => kids
+                    .into_iter()
+                    .filter(|k| k.starts_with(&prefix))
+                    .map(|name| format!("{lock_path}/{name}"))
+                    .collect(),
                 Err(Failure::NoNode) => return Ok(()),
                 Err(f) => return Err(f),
             }
         }
     };
-    match zk.delete(&path).await {
-        Ok(()) | Err(Failure::NoNode) => Ok(()),
-        Err(f) => Err(f),
+    for path in paths {
+        match zk.delete(&path).await {
+            Ok(()) | Err(Failure::NoNode) => {}
+            Err(f) => return Err(f),
+        }
     }
+    Ok(())
 }
