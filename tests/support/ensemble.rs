@@ -1,8 +1,11 @@
-//! A three-server ZooKeeper ensemble on loopback. Every link from one server to another goes
-//! through its own proxy, so a test can cut any pair apart: a follower partitioned from the
-//! leader while the other two keep a quorum.
+//! A three-server ZooKeeper ensemble on loopback (one JVM per server, its own data directory).
+//! Every link from one server to another goes through its own proxy, so a test can cut any
+//! pair apart: a follower partitioned from the leader while the other two keep a quorum. A
+//! member can also be killed (SIGKILL) and started again on its data.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::proxy::Proxy;
@@ -10,11 +13,15 @@ use super::{ask_all, free_port, read_log, zk_command_with, Supervised, ZK_LOGS};
 
 const MEMBERS: usize = 3;
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a link between members waits for its server to listen (a new leader opens its
+/// quorum port only once elected).
+const LINK_PATIENCE: Duration = Duration::from_secs(2);
 
 struct Member {
-    _process: Supervised,
+    process: Option<Supervised>,
     client_port: u16,
     dir: tempfile::TempDir,
+    command: (PathBuf, Vec<String>),
 }
 
 pub struct ZkEnsemble {
@@ -34,7 +41,13 @@ impl ZkEnsemble {
         let mut links = HashMap::new();
         for i in 0..MEMBERS {
             for j in (0..MEMBERS).filter(|j| *j != i) {
-                links.insert((i, j), (Proxy::start(quorum[j]), Proxy::start(election[j])));
+                links.insert(
+                    (i, j),
+                    (
+                        Proxy::start_with_patience(quorum[j], LINK_PATIENCE),
+                        Proxy::start_with_patience(election[j], LINK_PATIENCE),
+                    ),
+                );
             }
         }
         let mut members = Vec::new();
@@ -62,22 +75,58 @@ impl ZkEnsemble {
             );
             let process = Supervised::spawn(&java, &args, &dir.path().join(ZK_LOGS[0]));
             members.push(Member {
-                _process: process,
+                process: Some(process),
                 client_port,
                 dir,
+                command: (java, args),
             });
         }
         let ensemble = Self { members, links };
+        ensemble.until_serving(0..MEMBERS);
+        ensemble
+    }
+
+    /// Waits until every member in `which` serves as leader or follower.
+    fn until_serving(&self, which: impl Iterator<Item = usize> + Clone) {
         let deadline = Instant::now() + READY_TIMEOUT;
-        while !(0..MEMBERS).all(|i| ensemble.mode(i).is_some()) {
+        while !which.clone().all(|i| self.mode(i).is_some()) {
             assert!(
                 Instant::now() < deadline,
                 "the ZooKeeper ensemble did not form within {READY_TIMEOUT:?}; logs:\n{}",
-                ensemble.logs()
+                self.logs()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        ensemble
+    }
+
+    /// Kills member `i` (SIGKILL): its clients' connections drop, and if it led, the others
+    /// elect a new leader.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut p) = self.members[i].process.take() {
+            p.stop();
+        }
+    }
+
+    /// Starts member `i` again on its data directory and waits until it serves.
+    pub fn restart(&mut self, i: usize) {
+        let m = &mut self.members[i];
+        if m.process.is_none() {
+            let (java, args) = &m.command;
+            m.process = Some(Supervised::spawn(
+                java,
+                args,
+                &m.dir.path().join(ZK_LOGS[0]),
+            ));
+        }
+        self.until_serving(std::iter::once(i));
+    }
+
+    /// Every member, as a client's connect string.
+    pub fn connect_string(&self) -> String {
+        (0..MEMBERS)
+            .map(|i| self.member(i))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// `leader` or `follower` as `srvr` reports it, or `None` while the server does not serve.
@@ -87,6 +136,15 @@ impl ZkEnsemble {
             .lines()
             .find_map(|l| l.strip_prefix("Mode: "))
             .map(|m| m.trim().to_string())
+    }
+
+    /// How many client connections member `i` has (`srvr`: our own probe counts as one).
+    pub fn connections(&self, i: usize) -> Option<u64> {
+        let reply = ask_all(self.members[i].client_port, b"srvr").ok()?;
+        reply
+            .lines()
+            .find_map(|l| l.strip_prefix("Connections: "))
+            .and_then(|n| n.trim().parse().ok())
     }
 
     /// The member that leads now.
@@ -99,6 +157,11 @@ impl ZkEnsemble {
     /// `host:port` of member `i` only, for a client that must stay on that server.
     pub fn member(&self, i: usize) -> String {
         format!("127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// Member `i`'s client port.
+    pub fn client_port(&self, i: usize) -> u16 {
+        self.members[i].client_port
     }
 
     /// Cuts every link between members `a` and `b`, both ways: bytes vanish, connections look
@@ -120,10 +183,17 @@ impl ZkEnsemble {
         }
     }
 
-    fn logs(&self) -> String {
+    pub fn logs(&self) -> String {
         self.members
             .iter()
             .map(|m| read_log(m.dir.path(), ZK_LOGS))
             .collect()
     }
+}
+
+/// One ensemble for every test in a binary that only reads it (no kills, no partitions);
+/// tests keep apart by namespace.
+pub fn shared_ensemble() -> &'static ZkEnsemble {
+    static ENSEMBLE: OnceLock<ZkEnsemble> = OnceLock::new();
+    ENSEMBLE.get_or_init(|| ZkEnsemble::start(4))
 }

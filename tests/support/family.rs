@@ -130,6 +130,7 @@ pub async fn rw_fifo(clients: Vec<LockClient>, key: &str, plan: &[bool], queued:
     let mut tasks = Vec::new();
     for (i, (client, &is_write)) in clients.zip(plan).enumerate() {
         let (events, key) = (events.clone(), key.to_owned());
+        let next_reads = !is_write && plan.get(i + 1) == Some(&false);
         tasks.push(tokio::spawn(async move {
             let rw = client.rw_lock(&key);
             let hold = Duration::from_millis(30);
@@ -142,6 +143,16 @@ pub async fn rw_fifo(clients: Vec<LockClient>, key: &str, plan: &[bool], queued:
             } else {
                 let g = rw.read().await.unwrap();
                 events.lock().unwrap().push(Event::Start(i));
+                if next_reads {
+                    // Hold until the reader queued next to us is in too (it should be granted
+                    // with us): a wait that ends at the limit shows as a failure below.
+                    let _ = timeout(Duration::from_secs(5), async {
+                        while !events.lock().unwrap().contains(&Event::Start(i + 1)) {
+                            sleep(Duration::from_millis(1)).await;
+                        }
+                    })
+                    .await;
+                }
                 sleep(hold).await;
                 events.lock().unwrap().push(Event::End(i));
                 g.release().await.unwrap();

@@ -48,6 +48,8 @@ struct Targeted {
 
 struct Shared {
     mode: AtomicU8,
+    /// How long to keep trying to reach the upstream for a new connection before closing it.
+    patience: Duration,
     /// Bumped by `cut`: connections from an older generation close.
     generation: AtomicU64,
     stop: AtomicBool,
@@ -69,10 +71,19 @@ pub struct Proxy {
 
 impl Proxy {
     pub fn start(upstream: u16) -> Self {
+        Self::start_with_patience(upstream, Duration::ZERO)
+    }
+
+    /// A proxy that keeps trying to reach its upstream for `patience` before giving up on a
+    /// new connection. A server that is not listening *yet* then looks like it does to a real
+    /// client, a refused connect retried, rather than a connection accepted and then closed
+    /// (which a ZooKeeper follower takes as its leader failing, and starts a new election).
+    pub fn start_with_patience(upstream: u16, patience: Duration) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy port");
         let port = listener.local_addr().expect("proxy addr").port();
         let shared = Arc::new(Shared {
             mode: AtomicU8::new(PASS),
+            patience,
             generation: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
@@ -85,6 +96,11 @@ impl Proxy {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// How many connections have been passed to the upstream so far.
+    pub fn connections(&self) -> u64 {
+        self.shared.next_id.load(Ordering::SeqCst)
     }
 
     /// Traffic flows again (new connections are accepted, targeted faults end).
@@ -174,22 +190,34 @@ fn accept_loop(listener: TcpListener, upstream: u16, shared: Arc<Shared>) {
             drop(client);
             continue;
         }
-        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-            continue;
-        };
-        let generation = shared.generation.load(Ordering::SeqCst);
-        let conn = Arc::new(Conn {
-            id: shared.next_id.fetch_add(1, Ordering::SeqCst),
-            subscriber: AtomicBool::new(false),
-        });
-        for (from, to, replies) in [(&client, &server, false), (&server, &client, true)] {
-            let (from, to) = (
-                from.try_clone().expect("clone stream"),
-                to.try_clone().expect("clone stream"),
-            );
-            let (shared, conn) = (shared.clone(), conn.clone());
-            thread::spawn(move || pump(from, to, replies, generation, &shared, &conn));
+        let shared = shared.clone();
+        // Off the accept thread: a patient connect must not hold up other connections.
+        thread::spawn(move || serve(client, upstream, &shared));
+    }
+}
+
+/// Connects `client` to the upstream (patiently, if the proxy is) and pumps both ways.
+fn serve(client: TcpStream, upstream: u16, shared: &Arc<Shared>) {
+    let give_up = Instant::now() + shared.patience;
+    let server = loop {
+        match TcpStream::connect(("127.0.0.1", upstream)) {
+            Ok(server) => break server,
+            Err(_) if Instant::now() < give_up => thread::sleep(Duration::from_millis(20)),
+            Err(_) => return,
         }
+    };
+    let generation = shared.generation.load(Ordering::SeqCst);
+    let conn = Arc::new(Conn {
+        id: shared.next_id.fetch_add(1, Ordering::SeqCst),
+        subscriber: AtomicBool::new(false),
+    });
+    for (from, to, replies) in [(&client, &server, false), (&server, &client, true)] {
+        let (from, to) = (
+            from.try_clone().expect("clone stream"),
+            to.try_clone().expect("clone stream"),
+        );
+        let (shared, conn) = (shared.clone(), conn.clone());
+        thread::spawn(move || pump(from, to, replies, generation, &shared, &conn));
     }
 }
 
