@@ -10,7 +10,9 @@
 //! reads; label `-rwlock90`) or `semaphore` (4 permits, one each; label `-semaphore4`). Redis runs start their own
 //! `redis-server` on a free loopback port (tests/support), shared by `redis` and `rslock`;
 //! ZooKeeper runs start a standalone ZooKeeper, shared by `zookeeper` and `curator` (Apache
-//! Curator 5's `InterProcessMutex` in a JVM, `tests/java/CuratorBench.java`, same workload).
+//! Curator 5's `InterProcessMutex` in a JVM, `tests/java/CuratorBench.java`, same workload);
+//! `zookeeper-ensemble` and `curator-ensemble` run the same on a three-server ensemble on
+//! loopback (clients spread over its members), started once and shared by both.
 //!
 //! `server_ops_per_acq` is the INFO `total_commands_processed` delta per acquisition, which
 //! counts the calls a Lua script makes inside the server too; a second line, starting with `#`,
@@ -396,6 +398,40 @@ fn redis_url() -> String {
     support::shared_redis().url()
 }
 
+/// The ZooKeeper a `zookeeper*` or `curator*` run uses: the standalone server, or the
+/// ensemble for the `-ensemble` names.
+#[cfg(feature = "zookeeper")]
+enum Zk {
+    Standalone(&'static support::ZkServer),
+    Ensemble(&'static support::ensemble::ZkEnsemble),
+}
+
+#[cfg(feature = "zookeeper")]
+impl Zk {
+    fn named(name: &str) -> Self {
+        if name.ends_with("-ensemble") {
+            Zk::Ensemble(support::ensemble::shared_ensemble())
+        } else {
+            Zk::Standalone(support::shared_zookeeper())
+        }
+    }
+
+    fn connect_string(&self) -> String {
+        match self {
+            Zk::Standalone(s) => s.connect_string(),
+            Zk::Ensemble(e) => e.connect_string(),
+        }
+    }
+
+    /// Requests received, pings included, over every server.
+    fn packets(&self) -> u64 {
+        match self {
+            Zk::Standalone(s) => s.packets_received(),
+            Zk::Ensemble(e) => e.packets_received(),
+        }
+    }
+}
+
 fn main() {
     let args = parse_args();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -404,8 +440,8 @@ fn main() {
         .expect("runtime");
     rt.block_on(async {
         for name in &args.impls {
-            // Only memory and Redis have the whole family; the others are mutexes.
-            let prims: &[Prim] = if matches!(name.as_str(), "memory" | "redis") {
+            // rslock and the Curator workload are mutexes only.
+            let prims: &[Prim] = if !matches!(name.as_str(), "rslock" | "curator" | "curator-ensemble") {
                 &args.locks
             } else {
                 &[Prim::Mutex]
@@ -459,12 +495,12 @@ fn main() {
                             report(&label, workers, cs_ms, outcome, Some(ops));
                         }
                         #[cfg(feature = "zookeeper")]
-                        "zookeeper" => {
-                            let server = support::shared_zookeeper();
+                        "zookeeper" | "zookeeper-ensemble" => {
+                            let zk = Zk::named(name);
                             let mut lockers = Vec::new();
                             for _ in 0..workers {
                                 let backend =
-                                    distlock::backend::ZkBackend::connect(&server.connect_string())
+                                    distlock::backend::ZkBackend::connect(&zk.connect_string())
                                         .await
                                         .expect("zookeeper backend");
                                 let ttl = backend.session_timeout();
@@ -473,20 +509,21 @@ fn main() {
                                     prim,
                                 ));
                             }
-                            let before = server.packets_received();
+                            let before = zk.packets();
                             let outcome = contend(lockers, cs, args.secs).await;
                             let ops = Ops {
-                                total: server.packets_received() - before,
+                                total: zk.packets() - before,
                                 ..Ops::default()
                             };
-                            report("distlock-zookeeper", workers, cs_ms, outcome, Some(ops));
+                            let label = format!("distlock-{name}{}", prim.label());
+                            report(&label, workers, cs_ms, outcome, Some(ops));
                         }
                         #[cfg(feature = "zookeeper")]
-                        "curator" => {
-                            let server = support::shared_zookeeper();
-                            let before = server.packets_received();
-                            let line = support::curator::bench(&server.connect_string(), workers, cs_ms, args.secs);
-                            let packets = server.packets_received() - before;
+                        "curator" | "curator-ensemble" => {
+                            let zk = Zk::named(name);
+                            let before = zk.packets();
+                            let line = support::curator::bench(&zk.connect_string(), workers, cs_ms, args.secs);
+                            let packets = zk.packets() - before;
                             // The Java side counts acquisitions; add the server's figure.
                             let acquisitions: f64 = line
                                 .split_whitespace()
@@ -494,6 +531,11 @@ fn main() {
                                 .and_then(|v| v.parse().ok())
                                 .unwrap_or(f64::NAN);
                             let line = line.split(" acquisitions=").next().unwrap_or_default();
+                            let line = if name == "curator-ensemble" {
+                                line.replacen("curator", "curator-ensemble", 1)
+                            } else {
+                                line.to_owned()
+                            };
                             println!(
                                 "{}",
                                 line.replace(
@@ -503,7 +545,7 @@ fn main() {
                             );
                         }
                         other => eprintln!(
-                            "unknown --impl {other}; known: memory, redis, rslock, zookeeper, curator"
+                            "unknown --impl {other}; known: memory, redis, rslock, zookeeper, curator, zookeeper-ensemble, curator-ensemble"
                         ),
                     }
                 }

@@ -25,7 +25,10 @@ use crate::error::Result;
 ///
 /// `max_permits` is a property of the key that every client must agree on: asking for a key
 /// with another number of permits, or as a mutex or read-write lock, while it is in use fails
-/// with [`ErrorKind::KindMismatch`](crate::ErrorKind::KindMismatch).
+/// with [`ErrorKind::KindMismatch`](crate::ErrorKind::KindMismatch). On ZooKeeper, which
+/// shares Curator's `InterProcessSemaphoreV2` layout, the number of permits is stored nowhere
+/// (as in Curator): only the kind of lock is checked, and agreeing on `max_permits` is up to
+/// the clients.
 ///
 /// # Examples
 ///

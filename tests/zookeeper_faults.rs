@@ -179,3 +179,112 @@ async fn a_follower_cut_off_from_the_leader_cannot_renew_a_lease() {
     direct.shutdown().await;
     holder.shutdown().await;
 }
+
+/// CURATOR-595's case: a holder of a permit and of a read lock loses its session (cut off
+/// longer than it). Both guards report lost before the waiters, a permit and a writer, are let
+/// in: the permit goes back to the others with the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_frees_permits_and_read_locks_only_after_telling_the_holder() {
+    let ns = test_namespace!();
+    let server = shared_zookeeper();
+    let proxy = Proxy::start(server.port());
+    let session = Duration::from_secs(2);
+    let behind = client(&format!("127.0.0.1:{}", proxy.port()), &ns, session).await;
+    let direct = client(&server.connect_string(), &ns, session).await;
+    let zk = raw(&server.connect_string()).await;
+
+    let permit = behind.semaphore("sem", 1).acquire().await.unwrap();
+    let read = behind.rw_lock("rw").read().await.unwrap();
+    let want_permit = support::contract::spawn_timed(direct.semaphore("sem", 1).acquire());
+    let want_write = support::contract::spawn_timed(direct.rw_lock("rw").write());
+    until_contenders(&zk, &format!("/{ns}/sem/locks"), 1).await;
+    until_contenders(&zk, &format!("/{ns}/rw"), 2).await;
+
+    let read_lost = async {
+        read.lost().await;
+        Instant::now()
+    };
+    let ((p, lost, granted), read_lost_at) = tokio::join!(
+        partition_then_handover(|| proxy.blackhole(), &permit, want_permit, session * 5),
+        read_lost
+    );
+    println!("permit: holder told at {lost:?}, waiter granted at {granted:?}");
+    let (write_at, w) = timeout(session * 5, want_write)
+        .await
+        .expect("the writer never got in")
+        .unwrap();
+    let w = w.unwrap();
+    assert!(
+        read_lost_at <= write_at,
+        "a writer got in {:?} before the reader was told",
+        read_lost_at - write_at
+    );
+    assert!(p.fencing_token() > permit.fencing_token());
+    assert!(w.fencing_token() > read.fencing_token());
+    proxy.heal();
+    drop((p, w, permit, read));
+    behind.shutdown().await;
+    direct.shutdown().await;
+}
+
+/// CURATOR-315's case: the reply to a semaphore's lease create is lost (it comes later than
+/// the call deadline), though the server made the node. The claim finds that node by its
+/// protection prefix instead of making a second one: once granted it holds exactly its one
+/// lease, and nothing is left after release. An orphaned lease would count against the
+/// semaphore forever and keep this claim waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_create_whose_reply_is_lost_leaves_no_orphan() {
+    let ns = test_namespace!();
+    let server = shared_zookeeper();
+    let proxy = Proxy::start(server.port());
+    let session = Duration::from_secs(8);
+    // Calls give up after 2 s (support::zk::backend); replies will come 2.5 s late.
+    let behind = client(&format!("127.0.0.1:{}", proxy.port()), &ns, session).await;
+    let [full, next]: [LockClient; 2] = [
+        client(&server.connect_string(), &ns, session).await,
+        client(&server.connect_string(), &ns, session).await,
+    ];
+    let zk = raw(&server.connect_string()).await;
+    let (locks, leases) = (format!("/{ns}/sem/locks"), format!("/{ns}/sem/leases"));
+
+    // Both permits taken; `next` waits at the head of the admission queue (its lease made),
+    // and our claim queues behind it.
+    let all = full.semaphore("sem", 2).acquire_many(2).await.unwrap();
+    let head = tokio::spawn({
+        let sem = next.semaphore("sem", 2);
+        async move { sem.acquire().await }
+    });
+    until_contenders(&zk, &leases, 3).await;
+    let ours = tokio::spawn({
+        let sem = behind.semaphore("sem", 2);
+        async move { sem.acquire().await }
+    });
+    until_contenders(&zk, &locks, 2).await;
+
+    // From now on our client hears everything 2.5 s late: its admission, then its lease
+    // create's reply, which it gives up on.
+    proxy.delay_replies(support::proxy::Which::All, Duration::from_millis(2500));
+    all.release().await.unwrap();
+    let head = timeout(Duration::from_secs(10), head)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // Our lease node exists on the server...
+    until_contenders(&zk, &leases, 2).await;
+    // ...and our client has given up on the reply and looks for it.
+    sleep(Duration::from_secs(3)).await;
+    proxy.pass();
+    let permit = timeout(Duration::from_secs(20), ours)
+        .await
+        .expect("the claim never got its permit (an orphaned lease?)")
+        .unwrap()
+        .unwrap();
+    let kids = support::zk::children(&zk, &leases).await;
+    assert_eq!(kids.len(), 2, "one lease each, no orphan: {kids:?}");
+    drop((permit, head));
+    for c in [behind, full, next] {
+        c.shutdown().await;
+    }
+    support::zk::assert_no_znodes(&zk, &ns).await;
+}

@@ -147,6 +147,19 @@ impl ZkEnsemble {
             .and_then(|n| n.trim().parse().ok())
     }
 
+    /// `mntr` `zk_packets_received`, summed over the members that serve.
+    pub fn packets_received(&self) -> u64 {
+        (0..MEMBERS)
+            .filter_map(|i| {
+                let reply = ask_all(self.members[i].client_port, b"mntr").ok()?;
+                reply
+                    .lines()
+                    .find_map(|l| l.strip_prefix("zk_packets_received"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+            .sum()
+    }
+
     /// The member that leads now.
     pub fn leader(&self) -> usize {
         (0..MEMBERS)

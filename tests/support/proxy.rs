@@ -206,6 +206,10 @@ fn serve(client: TcpStream, upstream: u16, shared: &Arc<Shared>) {
             Err(_) => return,
         }
     };
+    // Forward small writes at once, as the endpoints would send them (Nagle's algorithm
+    // meeting delayed ACKs would add 40 ms stalls to a chatty protocol like ZooKeeper's).
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
     let generation = shared.generation.load(Ordering::SeqCst);
     let conn = Arc::new(Conn {
         id: shared.next_id.fetch_add(1, Ordering::SeqCst),

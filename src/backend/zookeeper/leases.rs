@@ -29,14 +29,6 @@ impl Inner {
         max: u32,
         wait: bool,
     ) -> Result<Step<Attempt>> {
-        if !ticket.lock().leases.checked {
-            match self.no_other_family(up, claim).await {
-                Ok(()) => ticket.lock().leases.checked = true,
-                Err(Ok(other)) => return Err(super::queue::mismatch(claim, other)),
-                Err(Err(f @ Failure::Unknown(_))) => return Ok(Step::Again(Some(f))),
-                Err(Err(f)) => return Err(f.into_error(&format!("list {}", lock_path(claim)))),
-            }
-        }
         let leases = match self.ensure_leases(claim, ticket, up, count).await? {
             Step::Ready(leases) => leases,
             Step::Again(f) => return Ok(Step::Again(f)),
@@ -88,18 +80,15 @@ impl Inner {
     }
 
     /// Checks once per claim that the lock node holds no mutex or read-write lock nodes
-    /// (they would not exclude our leases, nor we theirs). The admission node is ours by now,
+    /// (they would not exclude our leases, nor we theirs). Our admission node exists by now,
     /// so a mutex or read-write claim arriving later sees `locks` in use and refuses itself.
-    async fn no_other_family(
+    pub(super) async fn no_other_family(
         &self,
         up: &Up,
         claim: &Claim,
-    ) -> std::result::Result<(), std::result::Result<Other, Failure>> {
-        let kids = up.zk.children(&lock_path(claim)).await.map_err(Err)?;
-        match recipe::other_family(claim.kind(), &kids) {
-            Some(other) => Err(Ok(other)),
-            None => Ok(()),
-        }
+    ) -> std::result::Result<Option<Other>, Failure> {
+        let kids = up.zk.children(&lock_path(claim)).await?;
+        Ok(recipe::other_family(claim.kind(), &kids))
     }
 
     /// Our lease nodes: those we have, those a create with a lost reply made (found by their

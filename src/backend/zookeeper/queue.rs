@@ -315,6 +315,18 @@ impl Inner {
                 }
             }
 
+            if matches!(kind, LockKind::Permits { .. }) && !ticket.lock().leases.checked {
+                // Before admission, so that no read stands between admission and the lease
+                // create (a mutex or read-write claim checks its own listing instead).
+                match self.no_other_family(&up, claim).await {
+                    Ok(None) => ticket.lock().leases.checked = true,
+                    Ok(Some(other)) => return Err(mismatch(claim, other)),
+                    Err(f) => {
+                        self.again(ticket, &node, f, &mut last, || format!("list {queue}"))?;
+                        continue;
+                    }
+                }
+            }
             let mut kids = match up.zk.children(&queue).await {
                 Ok(kids) => kids,
                 Err(f) => {
