@@ -345,3 +345,59 @@ async fn curator_semaphore_mutex_excludes_a_one_permit_semaphore() {
     a.shutdown().await;
     assert_clean(&ns).await;
 }
+
+/// No herd: with four claims queued on a one-permit semaphore, the server holds exactly the
+/// watches the recipe needs: each waiter's on the admission node just ahead of it (3), the
+/// admission head's on the lease list (1), and the guard watch on each lease node (2). A herd
+/// on the lease list would add one per waiter. Its own server, as `zk_watch_count` is global.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_admission_head_watches_the_leases() {
+    let ns = test_namespace!();
+    let server = support::ZkServer::start();
+    let zk = raw(&server.connect_string()).await;
+    let c = clients_at(&server.connect_string(), &ns, SESSION, 5).await;
+    let held = c[0].semaphore("sem", 1).acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for (i, client) in c.iter().enumerate().skip(1) {
+        let sem = client.semaphore("sem", 1);
+        waiters.push(tokio::spawn(async move { sem.acquire().await }));
+        until_contenders(&zk, &format!("/{ns}/sem/locks"), i).await;
+    }
+    let watches = || {
+        server
+            .four_letter("mntr")
+            .lines()
+            .find_map(|l| l.strip_prefix("zk_watch_count"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("mntr reports zk_watch_count")
+    };
+    // Watches are set just after the nodes appear: wait for them to settle at 6.
+    let settled = timeout(Duration::from_secs(5), async {
+        while watches() != 6 {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        settled.is_ok(),
+        "expected 6 watches, the server has {}:\n{}",
+        watches(),
+        server.four_letter("wchp")
+    );
+    sleep(Duration::from_millis(200)).await;
+    assert_eq!(watches(), 6, "{}", server.four_letter("wchp"));
+    drop(held);
+    for w in waiters {
+        drop(
+            timeout(Duration::from_secs(10), w)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    for client in c {
+        client.shutdown().await;
+    }
+    assert_no_znodes(&zk, &ns).await;
+}
