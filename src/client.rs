@@ -277,6 +277,45 @@ impl LockClient {
         )
     }
 
+    /// What `key` looks like on the server now: who holds it (as what, with which fencing
+    /// token and how much lease left) and who waits, first in line first. A snapshot for
+    /// operators and dashboards; never decide who holds a lock from it.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidKey`](crate::ErrorKind::InvalidKey) before any I/O,
+    /// [`Unsupported`](crate::ErrorKind::Unsupported) on a backend that cannot inspect,
+    /// [`Backend`](crate::ErrorKind::Backend) if the service fails,
+    /// [`Closed`](crate::ErrorKind::Closed) after [`shutdown`](Self::shutdown).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::memory();
+    /// let guard = client.mutex("orders:42").lock().await?;
+    /// let seen = client.inspect("orders:42").await?;
+    /// assert_eq!(seen.holders.len(), 1);
+    /// assert_eq!(seen.holders[0].fencing_token, Some(guard.fencing_token()));
+    /// assert!(seen.waiters.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn inspect(&self, key: &str) -> Result<crate::Inspection> {
+        self.inner.check_open()?;
+        crate::core::rules::validate_key(key)?;
+        self.inner.backend.validate_key(key)?;
+        self.inner
+            .backend
+            .inspect(&self.inner.config.namespace, key)
+            .await
+    }
+
     /// Identifies the client (and its clones) within the process.
     #[cfg_attr(not(feature = "macros"), allow(dead_code))]
     pub(crate) fn id(&self) -> usize {

@@ -26,13 +26,23 @@
 //! - [`RedisBackend`](backend::RedisBackend) (feature `redis`; `redis-deadpool` and `redis-bb8`
 //!   take a connection pool): a FIFO queue per key in Redis with direct handoff announced over
 //!   one shared pub/sub connection per client. Open it with `LockClient::redis(url)`.
-//! - [`ZkBackend`](backend::ZkBackend) (feature `zookeeper`): Curator `InterProcessMutex`
-//!   compatible locks (`_c_<uuid>-lock-<seq>` nodes, predecessor watches) on one session per
-//!   client; a Java service using Curator on the same path excludes ours. Open it with
-//!   `LockClient::zookeeper(connect)`.
+//! - [`ZkBackend`](backend::ZkBackend) (feature `zookeeper`): Curator 5 compatible locks
+//!   (`InterProcessMutex`, `InterProcessReadWriteLock`, `InterProcessSemaphoreV2` layouts, one
+//!   watched node per waiter) on one session per client; a Java service using Curator on the
+//!   same path shares our queue. Open it with `LockClient::zookeeper(connect)`.
 //!
 //! With feature `macros`, [`#[distributed_lock("orders:{id}")]`](distributed_lock) runs an
 //! `async fn` under a lock named by its arguments.
+//!
+//! # Operating
+//!
+//! - [`LockClient::inspect`] reads who holds a key and who waits ([`Inspection`]).
+//! - Feature `metrics` records acquisitions by outcome, wait and hold times, lost locks and
+//!   renewal round trips through the [`metrics`](https://docs.rs/metrics) facade, labelled by
+//!   backend and kind of lock (never by key). Every acquisition runs in a `distlock.acquire`
+//!   tracing span with the key; grants, losses and releases are `debug` events.
+//! - Feature `cli` builds the `distlock` command: `distlock run KEY -- CMD` holds a lock while a
+//!   command runs (cron jobs, migrations), `distlock inspect KEY` shows a key.
 //!
 //! # Examples
 //!
@@ -75,6 +85,7 @@ pub mod backend;
 mod client;
 mod core;
 mod error;
+mod inspect;
 mod multi;
 mod mutex;
 mod rw_lock;
@@ -83,6 +94,7 @@ mod semaphore;
 pub use client::{LockClient, LockClientBuilder, DEFAULT_NAMESPACE, DEFAULT_TTL};
 pub use core::rules::{MAX_KEY_LEN, MAX_NAMESPACE_LEN, MIN_TTL};
 pub use error::{Error, ErrorKind, Result};
+pub use inspect::{Holder, Inspection, Waiter};
 pub use multi::{MultiGuard, MultiLock};
 pub use mutex::{Mutex, MutexGuard};
 pub use rw_lock::{RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -10,8 +10,8 @@ use distlock::LockClient;
 use futures::future::BoxFuture;
 use support::contract::{take_multi, take_permit, take_write, torture_family, torture_with, Take};
 use support::family::{
-    downgrade_keeps_queued_writers_out, kinds_do_not_mix, rw_exclusion, rw_fifo, semaphore_bound,
-    semaphore_head_is_not_overtaken,
+    downgrade_keeps_queued_writers_out, inspect_sees_the_family, kinds_do_not_mix, rw_exclusion,
+    rw_fifo, semaphore_bound, semaphore_head_is_not_overtaken,
 };
 use tokio::time::{sleep, timeout};
 
@@ -74,6 +74,14 @@ async fn memory_downgrade_keeps_queued_writers_out() {
     let backend = MemoryBackend::new();
     let clients: [LockClient; 3] = memory_clients(&backend, 3).try_into().unwrap();
     downgrade_keeps_queued_writers_out(clients, "rw", &memory_queued(&backend)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_inspect_sees_the_family() {
+    let backend = MemoryBackend::new();
+    let clients: [LockClient; 3] = memory_clients(&backend, 3).try_into().unwrap();
+    let q = memory_queued(&backend);
+    inspect_sees_the_family(clients, "k", true, &q, &q).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,6 +271,15 @@ mod redis_backend {
         let ns = test_namespace!();
         let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
         downgrade_keeps_queued_writers_out(c, "rw", &queued(&ns, "rw")).await;
+        assert_only_fences(&ns).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_inspect_sees_the_family() {
+        let ns = test_namespace!();
+        let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+        let (q_rw, q_sem) = (queued(&ns, "k:rw"), queued(&ns, "k:sem"));
+        inspect_sees_the_family(c, "k", true, &q_rw, &q_sem).await;
         assert_only_fences(&ns).await;
     }
 

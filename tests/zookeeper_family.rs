@@ -12,7 +12,8 @@ use distlock::LockClient;
 use support::contract::torture_family;
 use support::curator::Curator;
 use support::family::{
-    kinds_do_not_mix, rw_exclusion, rw_fifo, semaphore_bound, semaphore_head_is_not_overtaken,
+    inspect_sees_the_family, kinds_do_not_mix, rw_exclusion, rw_fifo, semaphore_bound,
+    semaphore_head_is_not_overtaken,
 };
 use support::shared_zookeeper;
 use support::zk::{assert_no_znodes, children, clients_at, queued, raw, until_contenders};
@@ -86,6 +87,18 @@ async fn kinds_do_not_mix_on_one_path() {
 async fn cancelled_family_futures_leave_no_znodes() {
     let ns = test_namespace!();
     torture_family(|n| clients(&ns, n), 12, 50).await;
+    assert_clean(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_sees_the_family_in_curators_layout() {
+    let ns = test_namespace!();
+    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+    let (q_rw, q_sem) = (
+        queued(&connect(), &ns, "k:rw"),
+        queued(&connect(), &ns, "k:sem"),
+    );
+    inspect_sees_the_family(c, "k", false, &q_rw, &q_sem).await;
     assert_clean(&ns).await;
 }
 
@@ -388,13 +401,7 @@ async fn only_the_admission_head_watches_the_leases() {
     assert_eq!(watches(), 6, "{}", server.four_letter("wchp"));
     drop(held);
     for w in waiters {
-        drop(
-            timeout(Duration::from_secs(10), w)
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap(),
-        );
+        drop(support::contract::joined(w).await);
     }
     for client in c {
         client.shutdown().await;

@@ -10,6 +10,7 @@ use tokio::time::{sleep_until, Instant};
 
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, LostSignal, Renewal};
 use crate::error::{Error, Result};
+use crate::inspect::{Holder as Seen, Inspection, Waiter as SeenWaiting};
 
 /// How many operations pass between sweeps of leases that expired with nobody watching.
 const SWEEP_EVERY: u64 = 1024;
@@ -76,6 +77,8 @@ struct Holder {
 
 struct Waiter {
     owner: Arc<str>,
+    /// When it queued.
+    since: Instant,
     kind: LockKind,
     ttl: std::time::Duration,
     wake: Arc<Notify>,
@@ -218,8 +221,12 @@ impl std::fmt::Debug for MemoryBackend {
 }
 
 fn full_name(claim: &Claim) -> Arc<str> {
+    name_of(claim.namespace(), claim.key())
+}
+
+fn name_of(namespace: &str, key: &str) -> Arc<str> {
     // Namespaces cannot contain ':', so the split is unambiguous.
-    format!("{}:{}", claim.namespace(), claim.key()).into()
+    format!("{namespace}:{key}").into()
 }
 
 impl KeyState {
@@ -279,6 +286,44 @@ impl Backend for MemoryBackend {
         true
     }
 
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
+        let mut state = self.lock_state();
+        let now = Instant::now();
+        let mut seen = Inspection::free(key);
+        let name = name_of(namespace, key);
+        let Some(ks) = state.keys.get_mut(&name) else {
+            return Ok(seen);
+        };
+        ks.expire_holders(now);
+        self.grant_pass(ks, now);
+        seen.family = ks.family();
+        seen.holders = ks
+            .holders
+            .iter()
+            .map(|h| Seen {
+                kind: h.kind,
+                fencing_token: Some(h.fence),
+                lease_left: Some(h.valid_until.saturating_duration_since(now)),
+            })
+            .collect();
+        seen.waiters = ks
+            .queue
+            .iter()
+            .map(|w| SeenWaiting {
+                kind: w.kind,
+                waited: Some(now.saturating_duration_since(w.since)),
+            })
+            .collect();
+        if ks.is_idle() {
+            state.keys.remove(&name);
+        }
+        Ok(seen)
+    }
+
     async fn acquire(&self, claim: &Claim, ticket: &MemoryTicket, wait: bool) -> Result<Attempt> {
         self.with_key(claim, |this, ks, now| {
             if let Some(grant) = ks.grant_of(claim.owner()) {
@@ -309,6 +354,7 @@ impl Backend for MemoryBackend {
             if wait && ks.position(claim.owner()).is_none() {
                 ks.queue.push_back(Waiter {
                     owner: claim.owner.clone(),
+                    since: now,
                     kind,
                     ttl: claim.ttl(),
                     wake: ticket.wake.clone(),

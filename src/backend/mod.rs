@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::inspect::Inspection;
 
 #[cfg(feature = "memory")]
 pub mod memory;
@@ -131,7 +132,13 @@ pub struct Claim {
 }
 
 impl Claim {
-    pub(crate) fn new(namespace: Arc<str>, key: Arc<str>, ttl: Duration, kind: LockKind) -> Self {
+    pub(crate) fn new(
+        namespace: Arc<str>,
+        key: Arc<str>,
+        ttl: Duration,
+        kind: LockKind,
+        backend: &'static str,
+    ) -> Self {
         Self {
             namespace,
             key,
@@ -139,7 +146,7 @@ impl Claim {
             ttl,
             kind,
             downgraded: Arc::new(AtomicBool::new(false)),
-            lost: LostSignal::new(),
+            lost: LostSignal::new(backend, kind),
         }
     }
 
@@ -184,7 +191,9 @@ impl Claim {
     /// Marks the claim lost: its guard reports [`is_lost`](crate::MutexGuard::is_lost) and
     /// wakes everything waiting in [`lost`](crate::MutexGuard::lost). Idempotent.
     pub fn mark_lost(&self) {
-        self.lost.mark();
+        if self.lost.mark() {
+            tracing::debug!(key = self.key(), "lock marked lost");
+        }
     }
 
     /// Whether the claim was marked lost.
@@ -212,24 +221,39 @@ impl fmt::Debug for Claim {
 
 /// A one-way "ownership is gone" flag that wakes every watcher.
 #[derive(Clone)]
-pub(crate) struct LostSignal(Arc<watch::Sender<bool>>);
+pub(crate) struct LostSignal {
+    flag: Arc<watch::Sender<bool>>,
+    /// For the lost-locks metric: the backend's name and the claim's kind.
+    backend: &'static str,
+    kind: LockKind,
+}
 
 impl LostSignal {
-    fn new() -> Self {
-        Self(Arc::new(watch::Sender::new(false)))
+    fn new(backend: &'static str, kind: LockKind) -> Self {
+        Self {
+            flag: Arc::new(watch::Sender::new(false)),
+            backend,
+            kind,
+        }
     }
 
-    pub(crate) fn mark(&self) {
-        self.0
+    /// Sets the flag; true if it was not set before (and then counts the loss).
+    pub(crate) fn mark(&self) -> bool {
+        let first = self
+            .flag
             .send_if_modified(|lost| !std::mem::replace(lost, true));
+        if first {
+            crate::core::metrics::lost(self.backend, self.kind);
+        }
+        first
     }
 
     pub(crate) fn is_set(&self) -> bool {
-        *self.0.borrow()
+        *self.flag.borrow()
     }
 
     pub(crate) async fn wait(&self) {
-        let mut rx = self.0.subscribe();
+        let mut rx = self.flag.subscribe();
         // The sender lives as long as `self`, so this only ends when the flag is set.
         let _ = rx.wait_for(|lost| *lost).await;
     }
@@ -405,6 +429,29 @@ pub trait Backend: Send + Sync + 'static {
         claims: &[(&Claim, &Self::Ticket)],
     ) -> impl Future<Output = Vec<Renewal>> + Send;
 
+    /// A short name for the backend (`memory`, `redis`, `zookeeper`, ...), used as the
+    /// `backend` label of metrics.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+
+    /// Reads what `key` (in `namespace`) looks like now: holders, waiters, and as what (see
+    /// [`Inspection`]). The key has passed the shared rules and
+    /// [`validate_key`](Self::validate_key). The default says the backend cannot.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] by default; [`ErrorKind::Backend`] if the service fails.
+    fn inspect(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Inspection>> + Send {
+        let refused = Error::unsupported(format_args!("this backend cannot inspect `{key}`"));
+        let _ = namespace;
+        async move { Err(refused) }
+    }
+
     /// Closes connections and sessions. Called once by
     /// [`LockClient::shutdown`](crate::LockClient::shutdown) after pending releases finished.
     fn shutdown(&self) -> impl Future<Output = ()> + Send {
@@ -456,6 +503,9 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Grant>>;
     fn renew<'a>(&'a self, claims: &'a [(&'a Claim, &'a AnyTicket)])
         -> BoxFuture<'a, Vec<Renewal>>;
+    fn name(&self) -> &'static str;
+    fn inspect<'a>(&'a self, namespace: &'a str, key: &'a str)
+        -> BoxFuture<'a, Result<Inspection>>;
     fn shutdown(&self) -> BoxFuture<'_, ()>;
 }
 
@@ -549,6 +599,18 @@ impl<B: Backend> DynBackend for B {
                 })
                 .collect()
         })
+    }
+
+    fn name(&self) -> &'static str {
+        Backend::name(self)
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        namespace: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Inspection>> {
+        Box::pin(Backend::inspect(self, namespace, key))
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

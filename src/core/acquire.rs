@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tracing::Instrument;
 
 use super::lease::{Held, Lease};
 use super::rules::{validate_key, validate_kind, validate_ttl};
@@ -41,7 +42,7 @@ impl Target {
         kind: LockKind,
         mode: Mode,
     ) -> impl Future<Output = Result<Held>> + Send + 'static {
-        acquire(self.core.clone(), self.key.clone(), self.ttl(), kind, mode)
+        self.acquire_until(kind, mode, None)
     }
 
     /// Acquires the lock as `kind`, waiting at most `timeout`.
@@ -65,16 +66,28 @@ impl Target {
         mode: Mode,
         deadline: Option<tokio::time::Instant>,
     ) -> impl Future<Output = Result<Held>> + Send + 'static {
-        let key = self.key.clone();
-        let acquire = self.acquire(kind, mode);
+        let (core, key) = (self.core.clone(), self.key.clone());
+        let acquire = acquire(core.clone(), key.clone(), self.ttl(), kind, mode);
+        let span = tracing::debug_span!("distlock.acquire", key = %key, ?kind);
         async move {
-            match deadline {
+            let started = std::time::Instant::now();
+            let outcome = match deadline {
                 Some(at) => tokio::time::timeout_at(at, acquire)
                     .await
                     .unwrap_or_else(|_| Err(Error::timeout(&key))),
                 None => acquire.await,
+            };
+            let waited = started.elapsed();
+            super::metrics::acquired(core.backend.name(), kind, waited, outcome.as_ref().err());
+            match &outcome {
+                Ok(held) => {
+                    tracing::debug!(fence = held.fencing_token(), ?waited, "lock granted");
+                }
+                Err(e) => tracing::debug!(error = %e, ?waited, "lock not granted"),
             }
+            outcome
         }
+        .instrument(span)
     }
 }
 
@@ -117,7 +130,13 @@ pub(crate) async fn acquire(
     let backend = client.backend.clone();
     let mut closed = client.closed();
 
-    let claim = Claim::new(client.config.namespace.clone(), key, ttl, kind);
+    let claim = Claim::new(
+        client.config.namespace.clone(),
+        key,
+        ttl,
+        kind,
+        client.backend.name(),
+    );
     let lease = Arc::new(Lease::new(
         client.ids.next(),
         claim,

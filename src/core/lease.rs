@@ -56,6 +56,8 @@ pub(crate) struct Schedule {
     /// The grant is provisional (shorter than the TTL asked for, e.g. a Redis handoff): renew it
     /// once even when automatic renewal is off.
     pub(crate) confirm: bool,
+    /// When the claim was granted.
+    pub(crate) held_since: Option<Instant>,
 }
 
 impl Schedule {
@@ -100,6 +102,7 @@ impl Lease {
                 generation: 0,
                 next,
                 confirm: false,
+                held_since: None,
             }),
             done: AtomicBool::new(false),
         }
@@ -123,6 +126,7 @@ impl Lease {
         let ttl = self.claim.ttl();
         let mut s = self.schedule();
         s.held = Some(grant);
+        s.held_since.get_or_insert(now);
         s.span = span;
         s.generation += 1;
         s.next = renew_at(now, grant.valid_until);
@@ -399,7 +403,7 @@ mod tests {
     use crate::backend::LockKind;
 
     fn lease(ttl: Duration) -> Lease {
-        let claim = Claim::new("ns".into(), "k".into(), ttl, LockKind::Exclusive);
+        let claim = Claim::new("ns".into(), "k".into(), ttl, LockKind::Exclusive, "memory");
         Lease::new(0, claim, Box::new(()), default_drift)
     }
 

@@ -9,6 +9,7 @@
 pub(crate) mod acquire;
 pub(crate) mod guard;
 pub(crate) mod lease;
+pub(crate) mod metrics;
 pub(crate) mod renewal;
 pub(crate) mod rules;
 
@@ -95,6 +96,14 @@ impl Core {
     pub(crate) fn stop(&self, lease: &Lease) -> bool {
         if !lease.finish() {
             return false;
+        }
+        if let Some(since) = lease.schedule().held_since {
+            metrics::released(self.backend.name(), lease.claim.kind(), since.elapsed());
+            tracing::debug!(
+                key = lease.claim.key(),
+                fence = lease.fence(),
+                "lock released"
+            );
         }
         if let Some(engine) = self
             .engine

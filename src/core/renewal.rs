@@ -243,6 +243,7 @@ impl Task {
             .max(MIN_CALL_LIMIT);
         self.calls.push(Box::pin(async move {
             let at = Instant::now();
+            let name = backend.name();
             let results = {
                 let pairs: Vec<(&Claim, &AnyTicket)> =
                     batch.iter().map(|(l, ..)| (&l.claim, &l.ticket)).collect();
@@ -255,6 +256,11 @@ impl Task {
                     }
                 }
             };
+            let failed = results
+                .iter()
+                .filter(|r| matches!(r, Renewal::Failed(_)))
+                .count();
+            super::metrics::renewed(name, at.elapsed(), failed);
             Sent { batch, at, results }
         }));
     }

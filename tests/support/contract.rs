@@ -323,3 +323,12 @@ pub async fn partition_then_handover<G>(
     );
     (guard, lost_at - cut, granted_at - cut)
 }
+
+/// The guard an acquisition task (`tokio::spawn(m.lock())`) got, within 10 s.
+pub async fn joined<G>(task: tokio::task::JoinHandle<distlock::Result<G>>) -> G {
+    timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the acquisition was not granted within 10 s")
+        .expect("acquisition task")
+        .expect("acquisition")
+}

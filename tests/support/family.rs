@@ -402,3 +402,65 @@ pub async fn kinds_do_not_mix(clients: [LockClient; 2], prefix: &str, max_record
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// `inspect` sees two readers holding and a writer waiting on an `RwLock`, and a two-permit
+/// holder and a two-permit waiter on a semaphore of 3 (`max_recorded`: the backend knows the
+/// 3; ZooKeeper, like Curator, does not).
+pub async fn inspect_sees_the_family(
+    clients: [LockClient; 3],
+    prefix: &str,
+    max_recorded: bool,
+    queued_rw: Queued<'_>,
+    queued_sem: Queued<'_>,
+) {
+    use distlock::backend::{Family, LockKind};
+    let [a, b, c] = clients;
+    let (rw, sem) = (format!("{prefix}:rw"), format!("{prefix}:sem"));
+    assert!(a.inspect(&rw).await.unwrap().is_free());
+    let r1 = a.rw_lock(&rw).read().await.unwrap();
+    let r2 = b.rw_lock(&rw).read().await.unwrap();
+    let w = tokio::spawn({
+        let rw = c.rw_lock(&rw);
+        async move { rw.write().await }
+    });
+    queued_rw(1).await;
+    let seen = a.inspect(&rw).await.unwrap();
+    assert_eq!(seen.family, Some(Family::RwLock), "{seen:?}");
+    assert_eq!(seen.holders.len(), 2, "{seen:?}");
+    assert!(
+        seen.holders.iter().all(|h| h.kind == LockKind::Read),
+        "{seen:?}"
+    );
+    let mut tokens: Vec<Option<u64>> = seen.holders.iter().map(|h| h.fencing_token).collect();
+    tokens.sort();
+    let mut expected = vec![Some(r1.fencing_token()), Some(r2.fencing_token())];
+    expected.sort();
+    assert_eq!(tokens, expected);
+    assert_eq!(seen.waiters.len(), 1, "{seen:?}");
+    assert_eq!(seen.waiters[0].kind, LockKind::Write);
+    drop((r1, r2));
+    drop(super::contract::joined(w).await);
+
+    let p = a.semaphore(&sem, 3).acquire_many(2).await.unwrap();
+    let more = tokio::spawn({
+        let s = b.semaphore(&sem, 3);
+        async move { s.acquire_many(2).await }
+    });
+    queued_sem(1).await;
+    let seen = c.inspect(&sem).await.unwrap();
+    let max = if max_recorded { 3 } else { 0 };
+    assert_eq!(seen.family, Some(Family::Semaphore { max }), "{seen:?}");
+    assert_eq!(seen.holders.len(), 1, "{seen:?}");
+    assert!(
+        matches!(seen.holders[0].kind, LockKind::Permits { count: 2, .. }),
+        "{seen:?}"
+    );
+    assert_eq!(seen.holders[0].fencing_token, Some(p.fencing_token()));
+    assert_eq!(seen.waiters.len(), 1, "{seen:?}");
+    assert!(matches!(seen.waiters[0].kind, LockKind::Permits { .. }));
+    drop(p);
+    drop(super::contract::joined(more).await);
+    for client in [a, b, c] {
+        client.shutdown().await;
+    }
+}

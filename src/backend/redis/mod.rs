@@ -34,6 +34,7 @@ use self::commands::{redis_error, Commands, CALL_TIMEOUT};
 use self::notify::{Hub, Subscription, Wake};
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
+use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter};
 
 /// How long the fencing counter of an unused key lives. After it expires, the next grant starts
 /// from server time in microseconds, which is larger than any token handed out before.
@@ -50,6 +51,7 @@ fn script(body: &str) -> Script {
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/acquire.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/release.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/renew.lua")));
+static INSPECT: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/inspect.lua")));
 static ACQUIRE_SHARED: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("scripts/acquire_shared.lua")));
 static RELEASE_SHARED: LazyLock<Script> =
@@ -332,10 +334,14 @@ struct Keys {
 
 impl Keys {
     fn new(claim: &Claim, client_id: &str) -> Self {
+        Self::named(claim.namespace(), claim.key(), client_id, claim.owner())
+    }
+
+    fn named(namespace: &str, key: &str, client_id: &str, claim_owner: &str) -> Self {
         // Namespaces hold no braces or colons, so `<ns>:{` starts every name, and every name
         // of one key shares its hash tag. Suffixes end in distinct letters, and lock names end
         // in `}`, so no two keys' names can coincide.
-        let lock = format!("{}:{{{}}}", claim.namespace(), claim.key());
+        let lock = format!("{namespace}:{{{key}}}");
         let channels = format!("{lock}:c:");
         Self {
             holders: format!("{lock}:h"),
@@ -344,7 +350,7 @@ impl Keys {
             fence: format!("{lock}:fence"),
             channel: format!("{channels}{client_id}"),
             channels,
-            owner: format!("{client_id}.{}", claim.owner()),
+            owner: format!("{client_id}.{claim_owner}"),
             lock,
         }
     }
@@ -538,6 +544,67 @@ impl Backend for RedisBackend {
 
     fn supports(&self, _kind: LockKind) -> bool {
         true
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
+        let keys = Keys::named(namespace, key, &self.inner.client_id, "");
+        let mut inv = INSPECT.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.holders)
+            .key(&keys.queue)
+            .key(&keys.waiters);
+        let (family, held, waiting): (String, Vec<String>, Vec<String>) =
+            self.inner.commands.invoke("inspect", &inv).await?;
+        let bad = || {
+            Error::new(
+                ErrorKind::Backend,
+                format!("redis: unexpected inspect reply for `{key}`"),
+            )
+        };
+        let (family, max) = match family.as_str() {
+            "" => (None, 0),
+            "mutex" => (Some(Family::Mutex), 0),
+            "rw" => (Some(Family::RwLock), 0),
+            other => {
+                let max = other
+                    .strip_prefix("sem:")
+                    .and_then(|m| m.parse().ok())
+                    .ok_or_else(bad)?;
+                (Some(Family::Semaphore { max }), max)
+            }
+        };
+        let kind = |k: &str| -> Result<LockKind> {
+            Ok(match k {
+                "x" => LockKind::Exclusive,
+                "r" => LockKind::Read,
+                "w" => LockKind::Write,
+                n => LockKind::Permits {
+                    count: n.parse().map_err(|_| bad())?,
+                    max,
+                },
+            })
+        };
+        let mut seen = Inspection::free(key);
+        seen.family = family;
+        for h in held.chunks(3) {
+            let [k, f, left] = h else { return Err(bad()) };
+            seen.holders.push(InspectedHolder {
+                kind: kind(k)?,
+                fencing_token: f.parse().ok(),
+                lease_left: left.parse().ok().map(Duration::from_millis),
+            });
+        }
+        for k in &waiting {
+            seen.waiters.push(InspectedWaiter {
+                kind: kind(k)?,
+                waited: None,
+            });
+        }
+        Ok(seen)
     }
 
     async fn acquire(&self, claim: &Claim, ticket: &RedisTicket, wait: bool) -> Result<Attempt> {

@@ -23,6 +23,10 @@ use crate::error::{Error, ErrorKind};
 pub(super) struct NodeStat {
     /// The zxid that created it: our fencing token.
     pub(super) czxid: i64,
+    /// When it was created (server clock, ms since the epoch).
+    pub(super) ctime: i64,
+    /// The session it lives with.
+    pub(super) owner: i64,
 }
 
 /// How a call failed.
@@ -277,7 +281,11 @@ fn failure(e: zkc::Error) -> Failure {
 }
 
 fn stat(s: &zkc::Stat) -> NodeStat {
-    NodeStat { czxid: s.czxid }
+    NodeStat {
+        czxid: s.czxid,
+        ctime: s.ctime,
+        owner: s.ephemeral_owner,
+    }
 }
 
 fn fired(event: &zkc::WatchedEvent) -> Fired {

@@ -16,6 +16,7 @@
 
 mod client;
 mod hold;
+mod inspect;
 mod leases;
 mod parents;
 mod queue;
@@ -276,6 +277,14 @@ impl Backend for ZkBackend {
 
     fn validate_key(&self, key: &str) -> Result<()> {
         recipe::validate_key(key)
+    }
+
+    fn name(&self) -> &'static str {
+        "zookeeper"
+    }
+
+    async fn inspect(&self, namespace: &str, key: &str) -> Result<crate::Inspection> {
+        self.inner.inspect(namespace, key).await
     }
 
     async fn acquire(&self, claim: &Claim, ticket: &ZkTicket, wait: bool) -> Result<Attempt> {

@@ -1,0 +1,154 @@
+//! Reading a lock's nodes the way Curator's predicates see them, for `LockClient::inspect`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::client::{Failure, NodeStat};
+use super::recipe::{self, Other, Place};
+use super::Inner;
+use crate::backend::{Family, LockKind};
+use crate::error::Result;
+use crate::inspect::{Holder, Inspection, Waiter};
+
+impl Inner {
+    pub(super) async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
+        let up = self.hub.until_up(self.hub.now().timeout).await?;
+        let path = format!("/{namespace}/{key}");
+        let mut seen = Inspection::free(key);
+        let list = |p: String| {
+            let zk = up.zk.clone();
+            async move {
+                match zk.children(&p).await {
+                    Ok(kids) => Ok(kids),
+                    Err(Failure::NoNode) => Ok(Vec::new()),
+                    Err(f) => Err(f.into_error(&format!("list {p}"))),
+                }
+            }
+        };
+        let stats = |parent: String, names: Vec<String>| {
+            let zk = up.zk.clone();
+            async move {
+                let mut out = Vec::with_capacity(names.len());
+                for name in names {
+                    let at = format!("{parent}/{name}");
+                    match zk.exists(&at).await {
+                        Ok(Some(stat)) => out.push((name, stat)),
+                        // Gone since the listing.
+                        Ok(None) => {}
+                        Err(f) => return Err(f.into_error(&format!("stat {at}"))),
+                    }
+                }
+                Ok::<_, crate::Error>(out)
+            }
+        };
+        let kids = list(path.clone()).await?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        let age = |stat: &NodeStat| {
+            u128::try_from(stat.ctime)
+                .ok()
+                .map(|c| Duration::from_millis(now.saturating_sub(c) as u64))
+        };
+        let token = |stat: &NodeStat| u64::try_from(stat.czxid).ok();
+
+        match recipe::other_family(LockKind::Exclusive, &kids) {
+            Some(Other::Semaphore) => {
+                let admission = list(format!("{path}/{}", recipe::ADMISSION)).await?;
+                let leases = list(format!("{path}/{}", recipe::LEASES)).await?;
+                if admission.is_empty() && leases.is_empty() {
+                    return Ok(seen);
+                }
+                // The size is a convention among clients, stored nowhere: 0 here.
+                seen.family = Some(Family::Semaphore { max: 0 });
+                let mut admission =
+                    stats(format!("{path}/{}", recipe::ADMISSION), admission).await?;
+                admission.sort_by(|a, b| a.0.rsplit('-').next().cmp(&b.0.rsplit('-').next()));
+                // The admission head's leases exist while it waits for room: not held yet.
+                let head_session = admission.first().map(|(_, s)| s.owner);
+                let leases = stats(format!("{path}/{}", recipe::LEASES), leases).await?;
+                // One distlock claim's permits share a protection prefix (one multi).
+                let mut claims: BTreeMap<String, (u32, NodeStat)> = BTreeMap::new();
+                for (name, stat) in leases {
+                    if Some(stat.owner) == head_session {
+                        continue;
+                    }
+                    let claim = name
+                        .rsplit_once('-')
+                        .map_or(name.clone(), |(p, _)| p.to_owned());
+                    claims.entry(claim).or_insert((0, stat)).0 += 1;
+                }
+                seen.holders = claims
+                    .into_values()
+                    .map(|(count, stat)| Holder {
+                        kind: LockKind::Permits { count, max: 0 },
+                        fencing_token: token(&stat),
+                        lease_left: None,
+                    })
+                    .collect();
+                seen.waiters = admission
+                    .iter()
+                    .map(|(_, stat)| Waiter {
+                        kind: LockKind::Permits { count: 0, max: 0 },
+                        waited: age(stat),
+                    })
+                    .collect();
+            }
+            Some(Other::RwLock) => {
+                let mut nodes = stats(path.clone(), kids).await?;
+                let mut names: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
+                recipe::sort(LockKind::Read, &mut names);
+                nodes.sort_by_key(|(n, _)| names.iter().position(|m| m == n));
+                seen.family = Some(Family::RwLock);
+                for (name, stat) in &nodes {
+                    let write = name.contains("__WRIT__");
+                    let kind = if write {
+                        LockKind::Write
+                    } else {
+                        LockKind::Read
+                    };
+                    let holds = match recipe::place(kind, &names, name) {
+                        Place::Head => !write || names.first() == Some(name),
+                        _ => false,
+                    };
+                    if holds {
+                        seen.holders.push(Holder {
+                            kind,
+                            fencing_token: token(stat),
+                            lease_left: None,
+                        });
+                    } else {
+                        seen.waiters.push(Waiter {
+                            kind,
+                            waited: age(stat),
+                        });
+                    }
+                }
+            }
+            _ => {
+                let mut nodes = stats(path.clone(), kids).await?;
+                let mut names: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
+                recipe::sort(LockKind::Exclusive, &mut names);
+                nodes.sort_by_key(|(n, _)| names.iter().position(|m| m == n));
+                nodes.retain(|(n, _)| n.contains("lock-"));
+                let mut nodes = nodes.into_iter();
+                if let Some((_, stat)) = nodes.next() {
+                    seen.family = Some(Family::Mutex);
+                    seen.holders.push(Holder {
+                        kind: LockKind::Exclusive,
+                        fencing_token: token(&stat),
+                        lease_left: None,
+                    });
+                }
+                seen.waiters = nodes
+                    .map(|(_, stat)| Waiter {
+                        kind: LockKind::Exclusive,
+                        waited: age(&stat),
+                    })
+                    .collect();
+            }
+        }
+        Ok(seen)
+    }
+}

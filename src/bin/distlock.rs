@@ -1,0 +1,456 @@
+//! `distlock`: hold a distributed lock while a command runs, or look at who holds one.
+//!
+//! ```text
+//! distlock run KEY [--timeout 30s] [--ttl 15s] [--no-wait] -- CMD ARGS...
+//! distlock inspect KEY [--json]
+//! ```
+//!
+//! The service comes from `--url` or `DISTLOCK_URL` (`redis://…`, `rediss://…`, `zk://…`).
+//! Exit status of `run`: the command's own (128 + N if a signal N ended it), or one of
+//! [`exit`]'s codes.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use distlock::backend::{Family, LockKind};
+use distlock::{Inspection, LockClient};
+use tokio::process::Command;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Exit codes, in the spirit of `flock(1)` and `timeout(1)`.
+mod exit {
+    /// Bad arguments (clap's own code).
+    pub const USAGE: u8 = 2;
+    /// The lock service cannot be reached or failed (`EX_UNAVAILABLE`).
+    pub const BACKEND: u8 = 69;
+    /// `--no-wait` and the lock is held elsewhere (`EX_TEMPFAIL`).
+    pub const BUSY: u8 = 75;
+    /// `--timeout` passed before the lock was granted (as `timeout(1)`).
+    pub const TIMEOUT: u8 = 124;
+    /// The lock was lost while the command ran: it was terminated.
+    pub const LOST: u8 = 125;
+    /// The command could not be started (as a shell's).
+    pub const NO_COMMAND: u8 = 127;
+    /// Interrupted (SIGINT or SIGTERM): the command was terminated and the lock released.
+    pub const INTERRUPTED: u8 = 130;
+}
+
+#[derive(Parser)]
+#[command(
+    name = "distlock",
+    version,
+    about = "Hold a distributed lock while a command runs, or inspect one",
+    after_help = "Exit status of `run`: the command's (128+N if signal N ended it); 2 bad \
+                  arguments, 69 lock service unavailable, 75 busy (--no-wait), 124 timed out, \
+                  125 lock lost (command terminated), 127 command not started, 130 interrupted."
+)]
+struct Cli {
+    /// The lock service: redis://host:port, rediss://..., zk://host:port[,host:port][/chroot].
+    #[arg(long, env = "DISTLOCK_URL", global = true)]
+    url: Option<String>,
+    /// The namespace keys live under (shared by every client of a key).
+    #[arg(long, env = "DISTLOCK_NAMESPACE", default_value = distlock::DEFAULT_NAMESPACE, global = true)]
+    namespace: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Runs CMD while holding KEY; the command gets the fencing token in
+    /// DISTLOCK_FENCING_TOKEN.
+    Run {
+        key: String,
+        /// Give up after this long (e.g. 30s, 2m); waits for ever without it.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<Duration>,
+        /// The lease, renewed in the background while the command runs.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+        ttl: Duration,
+        /// Fail at once (status 75) if the lock is held elsewhere.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long a terminated command gets between SIGTERM and SIGKILL.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+        grace: Duration,
+        /// No progress line while waiting.
+        #[arg(long, short)]
+        quiet: bool,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Shows who holds KEY and who waits.
+    Inspect {
+        key: String,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("distlock: cannot start the runtime: {e}");
+            return ExitCode::from(exit::BACKEND);
+        }
+    };
+    ExitCode::from(runtime.block_on(run_cli(cli)))
+}
+
+async fn run_cli(cli: Cli) -> u8 {
+    let Some(url) = cli.url.filter(|u| !u.is_empty()) else {
+        eprintln!(
+            "distlock: no lock service: pass --url or set DISTLOCK_URL (redis://..., zk://...)"
+        );
+        return exit::USAGE;
+    };
+    let client = match connect(&url, &cli.namespace).await {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("distlock: {e}");
+            return if e.is_invalid_config() || e.is_invalid_key() {
+                exit::USAGE
+            } else {
+                exit::BACKEND
+            };
+        }
+    };
+    let code = match cli.command {
+        Cmd::Run {
+            key,
+            timeout,
+            ttl,
+            no_wait,
+            grace,
+            quiet,
+            cmd,
+        } => {
+            let opts = RunOptions {
+                timeout,
+                ttl,
+                no_wait,
+                grace,
+                quiet,
+            };
+            run(&client, &key, &opts, &cmd).await
+        }
+        Cmd::Inspect { key, json } => inspect(&client, &key, json).await,
+    };
+    client.shutdown().await;
+    code
+}
+
+/// A client for `url` in `namespace`. The in-process backend is refused: a lock nobody else
+/// can see protects nothing across processes.
+async fn connect(url: &str, namespace: &str) -> distlock::Result<LockClient> {
+    let scheme = url.split_once("://").map_or(url, |(s, _)| s);
+    let builder = match scheme {
+        "redis" | "rediss" | "redis+unix" | "unix" => {
+            LockClient::builder(distlock::backend::RedisBackend::connect(url).await?)
+        }
+        "zk" | "zookeeper" => {
+            let rest = url.split_once("://").map_or("", |(_, r)| r);
+            LockClient::builder(distlock::backend::ZkBackend::connect(rest).await?)
+        }
+        other => {
+            return Err(distlock::Error::new(
+                distlock::ErrorKind::InvalidConfig,
+                format!(
+                "`{other}` is not a lock service this command can use (redis://, rediss://, zk://)"
+            ),
+            ))
+        }
+    };
+    builder.namespace(namespace).build()
+}
+
+struct RunOptions {
+    timeout: Option<Duration>,
+    ttl: Duration,
+    no_wait: bool,
+    grace: Duration,
+    quiet: bool,
+}
+
+async fn run(client: &LockClient, key: &str, opts: &RunOptions, cmd: &[String]) -> u8 {
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        eprintln!("distlock: cannot listen for signals");
+        return exit::BACKEND;
+    };
+    let mutex = client.mutex(key).with_ttl(opts.ttl);
+    let acquire = async {
+        if opts.no_wait {
+            mutex.try_lock().await
+        } else if let Some(t) = opts.timeout {
+            mutex.lock_timeout(t).await
+        } else {
+            mutex.lock().await
+        }
+    };
+    let progress = async {
+        if opts.quiet || opts.no_wait {
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        let mut shown = String::new();
+        loop {
+            every.tick().await;
+            if let Ok(seen) = client.inspect(key).await {
+                let line = waiting_line(key, &seen);
+                if line != shown {
+                    show_progress(&line);
+                    shown = line;
+                }
+            }
+        }
+    };
+    let guard = tokio::select! {
+        got = acquire => got,
+        // The progress loop never ends.
+        () = progress => return exit::BACKEND,
+        _ = interrupt.recv() => return exit::INTERRUPTED,
+        _ = terminate.recv() => return exit::INTERRUPTED,
+    };
+    finish_progress(opts.quiet);
+    let guard = match guard {
+        Ok(guard) => guard,
+        Err(e) if e.is_would_block() => {
+            eprintln!("distlock: `{key}` is held elsewhere");
+            return exit::BUSY;
+        }
+        Err(e) if e.is_timeout() => {
+            eprintln!(
+                "distlock: `{key}` was not granted within {:?}",
+                opts.timeout.unwrap_or_default()
+            );
+            return exit::TIMEOUT;
+        }
+        Err(e) => {
+            eprintln!("distlock: {e}");
+            return if e.is_invalid_key() || e.is_invalid_config() {
+                exit::USAGE
+            } else {
+                exit::BACKEND
+            };
+        }
+    };
+
+    let mut child = match Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .env("DISTLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
+        .env("DISTLOCK_KEY", key)
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("distlock: cannot run `{}`: {e}", cmd[0]);
+            let _ = guard.release().await;
+            return exit::NO_COMMAND;
+        }
+    };
+    let code = tokio::select! {
+        status = child.wait() => match status {
+            Ok(status) => status_code(status),
+            Err(e) => {
+                eprintln!("distlock: lost track of the command: {e}");
+                exit::BACKEND
+            }
+        },
+        () = guard.lost() => {
+            eprintln!("distlock: the lock on `{key}` was lost; terminating the command");
+            stop(&mut child, opts.grace).await;
+            exit::LOST
+        }
+        _ = interrupt.recv() => {
+            stop(&mut child, opts.grace).await;
+            exit::INTERRUPTED
+        }
+        _ = terminate.recv() => {
+            stop(&mut child, opts.grace).await;
+            exit::INTERRUPTED
+        }
+    };
+    if let Err(e) = guard.release().await {
+        if code != exit::LOST && !e.is_lost() {
+            eprintln!("distlock: release failed (the lease will expire): {e}");
+        }
+    }
+    code
+}
+
+/// SIGTERM, then SIGKILL after `grace`; waits for the command to end.
+async fn stop(child: &mut tokio::process::Child, grace: Duration) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+}
+
+fn status_code(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + (sig & 0x7f)).unwrap_or(1),
+        (None, None) => 1,
+    }
+}
+
+fn waiting_line(key: &str, seen: &Inspection) -> String {
+    let holder = match seen.holders.first() {
+        Some(h) => match h.fencing_token {
+            Some(t) => format!("held by token {t}"),
+            None => "held".to_owned(),
+        },
+        None => "being handed over".to_owned(),
+    };
+    let queued = seen.waiters.len();
+    format!("distlock: waiting for `{key}`: {holder}, {queued} in the queue")
+}
+
+fn show_progress(line: &str) {
+    let mut err = std::io::stderr();
+    if err.is_terminal() {
+        let _ = write!(err, "\r\x1b[2K{line}");
+    } else {
+        let _ = writeln!(err, "{line}");
+    }
+    let _ = err.flush();
+}
+
+fn finish_progress(quiet: bool) {
+    let mut err = std::io::stderr();
+    if !quiet && err.is_terminal() {
+        let _ = write!(err, "\r\x1b[2K");
+        let _ = err.flush();
+    }
+}
+
+async fn inspect(client: &LockClient, key: &str, json: bool) -> u8 {
+    let seen = match client.inspect(key).await {
+        Ok(seen) => seen,
+        Err(e) => {
+            eprintln!("distlock: {e}");
+            return if e.is_invalid_key() {
+                exit::USAGE
+            } else {
+                exit::BACKEND
+            };
+        }
+    };
+    if json {
+        println!("{}", to_json(&seen));
+    } else {
+        print!("{}", to_table(&seen));
+    }
+    0
+}
+
+fn family_name(family: Option<Family>) -> (&'static str, Option<u32>) {
+    match family {
+        None => ("free", None),
+        Some(Family::Mutex) => ("mutex", None),
+        Some(Family::RwLock) => ("rwlock", None),
+        Some(Family::Semaphore { max }) => ("semaphore", (max > 0).then_some(max)),
+        Some(_) => ("other", None),
+    }
+}
+
+fn kind_name(kind: LockKind) -> (&'static str, Option<u32>) {
+    match kind {
+        LockKind::Exclusive => ("exclusive", None),
+        LockKind::Read => ("read", None),
+        LockKind::Write => ("write", None),
+        LockKind::Permits { count, .. } => ("permits", (count > 0).then_some(count)),
+        _ => ("other", None),
+    }
+}
+
+fn millis(d: Option<Duration>) -> serde_json::Value {
+    d.map_or(serde_json::Value::Null, |d| (d.as_millis() as u64).into())
+}
+
+fn to_json(seen: &Inspection) -> serde_json::Value {
+    let (family, max) = family_name(seen.family);
+    let holders: Vec<_> = seen
+        .holders
+        .iter()
+        .map(|h| {
+            let (kind, permits) = kind_name(h.kind);
+            serde_json::json!({
+                "kind": kind,
+                "permits": permits,
+                "fencing_token": h.fencing_token,
+                "lease_left_ms": millis(h.lease_left),
+            })
+        })
+        .collect();
+    let waiters: Vec<_> = seen
+        .waiters
+        .iter()
+        .map(|w| {
+            let (kind, permits) = kind_name(w.kind);
+            serde_json::json!({ "kind": kind, "permits": permits, "waited_ms": millis(w.waited) })
+        })
+        .collect();
+    serde_json::json!({
+        "key": seen.key,
+        "family": family,
+        "max_permits": max,
+        "holders": holders,
+        "waiters": waiters,
+    })
+}
+
+fn to_table(seen: &Inspection) -> String {
+    let (family, max) = family_name(seen.family);
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+    let secs = |d: Option<Duration>| or_dash(d.map(|d| format!("{:.1}s", d.as_secs_f64())));
+    let kind = |k: LockKind| {
+        let (name, n) = kind_name(k);
+        n.map_or(name.to_owned(), |n| format!("{name}×{n}"))
+    };
+    let mut out = format!(
+        "key       {}\nfamily    {family}{}\n",
+        seen.key,
+        max.map_or(String::new(), |m| format!(" of {m}"))
+    );
+    out.push_str(&format!("holders   {}\n", seen.holders.len()));
+    for h in &seen.holders {
+        out.push_str(&format!(
+            "  {:<12} token {:<20} lease left {}\n",
+            kind(h.kind),
+            or_dash(h.fencing_token.map(|t| t.to_string())),
+            secs(h.lease_left)
+        ));
+    }
+    out.push_str(&format!("waiters   {}\n", seen.waiters.len()));
+    for (i, w) in seen.waiters.iter().enumerate() {
+        out.push_str(&format!(
+            "  {:<3} {:<12} waited {}\n",
+            i + 1,
+            kind(w.kind),
+            secs(w.waited)
+        ));
+    }
+    out
+}

@@ -1,0 +1,251 @@
+//! The `distlock` binary against real Redis and ZooKeeper servers: `run` excludes, `--no-wait`
+//! reports busy, a lost lock terminates the command with the documented status, SIGINT
+//! releases at once, and `inspect` reads holders and waiters.
+#![cfg(all(feature = "cli", feature = "redis", feature = "zookeeper"))]
+
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{shared_redis, shared_zookeeper};
+
+const BUSY: i32 = 75;
+const LOST: i32 = 125;
+const INTERRUPTED: i32 = 130;
+
+/// `distlock --url <url> --namespace <ns> <args...>`.
+fn distlock(url: &str, ns: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    cmd.env_remove("DISTLOCK_URL")
+        .args(["--url", url, "--namespace", ns])
+        .args(args)
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn output(mut cmd: Command) -> Output {
+    cmd.output().expect("run distlock")
+}
+
+fn redis_url() -> String {
+    shared_redis().url()
+}
+
+fn zk_url() -> String {
+    format!("zk://{}", shared_zookeeper().connect_string())
+}
+
+/// Blocking waits off the async workers.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Three `distlock run`s of two rounds each on one key, each command marking its start and end
+/// in one file: the marks strictly alternate.
+fn runs_never_overlap(url: &str, ns: &str, dir: &Path) {
+    let marks = dir.join("marks");
+    let script = format!(
+        "echo start >> {0}; sleep 0.1; echo end >> {0}",
+        marks.display()
+    );
+    let children: Vec<Child> = (0..3)
+        .map(|_| {
+            let mut cmd = distlock(url, ns, &[]);
+            cmd.args(["run", "k", "--quiet", "--", "sh", "-c"]);
+            cmd.arg(format!("{script}; {script}"));
+            cmd.spawn().expect("spawn distlock")
+        })
+        .collect();
+    // Two critical sections per command: each `run` holds the lock across both.
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let text = std::fs::read_to_string(&marks).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 12, "{text}");
+    for pair in lines.chunks(2) {
+        assert_eq!(pair, ["start", "end"], "overlapping runs:\n{text}");
+    }
+}
+
+#[test]
+fn runs_on_one_key_never_overlap() {
+    let ns = test_namespace!();
+    let dir = tempfile::tempdir().unwrap();
+    runs_never_overlap(&redis_url(), &ns, dir.path());
+    let dir = tempfile::tempdir().unwrap();
+    runs_never_overlap(&zk_url(), &ns, dir.path());
+}
+
+#[test]
+fn no_wait_on_a_busy_key_exits_75_and_the_token_reaches_the_command() {
+    let ns = test_namespace!();
+    for url in [redis_url(), zk_url()] {
+        let mut holder = distlock(
+            &url,
+            &ns,
+            &[
+                "run",
+                "k",
+                "--",
+                "sh",
+                "-c",
+                "echo $DISTLOCK_FENCING_TOKEN; sleep 30",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut token = String::new();
+        let mut out = holder.stdout.take().unwrap();
+        // The command runs (so the lock is held) once it has printed its token.
+        let mut buf = [0u8; 64];
+        while !token.ends_with('\n') {
+            let n = std::io::Read::read(&mut out, &mut buf).unwrap();
+            assert!(n > 0, "the holder's command printed nothing");
+            token.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+        }
+        assert!(token.trim().parse::<u64>().unwrap() > 0, "{token}");
+        let busy = output(distlock(
+            &url,
+            &ns,
+            &["run", "--no-wait", "k", "--", "true"],
+        ));
+        assert_eq!(busy.status.code(), Some(BUSY), "{busy:?}");
+        let timed = output(distlock(
+            &url,
+            &ns,
+            &["run", "--timeout", "300ms", "k", "--", "true"],
+        ));
+        assert_eq!(timed.status.code(), Some(124), "{timed:?}");
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+    }
+}
+
+/// Starts `distlock run k --ttl <ttl> -- sleep 30` and waits until it holds (inspect shows
+/// a holder).
+// The child is returned to the caller, which waits on it (`wait_exit`).
+#[allow(clippy::zombie_processes)]
+fn start_holder(url: &str, ns: &str, ttl: &str) -> Child {
+    let mut child = distlock(url, ns, &["run", "--ttl", ttl, "k", "--", "sleep", "30"])
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = output(distlock(url, ns, &["inspect", "--json", "k"]));
+        let json: serde_json::Value = serde_json::from_slice(&seen.stdout).unwrap_or_default();
+        if json["holders"].as_array().is_some_and(|h| h.len() == 1) {
+            return child;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the holder never got the lock");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_exit(mut child: Child, within: Duration) -> i32 {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "distlock did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_terminates_the_command_with_status_125() {
+    let ns = test_namespace!();
+    // Redis: the lock's key deleted behind the holder's back; its next renewal is refused.
+    let url = redis_url();
+    let holder = blocking(|| start_holder(&url, &ns, "1500ms"));
+    let mut conn = support::redis::connection(&url).await;
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{ns}:{{k}}"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let code = blocking(|| wait_exit(holder, Duration::from_secs(5)));
+    assert_eq!(code, LOST);
+
+    // ZooKeeper: the holder's node deleted; its own-node watch notices at once.
+    let url = zk_url();
+    let holder = blocking(|| start_holder(&url, &ns, "15s"));
+    let zk = support::zk::raw(&shared_zookeeper().connect_string()).await;
+    let path = format!("/{ns}/k");
+    for node in support::zk::children(&zk, &path).await {
+        zk.delete(&format!("{path}/{node}"), None).await.unwrap();
+    }
+    let code = blocking(|| wait_exit(holder, Duration::from_secs(5)));
+    assert_eq!(code, LOST);
+}
+
+#[test]
+fn sigint_releases_at_once() {
+    let ns = test_namespace!();
+    for url in [redis_url(), zk_url()] {
+        // A 30 s lease: the waiter must not be getting in by expiry.
+        let holder = start_holder(&url, &ns, "30s");
+        let waiter = distlock(&url, &ns, &["run", "--quiet", "k", "--", "true"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = nix::unistd::Pid::from_raw(holder.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+        let sent = Instant::now();
+        assert_eq!(wait_exit(holder, Duration::from_secs(5)), INTERRUPTED);
+        assert_eq!(wait_exit(waiter, Duration::from_secs(5)), 0);
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "the waiter got in only after {:?}",
+            sent.elapsed()
+        );
+    }
+}
+
+#[test]
+fn inspect_shows_holders_and_waiters() {
+    let ns = test_namespace!();
+    for url in [redis_url(), zk_url()] {
+        let holder = start_holder(&url, &ns, "15s");
+        let waiter = distlock(&url, &ns, &["run", "--quiet", "k", "--", "true"])
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let json = loop {
+            let seen = output(distlock(&url, &ns, &["inspect", "--json", "k"]));
+            assert!(seen.status.success(), "{seen:?}");
+            let json: serde_json::Value = serde_json::from_slice(&seen.stdout).unwrap();
+            if json["waiters"].as_array().is_some_and(|w| w.len() == 1) {
+                break json;
+            }
+            assert!(Instant::now() < deadline, "no waiter seen: {json}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(json["family"], "mutex");
+        assert!(
+            json["holders"][0]["fencing_token"].as_u64().unwrap() > 0,
+            "{json}"
+        );
+        let table = output(distlock(&url, &ns, &["inspect", "k"]));
+        let text = String::from_utf8(table.stdout).unwrap();
+        assert!(
+            text.contains("holders   1") && text.contains("waiters   1"),
+            "{text}"
+        );
+        let pid = nix::unistd::Pid::from_raw(holder.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+        assert_eq!(wait_exit(holder, Duration::from_secs(5)), INTERRUPTED);
+        assert_eq!(wait_exit(waiter, Duration::from_secs(5)), 0);
+    }
+}

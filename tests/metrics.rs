@@ -1,0 +1,142 @@
+//! The metrics a scripted run records (feature `metrics`), read back from `metrics-util`'s
+//! debugging recorder: acquisitions by outcome, wait and hold histograms, losses, renewals.
+#![cfg(all(feature = "metrics", feature = "memory"))]
+
+use std::time::Duration;
+
+use distlock::backend::MemoryBackend;
+use distlock::LockClient;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::{CompositeKey, MetricKind};
+
+/// One snapshot, taken once: taking it drains the histograms.
+type Seen = Vec<(
+    CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+)>;
+
+/// The value of the `kind` metric `name` whose labels include every `labels` pair.
+fn find<'a>(
+    snap: &'a Seen,
+    kind: MetricKind,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Vec<&'a DebugValue> {
+    snap.iter()
+        .filter(|(key, ..)| {
+            key.kind() == kind
+                && key.key().name() == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| key.key().labels().any(|l| l.key() == *k && l.value() == *v))
+        })
+        .map(|(.., value)| value)
+        .collect()
+}
+
+fn counter(snap: &Seen, name: &str, labels: &[(&str, &str)]) -> u64 {
+    find(snap, MetricKind::Counter, name, labels)
+        .into_iter()
+        .map(|v| match v {
+            DebugValue::Counter(n) => *n,
+            other => panic!("{name} is not a counter: {other:?}"),
+        })
+        .sum()
+}
+
+fn samples(snap: &Seen, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+    find(snap, MetricKind::Histogram, name, labels)
+        .into_iter()
+        .flat_map(|v| match v {
+            DebugValue::Histogram(s) => s.iter().map(|x| x.into_inner()).collect::<Vec<_>>(),
+            other => panic!("{name} is not a histogram: {other:?}"),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_scripted_run_records_what_happened() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+
+    let backend = MemoryBackend::new();
+    let client = LockClient::builder(backend.clone())
+        .ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let mutex = client.mutex("k");
+    for _ in 0..3 {
+        let g = mutex.lock().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        g.release().await.unwrap();
+    }
+    // Held past two renewals (every TTL/3).
+    let g = mutex.lock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let other = LockClient::builder(backend.clone()).build().unwrap();
+    assert!(other
+        .mutex("k")
+        .try_lock()
+        .await
+        .unwrap_err()
+        .is_would_block());
+    let waited = other
+        .mutex("k")
+        .lock_timeout(Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(waited.is_timeout());
+    drop(g);
+    // A lease nobody renews runs out: lost.
+    let stale = LockClient::builder(backend.clone())
+        .ttl(Duration::from_millis(300))
+        .auto_renew(false)
+        .build()
+        .unwrap();
+    let r = stale.rw_lock("r").read().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(r.is_lost());
+    drop(r);
+    for c in [client, other, stale] {
+        c.shutdown().await;
+    }
+
+    let snap = snapshotter.snapshot().into_vec();
+    let mutex_labels = [("backend", "memory"), ("kind", "mutex")];
+    let granted = [
+        ("backend", "memory"),
+        ("kind", "mutex"),
+        ("outcome", "granted"),
+    ];
+    assert_eq!(counter(&snap, "distlock_acquisitions_total", &granted), 4);
+    let busy = [("kind", "mutex"), ("outcome", "would_block")];
+    assert_eq!(counter(&snap, "distlock_acquisitions_total", &busy), 1);
+    let late = [("kind", "mutex"), ("outcome", "timeout")];
+    assert_eq!(counter(&snap, "distlock_acquisitions_total", &late), 1);
+    assert_eq!(
+        samples(&snap, "distlock_wait_seconds", &mutex_labels).len(),
+        4
+    );
+    let holds = samples(&snap, "distlock_hold_seconds", &mutex_labels);
+    assert_eq!(holds.len(), 4, "{holds:?}");
+    assert!(
+        holds.iter().filter(|h| (0.099..0.2).contains(*h)).count() == 3,
+        "{holds:?}"
+    );
+    assert_eq!(
+        counter(&snap, "distlock_lost_total", &[("kind", "read")]),
+        1
+    );
+    assert_eq!(
+        counter(&snap, "distlock_lost_total", &[("kind", "mutex")]),
+        0
+    );
+    let renewals = samples(&snap, "distlock_renewal_seconds", &[("backend", "memory")]);
+    assert!(renewals.len() >= 2, "{renewals:?}");
+    assert_eq!(counter(&snap, "distlock_renewal_failures_total", &[]), 0);
+}
