@@ -360,3 +360,41 @@ async fn a_release_whose_reply_was_lost_is_not_reported_lost() {
     assert_eq!(exists, 0);
     c.shutdown().await;
 }
+
+/// Issue 15: redis-server restarted without its data under a holder. A waiter is granted at
+/// once on the new server; the old holder must not go on believing it holds until its next
+/// scheduled renewal (a third of a 3 s TTL here): the reconnect itself triggers a renewal, so
+/// it is told within 50 ms of the new grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_without_data_the_old_holder_is_told_at_once() {
+    let ns = "restart";
+    let mut server = support::RedisServer::start();
+    let ttl = Duration::from_secs(3);
+    let holder = client(&server.url(), ns, ttl, Duration::from_millis(300), true).await;
+    let waiter = client(&server.url(), ns, ttl, Duration::from_millis(300), true).await;
+    let held = holder.mutex("k").lock().await.unwrap();
+    let wait = support::contract::spawn_timed(waiter.mutex("k").lock());
+    until_queued(&server.url(), ns, "k", 1).await;
+    // Past the first renewal, so the next one is a full period away.
+    sleep(ttl / 3 + Duration::from_millis(100)).await;
+
+    tokio::task::block_in_place(|| server.restart_after(|| {}));
+    let lost_at = async {
+        held.lost().await;
+        Instant::now()
+    };
+    let (granted, lost_at) = tokio::join!(timeout(Duration::from_secs(10), wait), lost_at);
+    let (granted_at, guard) = granted.expect("the waiter was never granted").unwrap();
+    let guard = guard.unwrap();
+    assert!(guard.fencing_token() > held.fencing_token());
+    let late = lost_at.saturating_duration_since(granted_at);
+    let early = granted_at.saturating_duration_since(lost_at);
+    println!("old holder told {late:?} after / {early:?} before the new grant");
+    assert!(
+        late <= Duration::from_millis(50),
+        "the old holder believed it held {late:?} past the new grant"
+    );
+    drop(guard);
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}

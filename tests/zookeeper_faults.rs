@@ -260,6 +260,21 @@ async fn a_lease_create_whose_reply_is_lost_leaves_no_orphan() {
         async move { sem.acquire().await }
     });
     until_contenders(&zk, &locks, 2).await;
+    // Our claim is queued once it watches the head's admission node (the server lists the
+    // watch): only then may replies start coming late.
+    let mut queue = support::zk::children(&zk, &locks).await;
+    queue.sort_by_key(|n| n[n.len() - 10..].to_owned());
+    let watched = format!("{locks}/{}", queue[0]);
+    timeout(Duration::from_secs(10), async {
+        while !server.four_letter("wchp").contains(&watched) {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("our claim never watched the admission head");
+    // ...and the reply to that watch has reached it (a first attempt that cannot finish
+    // within a session timeout is an error, not a wait).
+    sleep(Duration::from_millis(200)).await;
 
     // From now on our client hears everything 2.5 s late: its admission, then its lease
     // create's reply, which it gives up on.

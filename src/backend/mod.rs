@@ -429,6 +429,15 @@ pub trait Backend: Send + Sync + 'static {
         claims: &[(&Claim, &Self::Ticket)],
     ) -> impl Future<Output = Vec<Renewal>> + Send;
 
+    /// A counter that moves every time one of the backend's connections (or sessions) comes
+    /// back after a drop. The renewal engine renews every held lease at once when it moves, so
+    /// a holder whose lock vanished with the outage (a server restarted without its data) is
+    /// told within a round trip of the reconnect instead of at its next scheduled renewal.
+    /// `None` (the default) for a backend without connections.
+    fn reconnects(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
+
     /// A short name for the backend (`memory`, `redis`, `zookeeper`, ...), used as the
     /// `backend` label of metrics.
     fn name(&self) -> &'static str {
@@ -504,6 +513,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     fn renew<'a>(&'a self, claims: &'a [(&'a Claim, &'a AnyTicket)])
         -> BoxFuture<'a, Vec<Renewal>>;
     fn name(&self) -> &'static str;
+    fn reconnects(&self) -> Option<watch::Receiver<u64>>;
     fn inspect<'a>(&'a self, namespace: &'a str, key: &'a str)
         -> BoxFuture<'a, Result<Inspection>>;
     fn shutdown(&self) -> BoxFuture<'_, ()>;
@@ -603,6 +613,10 @@ impl<B: Backend> DynBackend for B {
 
     fn name(&self) -> &'static str {
         Backend::name(self)
+    }
+
+    fn reconnects(&self) -> Option<watch::Receiver<u64>> {
+        Backend::reconnects(self)
     }
 
     fn inspect<'a>(

@@ -108,6 +108,7 @@ async fn run(
     config: EngineConfig,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
 ) {
+    let mut reconnects = backend.reconnects();
     let mut task = Task {
         backend,
         config,
@@ -128,6 +129,18 @@ async fn run(
                 }
             },
             Some(sent) = task.calls.next(), if !task.calls.is_empty() => task.apply(sent),
+            moved = async {
+                match reconnects.as_mut() {
+                    Some(r) => r.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            } => {
+                if moved {
+                    task.renew_held_now();
+                } else {
+                    reconnects = None;
+                }
+            }
             () = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => task.round(),
         }
     }
@@ -227,6 +240,31 @@ impl Task {
             Self::retime(&mut self.timers, self.config, id, t);
         }
         if !batch.is_empty() {
+            self.send(batch);
+        }
+    }
+
+    /// A connection came back: renews every held lease now, whatever its schedule (and
+    /// whether or not a renewal sent before the drop is still pending), so a lock that vanished
+    /// with the outage is reported lost within a round trip.
+    fn renew_held_now(&mut self) {
+        let batch: Vec<(Arc<Lease>, u64, bool)> = self
+            .tracked
+            .values_mut()
+            .filter_map(|t| {
+                let s = *t.lease.schedule();
+                if t.lease.is_done() || s.held.is_none() {
+                    return None;
+                }
+                t.in_flight = Some(s.generation);
+                Some((t.lease.clone(), s.generation, true))
+            })
+            .collect();
+        if !batch.is_empty() {
+            tracing::debug!(
+                leases = batch.len(),
+                "reconnected: renewing every held lease now"
+            );
             self.send(batch);
         }
     }

@@ -550,6 +550,10 @@ impl Backend for RedisBackend {
         "redis"
     }
 
+    fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.inner.hub.reconnects())
+    }
+
     async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
         let mut inv = INSPECT.prepare_invoke();

@@ -103,6 +103,9 @@ struct HubInner {
     channels: StdMutex<HashMap<Arc<str>, Channel>>,
     sink: watch::Sender<Option<PubSubSink>>,
     cmd: mpsc::UnboundedSender<Arc<str>>,
+    /// Moves on every reconnect after the first connect. The pub/sub connection is always
+    /// open, so it is the first to see a server go and come back.
+    reconnects: watch::Sender<u64>,
 }
 
 /// Handle to the hub; the task ends when the last handle is dropped.
@@ -144,9 +147,15 @@ impl Hub {
             channels: StdMutex::new(HashMap::new()),
             sink: watch::Sender::new(None),
             cmd: cmd_tx,
+            reconnects: watch::Sender::new(0),
         });
         tokio::spawn(run(client, Arc::downgrade(&inner), cmd_rx));
         Self { inner }
+    }
+
+    /// A counter that moves every time the hub's connection comes back after a drop.
+    pub(crate) fn reconnects(&self) -> watch::Receiver<u64> {
+        self.inner.reconnects.subscribe()
     }
 
     /// Registers `owner`'s mailbox on `channel` if the channel is subscribed already (no I/O).
@@ -324,6 +333,10 @@ async fn run(
                     c.mailboxes.values().for_each(|m| m.put(Wake::Recheck));
                 }
             }
+        }
+        if !first {
+            // Holders: renew now, in case the server lost their locks while we were away.
+            inner.reconnects.send_modify(|n| *n += 1);
         }
         first = false;
         inner.sink.send_replace(Some(sink.clone()));

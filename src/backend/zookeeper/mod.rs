@@ -283,6 +283,10 @@ impl Backend for ZkBackend {
         "zookeeper"
     }
 
+    fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.inner.hub.reconnects())
+    }
+
     async fn inspect(&self, namespace: &str, key: &str) -> Result<crate::Inspection> {
         self.inner.inspect(namespace, key).await
     }

@@ -88,6 +88,8 @@ pub(super) struct Hub {
     /// When the last quorum write of the current epoch was sent.
     proven: StdMutex<Option<(u64, Instant)>>,
     cleanup: Arc<Notify>,
+    /// Moves on every reconnect (the same session back, or a new one).
+    reconnects: watch::Sender<u64>,
     links: mpsc::UnboundedSender<(u64, Link)>,
     settings: Settings,
 }
@@ -114,12 +116,18 @@ impl Hub {
             nodes: StdMutex::new(Nodes::default()),
             proven: StdMutex::new(None),
             cleanup: Arc::new(Notify::new()),
+            reconnects: watch::Sender::new(0),
             links,
             settings,
         });
         tokio::spawn(run(Arc::downgrade(&hub), links_rx));
         tokio::spawn(cleanup(Arc::downgrade(&hub), hub.cleanup.clone()));
         Ok(hub)
+    }
+
+    /// A counter that moves every time the link comes back after a drop.
+    pub(super) fn reconnects(&self) -> watch::Receiver<u64> {
+        self.reconnects.subscribe()
     }
 
     pub(super) fn now(&self) -> Conn {
@@ -382,9 +390,12 @@ async fn run(hub: Weak<Hub>, mut links: mpsc::UnboundedReceiver<(u64, Link)>) {
             // News of a session already replaced.
             Some((epoch, _)) if epoch != conn.epoch => {}
             Some((_, Link::Up)) => {
-                down_since = None;
+                let was_down = down_since.take().is_some() || !conn.up;
                 h.publish(|c| c.up = true);
                 h.cleanup.notify_one();
+                if was_down {
+                    h.reconnects.send_modify(|n| *n += 1);
+                }
             }
             Some((_, Link::Down)) => {
                 down_since.get_or_insert_with(Instant::now);
