@@ -727,10 +727,14 @@ fn run_memory(args: &Args) -> (Counts, Vec<String>) {
         })
         .collect();
     let faults = inject_faults(args, &["stop", "kill"], |kind, i| match kind {
-        "stop" => knobs[i].pause_ms.store(
-            (TTL + Duration::from_millis(500)).as_millis() as u64,
-            Ordering::Release,
-        ),
+        "stop" => {
+            let pause = TTL + Duration::from_millis(500);
+            knobs[i]
+                .pause_ms
+                .store(pause.as_millis() as u64, Ordering::Release);
+            // One fault at a time, as with processes: wait the pause out.
+            std::thread::sleep(pause);
+        }
         _ => knobs[i].kill.notify_one(),
     });
     let mut counts = Counts {
