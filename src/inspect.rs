@@ -59,6 +59,19 @@ impl Inspection {
     }
 
     /// Whether nobody holds or waits for the key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::memory();
+    /// assert!(client.inspect("reports").await?.is_free());
+    /// let permit = client.semaphore("reports", 2).acquire().await?;
+    /// assert!(!client.inspect("reports").await?.is_free());
+    /// # drop(permit); Ok(())
+    /// # }
+    /// ```
     pub fn is_free(&self) -> bool {
         self.holders.is_empty() && self.waiters.is_empty()
     }
