@@ -274,13 +274,12 @@ struct Holder {
 struct Fleet {
     backend: String,
     exe: std::path::PathBuf,
-    lock_port: u16,
     resource_url: String,
     ns: String,
     holders: Vec<Option<Holder>>,
     proxies: Vec<support::proxy::Proxy>,
     log: Arc<StdMutex<Log>>,
-    spawned: Arc<AtomicU64>,
+    spawned: u64,
 }
 
 impl Fleet {
@@ -315,7 +314,7 @@ impl Fleet {
                 }
             }
         });
-        self.spawned.fetch_add(1, Ordering::Relaxed);
+        self.spawned += 1;
         self.holders[i] = Some(Holder { child, stdin });
     }
 
@@ -392,7 +391,6 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     let mut fleet = Fleet {
         backend: args.backend.clone(),
         exe: std::env::current_exe().expect("own path"),
-        lock_port: server.port(),
         resource_url: resource.url(),
         ns: ns.clone(),
         holders: (0..HOLDERS).map(|_| None).collect(),
@@ -400,12 +398,11 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
             .map(|_| support::proxy::Proxy::start(server.port()))
             .collect(),
         log: Arc::default(),
-        spawned: Arc::default(),
+        spawned: 0,
     };
     for i in 0..HOLDERS {
         fleet.spawn(i);
     }
-    let _ = fleet.lock_port;
     let mut counts = Counts::default();
     let mut kinds: Vec<&'static str> = vec!["stop", "kill", "restart", "blackhole", "reset"];
     if args.backend == "zookeeper" {
@@ -460,9 +457,7 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     }
     let log = std::mem::take(&mut *fleet.log.lock().unwrap_or_else(|p| p.into_inner()));
     judge(&log, &resource_log(&resource.url()), &mut counts);
-    counts
-        .faults
-        .insert("spawned", fleet.spawned.load(Ordering::Relaxed));
+    counts.faults.insert("spawned", fleet.spawned);
     (counts, problems)
 }
 

@@ -137,9 +137,7 @@ impl LockClient {
     #[cfg(feature = "zookeeper")]
     #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
     pub async fn zookeeper(connect: &str) -> Result<Self> {
-        let backend = crate::backend::ZkBackend::connect(connect).await?;
-        let ttl = backend.session_timeout();
-        Self::builder(backend).ttl(ttl).build()
+        Self::builder_for(&format!("zk://{connect}")).await?.build()
     }
 
     /// A client for a URL naming the service: `memory:` (or an empty string) for the in-process
@@ -169,18 +167,48 @@ impl LockClient {
     /// # }
     /// ```
     pub async fn connect(url: &str) -> Result<Self> {
+        Self::builder_for(url).await?.build()
+    }
+
+    /// Connects to the service a URL names (as [`connect`](Self::connect) does) and returns a
+    /// builder on it, to set a namespace or TTL before building the client. On ZooKeeper the
+    /// TTL starts at the session timeout the server granted.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped connect leaves no connection or session behind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::builder_for("memory:").await?.namespace("jobs").build()?;
+    /// assert_eq!(client.namespace(), "jobs");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn builder_for(url: &str) -> Result<LockClientBuilder> {
         let scheme = url
             .split_once("://")
             .map_or(url.trim_end_matches(':'), |(s, _)| s);
         match scheme {
             #[cfg(feature = "memory")]
-            "" | "memory" => Ok(Self::memory()),
+            "" | "memory" => Ok(Self::builder(crate::backend::MemoryBackend::new())),
             #[cfg(feature = "redis")]
-            "redis" | "rediss" | "redis+unix" | "unix" => Self::redis(url).await,
+            "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::builder(
+                crate::backend::RedisBackend::connect(url).await?,
+            )),
             #[cfg(feature = "zookeeper")]
             "zk" | "zookeeper" => {
                 let rest = url.split_once("://").map_or("", |(_, r)| r);
-                Self::zookeeper(rest).await
+                let backend = crate::backend::ZkBackend::connect(rest).await?;
+                let ttl = backend.session_timeout();
+                Ok(Self::builder(backend).ttl(ttl))
             }
             other => Err(Error::invalid_config(format_args!(
                 "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, zk:// with features memory, redis, redis-tls, zookeeper)"

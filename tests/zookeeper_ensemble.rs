@@ -10,12 +10,12 @@ mod support;
 use std::time::Duration;
 
 use distlock::LockClient;
-use support::contract::{contend, torture, torture_family};
+use support::contract::{contend, granted, torture, torture_family};
 use support::ensemble::{shared_ensemble, ZkEnsemble};
 use support::family::{rw_exclusion, rw_fifo, semaphore_bound};
 use support::proxy::Proxy;
 use support::zk::{assert_no_znodes, client_at, clients_at, queued, raw, until_contenders};
-use tokio::time::{sleep, timeout, Instant};
+use tokio::time::{sleep, Instant};
 
 const SESSION: Duration = Duration::from_secs(4);
 const PLAN: [bool; 6] = [false, true, false, false, true, false];
@@ -86,18 +86,6 @@ async fn client_on(
         "cannot tell where the client connected: {before:?} -> {after:?}"
     );
     (c, moved[0])
-}
-
-async fn granted<G>(
-    t: tokio::task::JoinHandle<distlock::Result<G>>,
-    within: Duration,
-    who: &str,
-) -> G {
-    timeout(within, t)
-        .await
-        .unwrap_or_else(|_| panic!("{who} was not granted within {within:?}"))
-        .unwrap()
-        .unwrap()
 }
 
 /// The leader dies while a holder holds and two waiters queue (one of them connected to the

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use distlock::LockClient;
-use support::contract::torture_family;
+use support::contract::{granted, torture_family};
 use support::curator::Curator;
 use support::family::{
     inspect_sees_the_family, kinds_do_not_mix, rw_exclusion, rw_fifo, semaphore_bound,
@@ -160,20 +160,6 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
 
-fn spawn<G: Send + 'static>(
-    f: impl std::future::Future<Output = distlock::Result<G>> + Send + 'static,
-) -> tokio::task::JoinHandle<distlock::Result<G>> {
-    tokio::spawn(f)
-}
-
-async fn granted<G>(t: tokio::task::JoinHandle<distlock::Result<G>>, who: &str) -> G {
-    timeout(Duration::from_secs(10), t)
-        .await
-        .unwrap_or_else(|_| panic!("{who} was not granted"))
-        .unwrap()
-        .unwrap()
-}
-
 /// Java and Rust readers and writers queue in one FIFO order on one path: readers queued
 /// together hold together, a writer waits for every reader ahead of it, and no one jumps the
 /// queue, whichever language holds.
@@ -190,12 +176,12 @@ async fn curator_and_rust_readers_and_writers_share_one_queue() {
     assert_eq!(blocking(|| java.ask("tryread 200")), "BUSY");
     blocking(|| java.send("read"));
     until_contenders(&zk, &path, 2).await;
-    let rust_reader = spawn({
+    let rust_reader = tokio::spawn({
         let rw = b.rw_lock("rw");
         async move { rw.read().await }
     });
     until_contenders(&zk, &path, 3).await;
-    let rust_writer = spawn({
+    let rust_writer = tokio::spawn({
         let rw = c.rw_lock("rw");
         async move { rw.write().await }
     });
@@ -207,7 +193,7 @@ async fn curator_and_rust_readers_and_writers_share_one_queue() {
         blocking(|| java.reply(Duration::from_secs(10))).as_deref(),
         Some("GOT")
     );
-    let r = granted(rust_reader, "the Rust reader").await;
+    let r = granted(rust_reader, Duration::from_secs(10), "the Rust reader").await;
     sleep(Duration::from_millis(200)).await;
     assert!(!rust_writer.is_finished(), "a writer got in with readers");
     r.release().await.unwrap();
@@ -217,13 +203,13 @@ async fn curator_and_rust_readers_and_writers_share_one_queue() {
         "a Rust writer got in while a Java reader held"
     );
     assert_eq!(blocking(|| java.ask("unread")), "RELEASED");
-    let w = granted(rust_writer, "the Rust writer").await;
+    let w = granted(rust_writer, Duration::from_secs(10), "the Rust writer").await;
 
     // Now the Java writer waits behind the Rust writer, and a Rust reader behind it.
     assert_eq!(blocking(|| java.ask("trywrite 200")), "BUSY");
     blocking(|| java.send("write"));
     until_contenders(&zk, &path, 2).await;
-    let rust_reader = spawn({
+    let rust_reader = tokio::spawn({
         let rw = b.rw_lock("rw");
         async move { rw.read().await }
     });
@@ -239,7 +225,7 @@ async fn curator_and_rust_readers_and_writers_share_one_queue() {
         "a Rust reader got in while a Java writer held"
     );
     assert_eq!(blocking(|| java.ask("unwrite")), "RELEASED");
-    drop(granted(rust_reader, "the Rust reader").await);
+    drop(granted(rust_reader, Duration::from_secs(10), "the Rust reader").await);
     assert_eq!(blocking(|| java.ask("quit")), "BYE");
     for c in [a, b, c] {
         c.shutdown().await;
@@ -272,7 +258,7 @@ async fn downgrades_keep_the_other_languages_writers_out() {
         Some("GOT")
     );
 
-    let rust_writer = spawn({
+    let rust_writer = tokio::spawn({
         let rw = b.rw_lock("rw");
         async move { rw.write().await }
     });
@@ -284,7 +270,7 @@ async fn downgrades_keep_the_other_languages_writers_out() {
         "a Rust writer got in past a Java downgrade"
     );
     assert_eq!(blocking(|| java.ask("undowngrade")), "RELEASED");
-    drop(granted(rust_writer, "the Rust writer").await);
+    drop(granted(rust_writer, Duration::from_secs(10), "the Rust writer").await);
     assert_eq!(blocking(|| java.ask("quit")), "BYE");
     a.shutdown().await;
     b.shutdown().await;
@@ -307,7 +293,7 @@ async fn curator_and_rust_semaphores_share_the_permits() {
     assert!(err.is_would_block(), "a fourth lease of three: {err:?}");
     assert_eq!(children(&zk, &format!("{path}/leases")).await.len(), 3);
     // A Rust request for two queues; the Java one behind it waits too.
-    let two = spawn({
+    let two = tokio::spawn({
         let sem = b.semaphore("sem", 3);
         async move { sem.acquire_many(2).await }
     });
@@ -317,7 +303,7 @@ async fn curator_and_rust_semaphores_share_the_permits() {
     sleep(Duration::from_millis(300)).await;
     assert!(!two.is_finished(), "two permits granted with one free");
     assert_eq!(blocking(|| java.ask("release")), "RELEASED");
-    let two = granted(two, "the two-permit Rust request").await;
+    let two = granted(two, Duration::from_secs(10), "the two-permit Rust request").await;
     assert_eq!(two.count(), 2);
     assert_eq!(blocking(|| java.ask("try 1 5000")), "GOT");
     assert_eq!(blocking(|| java.ask("try 1 300")), "BUSY");
@@ -341,7 +327,7 @@ async fn curator_semaphore_mutex_excludes_a_one_permit_semaphore() {
     assert_eq!(blocking(|| java.ask("lock")), "GOT");
     let err = a.semaphore("m", 1).try_acquire().await.unwrap_err();
     assert!(err.is_would_block(), "{err:?}");
-    let rust = spawn({
+    let rust = tokio::spawn({
         let sem = a.semaphore("m", 1);
         async move { sem.acquire().await }
     });
@@ -349,7 +335,7 @@ async fn curator_semaphore_mutex_excludes_a_one_permit_semaphore() {
     sleep(Duration::from_millis(200)).await;
     assert!(!rust.is_finished());
     assert_eq!(blocking(|| java.ask("release")), "RELEASED");
-    let p = granted(rust, "the Rust semaphore").await;
+    let p = granted(rust, Duration::from_secs(10), "the Rust semaphore").await;
     assert_eq!(blocking(|| java.ask("try 300")), "BUSY");
     p.release().await.unwrap();
     assert_eq!(blocking(|| java.ask("try 5000")), "GOT");
@@ -401,7 +387,7 @@ async fn only_the_admission_head_watches_the_leases() {
     assert_eq!(watches(), 6, "{}", server.four_letter("wchp"));
     drop(held);
     for w in waiters {
-        drop(support::contract::joined(w).await);
+        drop(granted(w, Duration::from_secs(10), "a queued claim").await);
     }
     for client in c {
         client.shutdown().await;

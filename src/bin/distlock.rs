@@ -154,24 +154,16 @@ async fn run_cli(cli: Cli) -> u8 {
 /// can see protects nothing across processes.
 async fn connect(url: &str, namespace: &str) -> distlock::Result<LockClient> {
     let scheme = url.split_once("://").map_or(url, |(s, _)| s);
-    let builder = match scheme {
-        "redis" | "rediss" | "redis+unix" | "unix" => {
-            LockClient::builder(distlock::backend::RedisBackend::connect(url).await?)
-        }
-        "zk" | "zookeeper" => {
-            let rest = url.split_once("://").map_or("", |(_, r)| r);
-            LockClient::builder(distlock::backend::ZkBackend::connect(rest).await?)
-        }
-        other => {
-            return Err(distlock::Error::new(
-                distlock::ErrorKind::InvalidConfig,
-                format!(
-                "`{other}` is not a lock service this command can use (redis://, rediss://, zk://)"
-            ),
-            ))
-        }
-    };
-    builder.namespace(namespace).build()
+    if matches!(scheme.trim_end_matches(':'), "" | "memory") {
+        return Err(distlock::Error::new(
+            distlock::ErrorKind::InvalidConfig,
+            "an in-process lock protects nothing across processes: use redis://, rediss:// or zk://",
+        ));
+    }
+    LockClient::builder_for(url)
+        .await?
+        .namespace(namespace)
+        .build()
 }
 
 struct RunOptions {

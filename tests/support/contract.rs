@@ -324,11 +324,16 @@ pub async fn partition_then_handover<G>(
     (guard, lost_at - cut, granted_at - cut)
 }
 
-/// The guard an acquisition task (`tokio::spawn(m.lock())`) got, within 10 s.
-pub async fn joined<G>(task: tokio::task::JoinHandle<distlock::Result<G>>) -> G {
-    timeout(Duration::from_secs(10), task)
+/// The guard an acquisition task (`tokio::spawn(m.lock())`) got, within `within`; panics
+/// naming `who` otherwise.
+pub async fn granted<G>(
+    task: tokio::task::JoinHandle<distlock::Result<G>>,
+    within: Duration,
+    who: &str,
+) -> G {
+    timeout(within, task)
         .await
-        .expect("the acquisition was not granted within 10 s")
+        .unwrap_or_else(|_| panic!("{who} was not granted within {within:?}"))
         .expect("acquisition task")
         .expect("acquisition")
 }

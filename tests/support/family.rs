@@ -439,7 +439,7 @@ pub async fn inspect_sees_the_family(
     assert_eq!(seen.waiters.len(), 1, "{seen:?}");
     assert_eq!(seen.waiters[0].kind, LockKind::Write);
     drop((r1, r2));
-    drop(super::contract::joined(w).await);
+    drop(super::contract::granted(w, Duration::from_secs(10), "a queued claim").await);
 
     let p = a.semaphore(&sem, 3).acquire_many(2).await.unwrap();
     let more = tokio::spawn({
@@ -459,7 +459,7 @@ pub async fn inspect_sees_the_family(
     assert_eq!(seen.waiters.len(), 1, "{seen:?}");
     assert!(matches!(seen.waiters[0].kind, LockKind::Permits { .. }));
     drop(p);
-    drop(super::contract::joined(more).await);
+    drop(super::contract::granted(more, Duration::from_secs(10), "a queued claim").await);
     for client in [a, b, c] {
         client.shutdown().await;
     }

@@ -25,20 +25,24 @@ impl Inner {
                 }
             }
         };
-        let stats = |parent: String, names: Vec<String>| {
+        // One `exists` per node, all in flight together; each list comes back in lock order.
+        let stats = |parent: String, kind: LockKind, names: Vec<String>| {
             let zk = up.zk.clone();
             async move {
-                let mut out = Vec::with_capacity(names.len());
-                for name in names {
-                    let at = format!("{parent}/{name}");
-                    match zk.exists(&at).await {
-                        Ok(Some(stat)) => out.push((name, stat)),
-                        // Gone since the listing.
-                        Ok(None) => {}
-                        Err(f) => return Err(f.into_error(&format!("stat {at}"))),
+                let found = futures::future::try_join_all(names.into_iter().map(|name| {
+                    let (zk, at) = (zk.clone(), format!("{parent}/{name}"));
+                    async move {
+                        match zk.exists(&at).await {
+                            Ok(stat) => Ok(stat.map(|stat| (name, stat))),
+                            Err(f) => Err(f.into_error(&format!("stat {at}"))),
+                        }
                     }
-                }
-                Ok::<_, crate::Error>(out)
+                }))
+                .await?;
+                // Nodes gone since the listing are left out.
+                let mut nodes: Vec<(String, NodeStat)> = found.into_iter().flatten().collect();
+                recipe::sort_by_name(kind, &mut nodes, |(name, _)| name.as_str());
+                Ok::<_, crate::Error>(nodes)
             }
         };
         let kids = list(path.clone()).await?;
@@ -62,12 +66,20 @@ impl Inner {
                 }
                 // The size is a convention among clients, stored nowhere: 0 here.
                 seen.family = Some(Family::Semaphore { max: 0 });
-                let mut admission =
-                    stats(format!("{path}/{}", recipe::ADMISSION), admission).await?;
-                admission.sort_by(|a, b| a.0.rsplit('-').next().cmp(&b.0.rsplit('-').next()));
+                let admission = stats(
+                    format!("{path}/{}", recipe::ADMISSION),
+                    LockKind::Exclusive,
+                    admission,
+                )
+                .await?;
                 // The admission head's leases exist while it waits for room: not held yet.
                 let head_session = admission.first().map(|(_, s)| s.owner);
-                let leases = stats(format!("{path}/{}", recipe::LEASES), leases).await?;
+                let leases = stats(
+                    format!("{path}/{}", recipe::LEASES),
+                    LockKind::Exclusive,
+                    leases,
+                )
+                .await?;
                 // One distlock claim's permits share a protection prefix (one multi).
                 let mut claims: BTreeMap<String, (u32, NodeStat)> = BTreeMap::new();
                 for (name, stat) in leases {
@@ -96,10 +108,8 @@ impl Inner {
                     .collect();
             }
             Some(Other::RwLock) => {
-                let mut nodes = stats(path.clone(), kids).await?;
-                let mut names: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
-                recipe::sort(LockKind::Read, &mut names);
-                nodes.sort_by_key(|(n, _)| names.iter().position(|m| m == n));
+                let nodes = stats(path.clone(), LockKind::Read, kids).await?;
+                let names: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
                 seen.family = Some(Family::RwLock);
                 for (name, stat) in &nodes {
                     let write = name.contains("__WRIT__");
@@ -127,10 +137,7 @@ impl Inner {
                 }
             }
             _ => {
-                let mut nodes = stats(path.clone(), kids).await?;
-                let mut names: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
-                recipe::sort(LockKind::Exclusive, &mut names);
-                nodes.sort_by_key(|(n, _)| names.iter().position(|m| m == n));
+                let mut nodes = stats(path.clone(), LockKind::Exclusive, kids).await?;
                 nodes.retain(|(n, _)| n.contains("lock-"));
                 let mut nodes = nodes.into_iter();
                 if let Some((_, stat)) = nodes.next() {

@@ -78,7 +78,12 @@ fn sort_key(kind: LockKind, name: &str) -> &str {
 
 /// Sorts children into lock order (stable, like Curator's sort over the server's list).
 pub(super) fn sort(kind: LockKind, children: &mut [String]) {
-    children.sort_by(|a, b| sort_key(kind, a).cmp(sort_key(kind, b)));
+    sort_by_name(kind, children, String::as_str);
+}
+
+/// [`sort`] for items that carry a child's name.
+pub(super) fn sort_by_name<T>(kind: LockKind, items: &mut [T], name: impl Fn(&T) -> &str) {
+    items.sort_by(|a, b| sort_key(kind, name(a)).cmp(sort_key(kind, name(b))));
 }
 
 /// Where `ours` stands among sorted `children`, and the child it must wait for.
