@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the tests start: redis-server, ZooKeeper (with Java), and Apache Curator with a
-# JDK for the Curator interop tests, from Debian's packages. Idempotent: does nothing when they
-# are already present.
+# Installs what the tests start: redis-server, ZooKeeper (with Java), Apache Curator with a
+# JDK for the Curator interop tests, and PostgreSQL with PgBouncer, from Debian's packages.
+# Idempotent: does nothing when they are already present.
 set -euo pipefail
 
 need=()
@@ -11,9 +11,14 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 [ -f /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
 command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)   # certificates for the TLS test
+# PostgreSQL's server programs live in /usr/lib/postgresql/<version>/bin; the package also
+# creates the `postgres` user the tests run them as when they run as root.
+{ compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && id postgres >/dev/null 2>&1; } || need+=(postgresql)
+command -v pgbouncer >/dev/null 2>&1 || need+=(pgbouncer)
+command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 
 if [ ${#need[@]} -eq 0 ]; then
-  echo "install-test-deps: redis-server, zookeeper and curator are present"
+  echo "install-test-deps: redis-server, zookeeper, curator, postgresql and pgbouncer are present"
   exit 0
 fi
 
@@ -26,7 +31,7 @@ echo "install-test-deps: installing ${need[*]}"
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # Debian's packages start system services we do not use; the tests start their own servers.
-for svc in redis-server zookeeper; do
+for svc in redis-server zookeeper postgresql pgbouncer; do
   $sudo systemctl disable --now "$svc" >/dev/null 2>&1 || true
 done
 echo "install-test-deps: done"

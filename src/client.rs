@@ -108,6 +108,36 @@ impl LockClient {
         Self::builder(backend).build()
     }
 
+    /// Connects to a PostgreSQL database (`postgres://user:password@host:port/database`) with
+    /// the defaults of [`PgBackend`](crate::backend::PgBackend), creating its `distlock` schema
+    /// on first use.
+    ///
+    /// # Errors
+    ///
+    /// See [`PgBackendBuilder::build`](crate::backend::PgBackendBuilder::build).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::postgres("postgres://app@127.0.0.1:5432/app").await?;
+    /// let guard = client.mutex("orders:42").lock().await?;
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub async fn postgres(url: &str) -> Result<Self> {
+        let backend = crate::backend::PgBackend::connect(url).await?;
+        Self::builder(backend).build()
+    }
+
     /// Connects to a ZooKeeper ensemble (`host:port[,host:port...][/chroot]`) with the
     /// defaults of [`ZkBackend`](crate::backend::ZkBackend), under the default namespace: key
     /// `k` is the znode `/distlock/k`, shared with Curator's `InterProcessMutex` on that path.
@@ -142,7 +172,7 @@ impl LockClient {
 
     /// A client for a URL naming the service: `memory:` (or an empty string) for the in-process
     /// backend, `redis://…` / `rediss://…` for Redis, `zk://host:port[,host:port][/chroot]` for
-    /// ZooKeeper. Handy for a `DISTLOCK_URL` setting; each scheme needs its backend's feature.
+    /// ZooKeeper, `postgres://…` for PostgreSQL. Handy for a `DISTLOCK_URL` setting; each scheme needs its backend's feature.
     ///
     /// # Errors
     ///
@@ -203,6 +233,10 @@ impl LockClient {
             "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::builder(
                 crate::backend::RedisBackend::connect(url).await?,
             )),
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => Ok(Self::builder(
+                crate::backend::PgBackend::connect(url).await?,
+            )),
             #[cfg(feature = "zookeeper")]
             "zk" | "zookeeper" => {
                 let rest = url.split_once("://").map_or("", |(_, r)| r);
@@ -211,7 +245,7 @@ impl LockClient {
                 Ok(Self::builder(backend).ttl(ttl))
             }
             other => Err(Error::invalid_config(format_args!(
-                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, zk:// with features memory, redis, redis-tls, zookeeper)"
+                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, zk://, postgres:// with features memory, redis, redis-tls, zookeeper, postgres)"
             ))),
         }
     }

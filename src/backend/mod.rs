@@ -30,8 +30,12 @@ use tokio::time::Instant;
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::Inspection;
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod handoff;
 #[cfg(feature = "memory")]
 pub mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "zookeeper")]
@@ -468,6 +472,9 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use self::postgres::{PgBackend, PgBackendBuilder, PgTicket};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisTicket};

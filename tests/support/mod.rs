@@ -11,6 +11,8 @@ pub mod curator;
 pub mod ensemble;
 pub mod family;
 pub mod holder;
+#[cfg(feature = "postgres")]
+pub mod pg;
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -24,7 +26,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub const INSTALL_HINT: &str = "run `sudo scripts/install-test-deps.sh` (installs redis-server, zookeeper, curator and a JDK from Debian's packages)";
+pub const INSTALL_HINT: &str = "run `sudo scripts/install-test-deps.sh` (installs redis-server, zookeeper, curator, a JDK, postgresql and pgbouncer from Debian's packages)";
 
 /// How long a server may take to answer after it was started.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -555,6 +557,202 @@ impl ZkServer {
 pub fn shared_zookeeper() -> &'static ZkServer {
     static SERVER: OnceLock<ZkServer> = OnceLock::new();
     SERVER.get_or_init(ZkServer::start)
+}
+
+/// Finds a PostgreSQL server program: on PATH, or in Debian's versioned directory
+/// (`/usr/lib/postgresql/<version>/bin`, newest first), or fails the test naming the install
+/// script.
+pub fn require_pg_binary(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(found) = std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+    {
+        return found;
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse().ok()?;
+            Some((v, e.path().join("bin").join(name)))
+        })
+        .filter(|(_, p)| p.is_file())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| panic!("`{name}` (PostgreSQL) was not found: {INSTALL_HINT}"))
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// PostgreSQL refuses to run as root: as root, the server programs run as the `postgres`
+/// system user (created by Debian's package), in directories it owns.
+fn as_server_user(program: &Path, args: Vec<String>, dir: &Path) -> (PathBuf, Vec<String>) {
+    if !running_as_root() {
+        return (program.to_path_buf(), args);
+    }
+    let status = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(dir)
+        .status()
+        .expect("run chown");
+    assert!(
+        status.success(),
+        "cannot give {} to the `postgres` user: {INSTALL_HINT}",
+        dir.display()
+    );
+    let mut wrapped = vec![
+        "--reuid=postgres".into(),
+        "--regid=postgres".into(),
+        "--init-groups".into(),
+        "--reset-env".into(),
+        program.display().to_string(),
+    ];
+    wrapped.extend(args);
+    (require_binary("setpriv"), wrapped)
+}
+
+fn pg_args(port: u16, dir: &Path) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "-D".into(),
+        dir.join("data").display().to_string(),
+        "-p".into(),
+        port.to_string(),
+        "-k".into(),
+        dir.display().to_string(),
+    ];
+    for setting in [
+        "listen_addresses=127.0.0.1",
+        // Test data: no fsync (commits still wait for their WAL write, so a killed server keeps
+        // what it acknowledged; only an OS crash would lose it).
+        "fsync=off",
+        "full_page_writes=off",
+        "max_connections=300",
+        "shared_buffers=64MB",
+        "log_min_messages=warning",
+    ] {
+        args.push("-c".into());
+        args.push(setting.into());
+    }
+    args
+}
+
+/// A PostgreSQL startup message for user and database `postgres`: a server that serves
+/// answers with `R` (authentication), one still starting or stopping with `E`.
+fn pg_ready(port: u16) -> bool {
+    let mut body = Vec::new();
+    body.extend_from_slice(&196_608u32.to_be_bytes());
+    body.extend_from_slice(b"user\0postgres\0database\0postgres\0\0");
+    let mut msg = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    msg.extend_from_slice(&body);
+    let Ok(mut stream) = send(port, &msg) else {
+        return false;
+    };
+    let mut first = [0u8; 1];
+    stream.read_exact(&mut first).is_ok() && first[0] == b'R'
+}
+
+const PG_LOGS: &[&str] = &["postgres.log", "postgres.err"];
+
+/// A PostgreSQL server on a free loopback port, in a fresh cluster (trust authentication,
+/// user `postgres`).
+pub struct PgServer {
+    process: Supervised,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl PgServer {
+    /// Creates a cluster (`initdb`) and starts the server, waiting until it serves. Panics with
+    /// its log if it does not, and with the install hint if PostgreSQL is missing.
+    pub fn start() -> Self {
+        let postgres = require_pg_binary("postgres");
+        let initdb = require_pg_binary("initdb");
+        let (process, port, dir) = launch(
+            "PostgreSQL",
+            PG_LOGS,
+            |port, dir| {
+                let (program, args) = as_server_user(
+                    &initdb,
+                    vec![
+                        "-D".into(),
+                        dir.join("data").display().to_string(),
+                        "-U".into(),
+                        "postgres".into(),
+                        "--auth=trust".into(),
+                        "-E".into(),
+                        "UTF8".into(),
+                        "--no-locale".into(),
+                        "--no-sync".into(),
+                    ],
+                    dir,
+                );
+                let out = Command::new(program)
+                    .args(args)
+                    .output()
+                    .expect("run initdb");
+                assert!(
+                    out.status.success(),
+                    "initdb failed:\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                as_server_user(&postgres, pg_args(port, dir), dir)
+            },
+            pg_ready,
+        );
+        Self { process, port, dir }
+    }
+
+    /// Kills the server (SIGKILL: a crash; committed data survives), runs `down`, and starts
+    /// it again on the same port and data directory.
+    pub fn restart_after(&mut self, down: impl FnOnce()) {
+        self.process.stop();
+        down();
+        let postgres = require_pg_binary("postgres");
+        let (program, args) = as_server_user(
+            &postgres,
+            pg_args(self.port, self.dir.path()),
+            self.dir.path(),
+        );
+        self.process = respawn(
+            "PostgreSQL",
+            &program,
+            &args,
+            self.port,
+            self.dir.path(),
+            PG_LOGS,
+            pg_ready,
+        );
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The server's log, for failure messages.
+    pub fn log(&self) -> String {
+        read_log(self.dir.path(), PG_LOGS)
+    }
+}
+
+/// One PostgreSQL for every test in this binary; tests keep apart by namespace.
+pub fn shared_postgres() -> &'static PgServer {
+    static SERVER: OnceLock<PgServer> = OnceLock::new();
+    SERVER.get_or_init(PgServer::start)
 }
 
 /// A namespace unique to one test (and one run), so tests can share a server.

@@ -1,7 +1,7 @@
 //! A TCP proxy on a free loopback port for fault tests against real servers. It can pass
 //! traffic, cut every connection, swallow bytes silently (a partition that looks alive), and
 //! aim a fault at some connections only: the pub/sub ones (a connection that has sent
-//! `SUBSCRIBE`) or the command ones, delaying or swallowing the server's replies on them.
+//! `SUBSCRIBE` or `LISTEN`) or the command ones, delaying or swallowing the server's replies on them.
 //!
 //! Runs on plain threads, so it keeps working whatever the test's runtime is doing.
 
@@ -21,7 +21,8 @@ const BLACKHOLE: u8 = 2;
 pub enum Which {
     /// Every connection.
     All,
-    /// Connections that have sent `SUBSCRIBE` (a Redis pub/sub connection).
+    /// Connections that have sent `SUBSCRIBE` (a Redis pub/sub connection) or `LISTEN` (a
+    /// PostgreSQL one).
     Subscribers,
     /// Connections that have not (command connections).
     Commands,
@@ -289,8 +290,10 @@ fn pump(
     let _ = to.shutdown(Shutdown::Both);
 }
 
+/// Whether a client's bytes subscribe to messages: Redis `SUBSCRIBE`, PostgreSQL `LISTEN `.
 fn contains_subscribe(bytes: &[u8]) -> bool {
     bytes
         .windows(9)
         .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
+        || bytes.windows(7).any(|w| w == b"LISTEN ")
 }

@@ -28,10 +28,11 @@ use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Script, ScriptInvocation};
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 
 use self::commands::{redis_error, Commands, CALL_TIMEOUT};
-use self::notify::{Hub, Subscription, Wake};
+use self::notify::{Hub, Subscription};
+use super::handoff::{wait_for_handoff, Mailbox, ServerClock};
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter};
@@ -361,7 +362,7 @@ impl Keys {
 #[derive(Default)]
 pub struct RedisTicket {
     sub: StdMutex<Option<Subscription>>,
-    clock: StdMutex<Option<(Instant, i64)>>,
+    clock: ServerClock,
 }
 
 impl std::fmt::Debug for RedisTicket {
@@ -384,16 +385,7 @@ impl RedisTicket {
         drop(old);
     }
 
-    /// Places `server_ms + px` (server clock) on the local clock, no later than it really is:
-    /// our last request was sent at `sent`, when the server's clock read at most `server_ms`.
-    /// `None` if we never learned the server's clock, or the moment is from before then.
-    fn local_time(&self, server_ms: i64, px: u64) -> Option<Instant> {
-        let (sent, at_sent) = (*self.clock.lock().unwrap_or_else(|p| p.into_inner()))?;
-        let since = u64::try_from(server_ms.checked_sub(at_sent)?).ok()?;
-        Some(sent + Duration::from_millis(since.saturating_add(px)))
-    }
-
-    fn mailbox(&self) -> Option<Arc<notify::Mailbox>> {
+    fn mailbox(&self) -> Option<Arc<Mailbox>> {
         self.sub
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -449,7 +441,7 @@ impl RedisBackend {
             }));
         }
         // Queued: remember when the server's clock read `server_ms`, to place a handoff.
-        *ticket.clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent, server_ms));
+        ticket.clock.pair(sent, server_ms);
         // How long the blocking lease has left. 0 in its last millisecond (and -2 once it is
         // gone): look again at once. -1 (a key without expiry, not ours): after our own TTL.
         let wait_for = match value {
@@ -646,41 +638,11 @@ impl Backend for RedisBackend {
         ticket: &RedisTicket,
         recheck_at: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        let Some(mailbox) = ticket.mailbox() else {
-            if let Some(at) = recheck_at {
-                sleep_until(at).await;
-            }
-            return Ok(None);
-        };
-        let mut deadline = recheck_at;
-        loop {
-            let wake = match deadline {
-                Some(at) => tokio::select! {
-                    wake = mailbox.recv() => wake,
-                    () = sleep_until(at) => return Ok(None),
-                },
-                None => mailbox.recv().await,
-            };
-            match wake {
-                Wake::Recheck => return Ok(None),
-                // The waiter ahead of us got the lock on a provisional lease: if it died before
-                // confirming it, the lock is ours to take when that lease ends.
-                Wake::NextInLine(end) => match ticket.local_time(end.server_ms, end.px) {
-                    Some(at) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
-                    None => return Ok(None),
-                },
-                Wake::Granted(handoff) => {
-                    let Some(valid_until) = ticket.local_time(handoff.server_ms, handoff.px) else {
-                        return Ok(None);
-                    };
-                    ticket.set_sub(None);
-                    return Ok(Some(Grant {
-                        fence: handoff.fence,
-                        valid_until,
-                    }));
-                }
-            }
-        }
+        let mailbox = ticket.mailbox();
+        wait_for_handoff(mailbox.as_deref(), &ticket.clock, recheck_at, || {
+            ticket.set_sub(None);
+        })
+        .await
     }
 
     async fn release(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {

@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use ::redis::aio::PubSubSink;
 use futures::StreamExt;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch};
 
+use crate::backend::handoff::{parse, poll_some, Mailbox, Wake};
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long a subscriber waits for the pub/sub connection before giving up.
@@ -31,65 +32,6 @@ const LINGER: Duration = Duration::from_secs(2);
 const PING_EVERY: Duration = Duration::from_secs(1);
 /// How long a PING may go unanswered before the connection is taken as dead.
 const PING_DEADLINE: Duration = Duration::from_secs(1);
-
-/// A handoff announced on a lock's channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Handoff {
-    pub(crate) fence: u64,
-    pub(crate) server_ms: i64,
-    pub(crate) px: u64,
-}
-
-/// The end of a provisional lease handed to the waiter ahead of us.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LeaseEnd {
-    pub(crate) server_ms: i64,
-    pub(crate) px: u64,
-}
-
-/// What woke a waiter, strongest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Wake {
-    Granted(Handoff),
-    /// Messages may have been missed (reconnect): ask the server.
-    Recheck,
-    /// The lock went to the waiter just ahead of us: ask again when its lease ends, in case it
-    /// died before confirming it.
-    NextInLine(LeaseEnd),
-}
-
-#[derive(Default)]
-pub(crate) struct Mailbox {
-    slot: StdMutex<Option<Wake>>,
-    notify: Notify,
-}
-
-impl Mailbox {
-    fn put(&self, wake: Wake) {
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        // A grant is never overwritten, nor a re-check by a mere hint.
-        let keep = matches!(
-            (*slot, wake),
-            (Some(Wake::Granted(_)), _) | (Some(Wake::Recheck), Wake::NextInLine(_))
-        );
-        if !keep {
-            *slot = Some(wake);
-        }
-        drop(slot);
-        self.notify.notify_one();
-    }
-
-    /// Waits for the next wake-up.
-    pub(crate) async fn recv(&self) -> Wake {
-        loop {
-            if let Some(wake) = self.slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                return wake;
-            }
-            // `notify_one` stores a permit, so a wake-up between the check and here is kept.
-            self.notify.notified().await;
-        }
-    }
-}
 
 #[derive(Default)]
 struct Channel {
@@ -233,37 +175,6 @@ fn unreachable_err() -> Error {
         ErrorKind::Backend,
         "redis pub/sub connection is not available",
     )
-}
-
-/// Reads a message: a handoff (four fields) or a next-in-line hint (three).
-fn parse(payload: &str) -> Option<(&str, Wake)> {
-    let parts: Vec<&str> = payload.split(' ').collect();
-    match parts[..] {
-        [owner, fence, server_ms, px] => Some((
-            owner,
-            Wake::Granted(Handoff {
-                fence: fence.parse().ok()?,
-                server_ms: server_ms.parse().ok()?,
-                px: px.parse().ok()?,
-            }),
-        )),
-        [owner, server_ms, px] => Some((
-            owner,
-            Wake::NextInLine(LeaseEnd {
-                server_ms: server_ms.parse().ok()?,
-                px: px.parse().ok()?,
-            }),
-        )),
-        _ => None,
-    }
-}
-
-/// Awaits the future in `slot`, or forever if there is none.
-async fn poll_some<F: std::future::Future + Unpin>(slot: &mut Option<F>) -> F::Output {
-    match slot {
-        Some(f) => f.await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Whether any waiter has a mailbox (only then is the connection worth checking).
@@ -417,36 +328,5 @@ async fn run(
         if let Some(inner) = hub.upgrade() {
             inner.sink.send_replace(None);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_handoff_messages() {
-        let (owner, h) = parse("a-b-c 1763000000000001 1763000000000 2000").unwrap();
-        assert_eq!(owner, "a-b-c");
-        assert_eq!(
-            h,
-            Wake::Granted(Handoff {
-                fence: 1_763_000_000_000_001,
-                server_ms: 1_763_000_000_000,
-                px: 2000
-            })
-        );
-        let (owner, next) = parse("d-e 1763000000000 300").unwrap();
-        assert_eq!(owner, "d-e");
-        assert_eq!(
-            next,
-            Wake::NextInLine(LeaseEnd {
-                server_ms: 1_763_000_000_000,
-                px: 300
-            })
-        );
-        assert!(parse("garbage").is_none());
-        assert!(parse("o x 1 2").is_none());
-        assert!(parse("o 1 2 3 4").is_none());
     }
 }

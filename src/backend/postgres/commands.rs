@@ -1,0 +1,201 @@
+//! Where statements go: a few connections of our own (reconnected when they drop), or a
+//! `deadpool-postgres` pool the application already has. Every statement is one call of a
+//! `distlock.*` function as an unnamed statement with typed parameters (`query_typed`): one
+//! round trip, no prepared statement and no session state, so a pooler in transaction mode
+//! (PgBouncer) can put each call on another server connection.
+//!
+//! Every call has a deadline. A call that failed on the connection is sent again at once
+//! (every function is idempotent) on a fresh connection; a longer outage is reported as a
+//! transient error to the layer above.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Config, NoTls, Row};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The deadline of one call, including getting a connection.
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many times a call that failed on the connection is sent again.
+const RETRIES: usize = 2;
+
+/// The typed parameters of one call.
+pub(crate) type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
+
+pub(crate) enum Commands {
+    Own(Box<Own>),
+    #[cfg(feature = "postgres-deadpool")]
+    Deadpool(deadpool_postgres::Pool),
+}
+
+/// Our own connections, opened on first use. A claim's calls all go to the same one (chosen by
+/// its owner token), so a release queued behind a cancelled acquire runs after it.
+pub(crate) struct Own {
+    config: Config,
+    slots: Vec<tokio::sync::Mutex<Option<Arc<Client>>>>,
+}
+
+impl Own {
+    pub(crate) fn new(config: Config, connections: usize) -> Self {
+        Self {
+            config,
+            slots: (0..connections.max(1))
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
+        }
+    }
+
+    async fn client(&self, route: usize) -> std::result::Result<Arc<Client>, Failure> {
+        let slot = &self.slots[route % self.slots.len()];
+        let mut slot = slot.lock().await;
+        if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(client.clone());
+        }
+        *slot = None;
+        let client = Arc::new(connect(&self.config).await.map_err(Failure::Pg)?);
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+}
+
+/// Opens a connection and drives it in a task of its own until it closes.
+pub(crate) async fn connect(config: &Config) -> std::result::Result<Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "postgres connection closed");
+        }
+    });
+    Ok(client)
+}
+
+enum Failure {
+    Pg(tokio_postgres::Error),
+    #[cfg_attr(not(feature = "postgres-deadpool"), allow(dead_code))]
+    Pool(Error),
+    Timeout,
+}
+
+/// Which connection a call should use: the same for every call of one claim.
+pub(crate) fn route_of(owner: &str) -> usize {
+    owner.bytes().fold(0usize, |h, b| {
+        h.wrapping_mul(31).wrapping_add(usize::from(b))
+    })
+}
+
+impl Commands {
+    /// Runs a statement, retrying connection failures.
+    pub(crate) async fn query(
+        &self,
+        what: &str,
+        route: usize,
+        sql: &str,
+        params: &Params<'_>,
+    ) -> Result<Vec<Row>> {
+        self.query_noting_doubt(what, route, sql, params)
+            .await
+            .map(|(rows, _)| rows)
+    }
+
+    /// Runs a statement, retrying connection failures, and says whether an earlier attempt may
+    /// have run on the server (it failed after the request could have been sent), so the
+    /// reply describes the state that attempt left.
+    pub(crate) async fn query_noting_doubt(
+        &self,
+        what: &str,
+        route: usize,
+        sql: &str,
+        params: &Params<'_>,
+    ) -> Result<(Vec<Row>, bool)> {
+        let mut retries = RETRIES;
+        let mut in_doubt = false;
+        loop {
+            let once = self.query_once(route, sql, params);
+            let failure = match tokio::time::timeout(CALL_TIMEOUT, once).await {
+                Ok(Ok(rows)) => return Ok((rows, in_doubt)),
+                Ok(Err(f)) => f,
+                Err(_) => Failure::Timeout,
+            };
+            let retry = match &failure {
+                // Refused before anything ran: a fresh connection may do better.
+                Failure::Pg(e) if is_retryable_state(e) => true,
+                Failure::Pg(e) if e.code().is_some() => false,
+                Failure::Pg(_) | Failure::Timeout => {
+                    in_doubt = true;
+                    true
+                }
+                Failure::Pool(_) => true,
+            };
+            match retries.checked_sub(1) {
+                Some(left) if retry => retries = left,
+                _ if retry => return Err(describe(what, failure).transient()),
+                _ => return Err(describe(what, failure)),
+            }
+        }
+    }
+
+    async fn query_once(
+        &self,
+        route: usize,
+        sql: &str,
+        params: &Params<'_>,
+    ) -> std::result::Result<Vec<Row>, Failure> {
+        match self {
+            Self::Own(own) => {
+                let client = own.client(route).await?;
+                client.query_typed(sql, params).await.map_err(Failure::Pg)
+            }
+            #[cfg(feature = "postgres-deadpool")]
+            Self::Deadpool(pool) => {
+                let client = pool.get().await.map_err(|e| {
+                    Failure::Pool(
+                        Error::new(ErrorKind::Backend, "no connection from the deadpool pool")
+                            .with_source(e),
+                    )
+                })?;
+                client.query_typed(sql, params).await.map_err(Failure::Pg)
+            }
+        }
+    }
+}
+
+/// Server errors that say the statement did not run and may on another try: lock waits cut
+/// short, deadlocks broken, a server shutting down or starting up.
+fn is_retryable_state(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code().map(|c| c.code()),
+        Some("55P03" | "40P01" | "40001" | "57P01" | "57P02" | "57P03" | "53300")
+    ) || e.code().is_some_and(|c| c.code().starts_with("08"))
+}
+
+fn describe(what: &str, failure: Failure) -> Error {
+    match failure {
+        Failure::Pg(e) => pg_error(what, e),
+        Failure::Pool(e) => e,
+        Failure::Timeout => Error::new(
+            ErrorKind::Backend,
+            format!("postgres {what} timed out after {CALL_TIMEOUT:?}"),
+        ),
+    }
+}
+
+/// Names the failures users must tell apart, and keeps the cause as the source.
+pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
+    let message = match e.code().map(|c| c.code()) {
+        Some("42501") => format!(
+            "postgres {what} failed: permission denied (grant the role USAGE on schema distlock and EXECUTE on its functions, or CREATE to install it)"
+        ),
+        Some("3F000" | "42883" | "42P01") => format!(
+            "postgres {what} failed: the distlock schema is missing or incomplete (apply `PgBackend::schema_sql()`)"
+        ),
+        Some("28000" | "28P01") => {
+            format!("postgres {what} failed: authentication refused")
+        }
+        Some("3D000") => format!("postgres {what} failed: the database does not exist"),
+        Some(code) => format!("postgres {what} failed ({code})"),
+        None => format!("postgres {what} failed: {e}"),
+    };
+    Error::new(ErrorKind::Backend, message).with_source(e)
+}

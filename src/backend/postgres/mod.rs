@@ -1,0 +1,705 @@
+//! The PostgreSQL backend: a lease table with FIFO handoff announced over LISTEN/NOTIFY.
+//!
+//! Tables in the `distlock` schema (see `schema.sql`): `keys` (one row per key in use: its
+//! family and fencing counter) and `claims` (one row per holder or waiter: FIFO order, fencing
+//! token once granted, and a deadline on the server's clock: the lease of a holder, the
+//! liveness of a waiter). Every operation is one call of a PL/pgSQL function, one short
+//! transaction that locks the key's row, so calls need no session state and work through a
+//! pooler in transaction mode.
+//!
+//! A release hands the lock straight to the live head of the queue (fencing token, short
+//! unconfirmed lease) and NOTIFYs the one client that owns it, on that client's own channel
+//! (`distlock_<client id>`). The new owner learns of its grant from the message and confirms it
+//! with its first renewal. Notifications are sent only by transactions that hand a lock on, so an
+//! uncontended acquire never takes the server-wide lock a notifying commit takes. A waiter that
+//! misses a message re-checks at the holder's lease deadline, or when the LISTEN connection
+//! comes back.
+
+mod commands;
+mod listen;
+mod schema;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_postgres::types::Type;
+use tokio_postgres::Row;
+
+use self::commands::{route_of, Commands, Own, Params};
+use self::listen::{Hub, Registration};
+use super::handoff::{wait_for_handoff, Mailbox, ServerClock};
+use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
+use crate::error::{Error, ErrorKind, Result};
+use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter};
+
+/// The lease a handed-off lock gets until its new owner confirms it. It bounds how long a lock
+/// handed to a waiter that just died stays stuck.
+const DEFAULT_HANDOFF_TTL: Duration = Duration::from_secs(2);
+
+/// How many connections of its own a backend opens for statements, by default.
+const DEFAULT_CONNECTIONS: usize = 2;
+
+/// Locks in a PostgreSQL database (12 or newer): leased, fenced and FIFO, woken by
+/// LISTEN/NOTIFY.
+///
+/// Statements go over a few connections of its own, or through a `deadpool-postgres` pool the
+/// application already has (feature `postgres-deadpool`); each is one function call in its own
+/// short transaction, with no session state, so a pooler in transaction mode (PgBouncer) works.
+/// Waiters share one dedicated LISTEN connection per backend, which must reach the server
+/// directly or through a pooler in session mode ([`listen_url`](PgBackendBuilder::listen_url)).
+///
+/// The tables live in the schema `distlock`, created on first use (or by you, from
+/// [`schema_sql`](Self::schema_sql)). A lease is a deadline on the server's clock: a holder that
+/// dies keeps the lock until its lease runs out, not until TCP notices. Fencing tokens come from
+/// a per-key counter in the same transaction as the grant, and never fall below the server's
+/// time in microseconds, so they keep increasing even after a counter was lost.
+///
+/// Fencing tokens are durable as far as the grant's commit is: keep `synchronous_commit` on
+/// (the default), and with a standby that may be promoted, make it synchronous
+/// (`synchronous_standby_names`), or a failover can forget the last grants.
+///
+/// `PgBackend` is a cheap `Clone` handle.
+///
+/// # Examples
+///
+/// ```no_run
+/// use distlock::{backend::PgBackend, LockClient};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let backend = PgBackend::connect("postgres://app:secret@127.0.0.1:5432/app").await?;
+/// let client = LockClient::builder(backend).namespace("billing").build()?;
+/// let guard = client.mutex("invoice:7").lock().await?;
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PgBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    commands: Commands,
+    hub: Hub,
+    handoff_ttl: Duration,
+    /// This backend's part of every owner token, and of its channel's name.
+    client_id: String,
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("handoff_ttl", &self.inner.handoff_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Source {
+    Own,
+    #[cfg(feature = "postgres-deadpool")]
+    Deadpool(deadpool_postgres::Pool),
+}
+
+/// Builds a [`PgBackend`]. Created by [`PgBackend::builder`].
+#[must_use = "builder does nothing itself, use `.build()` to build it"]
+pub struct PgBackendBuilder {
+    url: String,
+    listen_url: Option<String>,
+    source: Source,
+    connections: usize,
+    handoff_ttl: Duration,
+    create_schema: bool,
+}
+
+impl std::fmt::Debug for PgBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackendBuilder")
+            .field("connections", &self.connections)
+            .field("handoff_ttl", &self.handoff_ttl)
+            .field("create_schema", &self.create_schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgBackend {
+    /// Starts building a backend for the database at `url`
+    /// (`postgres://[user[:password]@]host[:port]/database[?options]`, or a `key=value`
+    /// connection string). The URL is used for the LISTEN connection (unless
+    /// [`listen_url`](PgBackendBuilder::listen_url) says otherwise), and for statements unless
+    /// a pool is given. TLS is not supported yet: use `sslmode=disable` or `prefer`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let backend = distlock::backend::PgBackend::builder("postgres://app@pgbouncer:6432/app")
+    ///     .listen_url("postgres://app@db-primary:5432/app")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(url: impl Into<String>) -> PgBackendBuilder {
+        PgBackendBuilder {
+            url: url.into(),
+            listen_url: None,
+            source: Source::Own,
+            connections: DEFAULT_CONNECTIONS,
+            handoff_ttl: DEFAULT_HANDOFF_TTL,
+            create_schema: true,
+        }
+    }
+
+    /// Connects to the database at `url` with its own connections, creating the schema if it
+    /// is missing.
+    ///
+    /// # Errors
+    ///
+    /// See [`PgBackendBuilder::build`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is left behind but a background LISTEN task that stops when the
+    /// backend is dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let backend = distlock::backend::PgBackend::connect("postgres://postgres@127.0.0.1/app").await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::builder(url).build().await
+    }
+
+    /// The SQL that creates the `distlock` schema (tables, functions and a version row), for
+    /// a migration tool or a DBA. Run it in one transaction by a role allowed to create the
+    /// schema; the roles that take locks then need `USAGE` on the schema, `EXECUTE` on its
+    /// functions and `SELECT, INSERT, UPDATE, DELETE` on its tables.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let sql = distlock::backend::PgBackend::schema_sql();
+    /// assert!(sql.contains("CREATE SCHEMA IF NOT EXISTS distlock"));
+    /// ```
+    pub fn schema_sql() -> &'static str {
+        schema::SQL
+    }
+}
+
+impl PgBackendBuilder {
+    /// Sends statements through a `deadpool-postgres` pool instead of connections of its own.
+    /// The pool may sit behind a pooler in transaction mode; the LISTEN connection still
+    /// needs the URL (or [`listen_url`](Self::listen_url)).
+    #[cfg(feature = "postgres-deadpool")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres-deadpool")))]
+    pub fn deadpool(mut self, pool: deadpool_postgres::Pool) -> Self {
+        self.source = Source::Deadpool(pool);
+        self
+    }
+
+    /// The URL of the dedicated LISTEN connection, when statements go through a pooler in
+    /// transaction mode (which cannot keep a LISTEN): the server itself, or a pooler in session
+    /// mode. Defaults to the main URL.
+    pub fn listen_url(mut self, url: impl Into<String>) -> Self {
+        self.listen_url = Some(url.into());
+        self
+    }
+
+    /// How many connections of its own the backend opens for statements (each on first use).
+    /// One claim's statements always use the same one. Defaults to 2.
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = connections;
+        self
+    }
+
+    /// The lease a lock handed to a waiter gets until the waiter confirms it (at its first
+    /// renewal, a third of the way in). Bounds how long a lock handed to a waiter that died
+    /// just before stays stuck. Defaults to 2 seconds.
+    pub fn handoff_ttl(mut self, ttl: Duration) -> Self {
+        self.handoff_ttl = ttl;
+        self
+    }
+
+    /// Whether to create the `distlock` schema when it is missing (the default), or to fail,
+    /// for databases whose schema only a migration tool changes (see
+    /// [`PgBackend::schema_sql`]).
+    pub fn create_schema(mut self, create: bool) -> Self {
+        self.create_schema = create;
+        self
+    }
+
+    /// Connects, checks the server version and the schema (creating it if allowed), and starts
+    /// listening.
+    ///
+    /// # Errors
+    ///
+    /// - [`InvalidConfig`](crate::ErrorKind::InvalidConfig) for a malformed URL, zero
+    ///   connections, or a handoff TTL under 10 ms,
+    /// - [`Unsupported`](crate::ErrorKind::Unsupported) for a server older than PostgreSQL 12
+    ///   or a schema of another version,
+    /// - [`Backend`](crate::ErrorKind::Backend) if the server cannot be reached, refuses the
+    ///   credentials, or the schema is missing and cannot (or may not) be created,
+    /// - [`NoRuntime`](crate::ErrorKind::NoRuntime) outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. A schema install cut short is rolled back by the server.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let err = distlock::backend::PgBackend::builder("postgres://host:notaport/db")
+    ///     .build()
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.is_invalid_config());
+    /// # }
+    /// ```
+    pub async fn build(self) -> Result<PgBackend> {
+        if self.handoff_ttl < crate::MIN_TTL {
+            return Err(Error::invalid_config(format_args!(
+                "handoff ttl of {:?} is below the minimum of {:?}",
+                self.handoff_ttl,
+                crate::MIN_TTL
+            )));
+        }
+        if self.connections == 0 {
+            return Err(Error::invalid_config(
+                "a postgres backend needs at least one connection",
+            ));
+        }
+        let config = parse_url(&self.url)?;
+        let mut listen = match &self.listen_url {
+            Some(url) => parse_url(url)?,
+            None => config.clone(),
+        };
+        if listen.get_application_name() == Some("distlock") {
+            // Tells the LISTEN connection apart in `pg_stat_activity`.
+            listen.application_name("distlock-listen");
+        }
+        tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+
+        let commands = match self.source {
+            Source::Own => {
+                let checked = commands::connect(&config)
+                    .await
+                    .map_err(|e| commands::pg_error("connect", e))?;
+                schema::ensure(&checked, self.create_schema).await?;
+                Commands::Own(Box::new(Own::new(config, self.connections)))
+            }
+            #[cfg(feature = "postgres-deadpool")]
+            Source::Deadpool(pool) => {
+                let client = pool.get().await.map_err(|e| {
+                    Error::new(ErrorKind::Backend, "no connection from the deadpool pool")
+                        .with_source(e)
+                })?;
+                schema::ensure(&client, self.create_schema).await?;
+                Commands::Deadpool(pool)
+            }
+        };
+        let client_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_owned();
+        let hub = Hub::start(listen, format!("distlock_{client_id}"));
+        if !hub.ready(commands::CALL_TIMEOUT).await {
+            hub.close();
+            return Err(Error::new(
+                ErrorKind::Backend,
+                "postgres: the LISTEN connection could not be opened",
+            ));
+        }
+        Ok(PgBackend {
+            inner: Arc::new(Inner {
+                commands,
+                hub,
+                handoff_ttl: self.handoff_ttl,
+                client_id,
+            }),
+        })
+    }
+}
+
+fn parse_url(url: &str) -> Result<tokio_postgres::Config> {
+    let mut config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| Error::invalid_config("malformed postgres url").with_source(e))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(commands::CALL_TIMEOUT);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("distlock");
+    }
+    Ok(config)
+}
+
+/// What one claim keeps between calls: its mailbox while it waits, and the pairing of local and
+/// server clocks from its last request, to place a handoff on the local clock.
+#[derive(Default)]
+pub struct PgTicket {
+    registration: StdMutex<Option<Registration>>,
+    clock: ServerClock,
+}
+
+impl std::fmt::Debug for PgTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTicket").finish_non_exhaustive()
+    }
+}
+
+impl PgTicket {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Registration>> {
+        self.registration.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(&self, registration: Option<Registration>) {
+        // Dropped outside the lock: dropping unregisters from the hub.
+        let old = std::mem::replace(&mut *self.slot(), registration);
+        drop(old);
+    }
+
+    fn mailbox(&self) -> Option<Arc<Mailbox>> {
+        self.slot().as_ref().map(|r| r.mailbox.clone())
+    }
+}
+
+/// A claim as the functions take it.
+struct Call<'a> {
+    ns: &'a str,
+    key: &'a str,
+    owner: String,
+    route: usize,
+}
+
+impl<'a> Call<'a> {
+    fn new(claim: &'a Claim, client_id: &str) -> Self {
+        let owner = format!("{client_id}.{}", claim.owner());
+        Self {
+            ns: claim.namespace(),
+            key: claim.key(),
+            route: route_of(&owner),
+            owner,
+        }
+    }
+}
+
+/// How a claim's kind is written in the tables: mode, permits, the semaphore's size.
+fn mode_of(kind: LockKind) -> (&'static str, i32, i32) {
+    let int = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+    match kind {
+        LockKind::Read => ("r", 1, 0),
+        LockKind::Write => ("w", 1, 0),
+        LockKind::Permits { count, max } => ("p", int(count), int(max)),
+        _ => ("x", 1, 0),
+    }
+}
+
+fn millis(d: Duration) -> i32 {
+    i32::try_from(d.as_millis()).unwrap_or(i32::MAX).max(1)
+}
+
+fn malformed(what: &str) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        format!("postgres {what} returned a malformed reply"),
+    )
+}
+
+fn fence_of(raw: i64) -> Result<u64> {
+    u64::try_from(raw).map_err(|_| {
+        Error::new(
+            ErrorKind::Backend,
+            format!("postgres returned an invalid fencing token {raw}"),
+        )
+    })
+}
+
+fn column<'r, T: tokio_postgres::types::FromSql<'r>>(
+    row: &'r Row,
+    i: usize,
+    what: &str,
+) -> Result<T> {
+    row.try_get(i).map_err(|e| malformed(what).with_source(e))
+}
+
+/// Names a family as the functions report it (`mutex`, `rw`, `sem:<permits>`).
+fn parse_family(family: &str) -> Option<Family> {
+    match family {
+        "mutex" => Some(Family::Mutex),
+        "rw" => Some(Family::RwLock),
+        other => other
+            .strip_prefix("sem:")
+            .and_then(|m| m.parse().ok())
+            .map(|max| Family::Semaphore { max }),
+    }
+}
+
+const ACQUIRE: &str = "SELECT code, value, server_ms, family FROM distlock.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const RELEASE: &str = "SELECT distlock.release($1, $2, $3, $4)";
+const DOWNGRADE: &str = "SELECT code, fence FROM distlock.downgrade($1, $2, $3, $4, $5)";
+const RENEW: &str = "SELECT i, held FROM distlock.renew($1, $2, $3, $4)";
+const INSPECT: &str = "SELECT family, mode, permits, fence, left_ms FROM distlock.inspect($1, $2)";
+
+impl PgBackend {
+    async fn run_acquire(&self, claim: &Claim, ticket: &PgTicket, wait: bool) -> Result<Attempt> {
+        let call = Call::new(claim, &self.inner.client_id);
+        let (mode, count, max) = mode_of(claim.kind());
+        let (ttl, handoff) = (millis(claim.ttl()), millis(self.inner.handoff_ttl));
+        let params: &Params<'_> = &[
+            (&call.ns, Type::TEXT),
+            (&call.key, Type::TEXT),
+            (&call.owner, Type::TEXT),
+            (&mode, Type::TEXT),
+            (&count, Type::INT4),
+            (&max, Type::INT4),
+            (&ttl, Type::INT4),
+            (&wait, Type::BOOL),
+            (&handoff, Type::INT4),
+        ];
+        let sent = Instant::now();
+        let rows = self
+            .inner
+            .commands
+            .query("acquire", call.route, ACQUIRE, params)
+            .await?;
+        let row = rows.first().ok_or_else(|| malformed("acquire"))?;
+        let code: i32 = column(row, 0, "acquire")?;
+        let value: i64 = column(row, 1, "acquire")?;
+        let server_ms: i64 = column(row, 2, "acquire")?;
+        match code {
+            1 => Ok(Attempt::Granted(Grant {
+                fence: fence_of(value)?,
+                valid_until: sent + claim.ttl(),
+            })),
+            0 => {
+                // Queued: remember when the server's clock read `server_ms`, to place a handoff.
+                ticket.clock.pair(sent, server_ms);
+                // How long the earliest holder's lease has left; -1: no holder to wait out.
+                let wait_for = match value {
+                    -1 => claim.ttl(),
+                    ms => Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1)),
+                };
+                Ok(Attempt::Queued {
+                    recheck_at: Some(Instant::now() + wait_for),
+                })
+            }
+            _ => {
+                let family: Option<String> = column(row, 3, "acquire")?;
+                let family = family.unwrap_or_default();
+                let seen =
+                    parse_family(&family).map_or_else(|| format!("`{family}`"), |f| f.to_string());
+                Err(Error::kind_mismatch(format_args!(
+                    "`{}` is {seen} on the server, asked for as {}",
+                    claim.key(),
+                    claim.kind().family()
+                )))
+            }
+        }
+    }
+}
+
+impl Backend for PgBackend {
+    type Ticket = PgTicket;
+    const RENEWS_WAITERS: bool = true;
+
+    fn supports(&self, _kind: LockKind) -> bool {
+        true
+    }
+
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.inner.hub.reconnects())
+    }
+
+    async fn acquire(&self, claim: &Claim, ticket: &PgTicket, wait: bool) -> Result<Attempt> {
+        if wait && ticket.mailbox().is_none() {
+            // Registered before the claim queues, so no handoff to it is missed. No I/O.
+            let owner = format!("{}.{}", self.inner.client_id, claim.owner());
+            ticket.set(Some(self.inner.hub.register(&owner)));
+        }
+        let attempt = self.run_acquire(claim, ticket, wait).await?;
+        if matches!(attempt, Attempt::Granted(_)) {
+            ticket.set(None);
+        }
+        Ok(attempt)
+    }
+
+    async fn wait(
+        &self,
+        _claim: &Claim,
+        ticket: &PgTicket,
+        recheck_at: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let mailbox = ticket.mailbox();
+        wait_for_handoff(mailbox.as_deref(), &ticket.clock, recheck_at, || {
+            ticket.set(None);
+        })
+        .await
+    }
+
+    async fn release(&self, claim: &Claim, ticket: &PgTicket) -> Result<bool> {
+        ticket.set(None);
+        let call = Call::new(claim, &self.inner.client_id);
+        let handoff = millis(self.inner.handoff_ttl);
+        let params: &Params<'_> = &[
+            (&call.ns, Type::TEXT),
+            (&call.key, Type::TEXT),
+            (&call.owner, Type::TEXT),
+            (&handoff, Type::INT4),
+        ];
+        let (rows, in_doubt) = self
+            .inner
+            .commands
+            .query_noting_doubt("release", call.route, RELEASE, params)
+            .await?;
+        let row = rows.first().ok_or_else(|| malformed("release"))?;
+        let held: i32 = column(row, 0, "release")?;
+        // An attempt whose reply was lost may have released the lock already, so a retry that
+        // finds nothing is no sign of loss (the layer above checks the lease locally).
+        Ok(held == 1 || in_doubt)
+    }
+
+    async fn downgrade(&self, claim: &Claim, _ticket: &PgTicket) -> Result<Grant> {
+        let call = Call::new(claim, &self.inner.client_id);
+        let (ttl, handoff) = (millis(claim.ttl()), millis(self.inner.handoff_ttl));
+        let params: &Params<'_> = &[
+            (&call.ns, Type::TEXT),
+            (&call.key, Type::TEXT),
+            (&call.owner, Type::TEXT),
+            (&ttl, Type::INT4),
+            (&handoff, Type::INT4),
+        ];
+        let sent = Instant::now();
+        let rows = self
+            .inner
+            .commands
+            .query("downgrade", call.route, DOWNGRADE, params)
+            .await?;
+        let row = rows.first().ok_or_else(|| malformed("downgrade"))?;
+        let done: i32 = column(row, 0, "downgrade")?;
+        if done != 1 {
+            return Err(Error::lost(claim.key()));
+        }
+        Ok(Grant {
+            fence: fence_of(column(row, 1, "downgrade")?)?,
+            valid_until: sent + claim.ttl(),
+        })
+    }
+
+    async fn renew(&self, claims: &[(&Claim, &PgTicket)]) -> Vec<Renewal> {
+        let n = claims.len();
+        let (mut nss, mut keys, mut owners, mut ttls) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for (claim, _) in claims {
+            nss.push(claim.namespace());
+            keys.push(claim.key());
+            owners.push(format!("{}.{}", self.inner.client_id, claim.owner()));
+            ttls.push(millis(claim.ttl()));
+        }
+        let params: &Params<'_> = &[
+            (&nss, Type::TEXT_ARRAY),
+            (&keys, Type::TEXT_ARRAY),
+            (&owners, Type::TEXT_ARRAY),
+            (&ttls, Type::INT4_ARRAY),
+        ];
+        let route = owners.first().map_or(0, |o| route_of(o));
+        let sent = Instant::now();
+        let rows = match self
+            .inner
+            .commands
+            .query("renew", route, RENEW, params)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(err) => {
+                return claims
+                    .iter()
+                    .map(|_| Renewal::Failed(err.clone()))
+                    .collect()
+            }
+        };
+        // Positions (1-based) the server extended, and whether each holds the lock; the rest
+        // are not owners any more.
+        let mut alive: Vec<Option<bool>> = vec![None; n];
+        for row in &rows {
+            let (Ok(i), Ok(held)) = (row.try_get::<_, i64>(0), row.try_get::<_, bool>(1)) else {
+                let err = malformed("renew");
+                return claims
+                    .iter()
+                    .map(|_| Renewal::Failed(err.clone()))
+                    .collect();
+            };
+            if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| alive.get_mut(i)) {
+                *slot = Some(held);
+            }
+        }
+        claims
+            .iter()
+            .zip(alive)
+            .map(|((claim, _), alive)| match alive {
+                Some(true) => Renewal::Extended(sent + claim.ttl()),
+                Some(false) => Renewal::Queued(sent + claim.ttl()),
+                None => Renewal::NotOwner,
+            })
+            .collect()
+    }
+
+    async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
+        let params: &Params<'_> = &[(&namespace, Type::TEXT), (&key, Type::TEXT)];
+        let rows = self
+            .inner
+            .commands
+            .query("inspect", route_of(key), INSPECT, params)
+            .await?;
+        let mut seen = Inspection::free(key);
+        for row in &rows {
+            let family: String = column(row, 0, "inspect")?;
+            let family = parse_family(&family).ok_or_else(|| malformed("inspect"))?;
+            let Some(mode) = column::<Option<String>>(row, 1, "inspect")? else {
+                continue;
+            };
+            seen.family = Some(family);
+            let permits: i32 = column(row, 2, "inspect")?;
+            let kind = match (mode.as_str(), family) {
+                ("r", _) => LockKind::Read,
+                ("w", _) => LockKind::Write,
+                ("p", Family::Semaphore { max }) => LockKind::Permits {
+                    count: u32::try_from(permits).map_err(|_| malformed("inspect"))?,
+                    max,
+                },
+                _ => LockKind::Exclusive,
+            };
+            let fence: Option<i64> = column(row, 3, "inspect")?;
+            let left: i64 = column(row, 4, "inspect")?;
+            match fence {
+                Some(fence) => seen.holders.push(InspectedHolder {
+                    kind,
+                    fencing_token: u64::try_from(fence).ok(),
+                    lease_left: u64::try_from(left).ok().map(Duration::from_millis),
+                }),
+                None => seen.waiters.push(InspectedWaiter { kind, waited: None }),
+            }
+        }
+        Ok(seen)
+    }
+
+    async fn shutdown(&self) {
+        self.inner.hub.close();
+    }
+}

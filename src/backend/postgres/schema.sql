@@ -1,0 +1,319 @@
+-- distlock's PostgreSQL schema, version 1. Applied by the library on first use (or by you,
+-- from `PgBackend::schema_sql()`), in one transaction, under an advisory lock so concurrent
+-- first uses do not race.
+--
+-- keys    one row per lock key in use (and for an hour after): its family and fence counter.
+-- claims  one row per holder or waiter: FIFO by `seq`, `fence` NULL while queued, `deadline`
+--         the lease (holders) or liveness (waiters) on the server's clock.
+--
+-- Every function serialises on the key's row, so each is one short transaction in one round
+-- trip: nothing is kept on a connection between calls (PgBouncer in transaction mode works).
+-- Claim rows are locked in (ns, key, seq) order wherever several are locked, the order the
+-- batched renewal uses too, so two calls never wait on each other in a cycle.
+
+CREATE SCHEMA IF NOT EXISTS distlock;
+
+CREATE TABLE IF NOT EXISTS distlock.meta (
+  version integer NOT NULL
+);
+
+CREATE TABLE distlock.keys (
+  ns          text        NOT NULL,
+  key         text        NOT NULL,
+  family      text        NOT NULL,                -- 'mutex' | 'rw' | 'sem'
+  max_permits integer     NOT NULL DEFAULT 0,      -- semaphores
+  last_fence  bigint      NOT NULL DEFAULT 0,
+  touched     timestamptz NOT NULL,                -- last acquire or release
+  PRIMARY KEY (ns, key)
+);
+CREATE INDEX keys_touched ON distlock.keys (touched);
+
+CREATE TABLE distlock.claims (
+  ns       text        NOT NULL,
+  key      text        NOT NULL,
+  owner    text        NOT NULL,                   -- '<client id>.<claim uuid>'
+  seq      bigint      GENERATED ALWAYS AS IDENTITY,
+  mode     text        NOT NULL,                   -- 'x' mutex, 'r' read, 'w' write, 'p' permits
+  permits  integer     NOT NULL DEFAULT 1,
+  fence    bigint,                                 -- NULL while queued
+  deadline timestamptz NOT NULL,
+  PRIMARY KEY (ns, key, owner),
+  FOREIGN KEY (ns, key) REFERENCES distlock.keys (ns, key)
+);
+CREATE INDEX claims_order ON distlock.claims (ns, key, seq);
+
+-- Server time as integer milliseconds / microseconds since the epoch.
+CREATE FUNCTION distlock.ms(t timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT floor(extract(epoch FROM t) * 1000)::bigint $$;
+
+CREATE FUNCTION distlock.us(t timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT floor(extract(epoch FROM t) * 1000000)::bigint $$;
+
+-- Each client listens on one channel, named after the client id that starts its owner tokens,
+-- so a message reaches only the client it names.
+CREATE FUNCTION distlock.channel(owner text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT 'distlock_' || split_part(owner, '.', 1) $$;
+
+-- The next fencing token of a key (its row is locked): one more than the last, and never below
+-- server time in microseconds, so a counter lost with its row (collected after an hour idle, or
+-- a crash that lost the last commits with synchronous_commit off) starts above every token
+-- handed out before it.
+CREATE FUNCTION distlock.next_fence(p_ns text, p_key text, p_now timestamptz) RETURNS bigint
+LANGUAGE sql AS $$
+  UPDATE distlock.keys SET last_fence = greatest(last_fence + 1, distlock.us(p_now))
+  WHERE ns = p_ns AND key = p_key
+  RETURNING last_fence
+$$;
+
+-- Drops the key's claims whose lease or liveness deadline has passed.
+CREATE FUNCTION distlock.purge(p_ns text, p_key text, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM 1 FROM distlock.claims
+    WHERE ns = p_ns AND key = p_key AND deadline <= p_now ORDER BY seq FOR UPDATE;
+  DELETE FROM distlock.claims WHERE ns = p_ns AND key = p_key AND deadline <= p_now;
+END $$;
+
+-- Grants the queue from its head while the head fits beside the holders (readers queued
+-- together go together; a claim that does not fit stops the pass, so nothing overtakes it).
+-- Each grant gets a provisional lease of `p_handoff_ms` and a message to its client:
+-- '<owner> <fence> <server ms> <px>'. If anything was granted, the claim now first in line is
+-- told when those leases end: '<owner> <server ms> <px>'. `p_quiet` (the caller) gets no
+-- message. Returns whether `p_quiet` was granted.
+CREATE FUNCTION distlock.grant_pass(
+  p_ns text, p_key text, p_now timestamptz, p_handoff_ms integer, p_max integer, p_quiet text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+  n_held integer;
+  writer boolean;
+  used bigint;
+  c record;
+  f bigint;
+  granted boolean := false;
+  quiet_granted boolean := false;
+BEGIN
+  SELECT count(*), coalesce(bool_or(mode IN ('x', 'w')), false), coalesce(sum(permits), 0)
+    INTO n_held, writer, used
+    FROM distlock.claims WHERE ns = p_ns AND key = p_key AND fence IS NOT NULL;
+  FOR c IN SELECT owner, mode, permits FROM distlock.claims
+           WHERE ns = p_ns AND key = p_key AND fence IS NULL ORDER BY seq FOR UPDATE LOOP
+    IF NOT (CASE c.mode
+              WHEN 'r' THEN NOT writer
+              WHEN 'p' THEN used + c.permits <= p_max
+              ELSE n_held = 0 END) THEN
+      IF granted AND c.owner IS DISTINCT FROM p_quiet THEN
+        PERFORM pg_notify(distlock.channel(c.owner),
+          c.owner || ' ' || distlock.ms(p_now) || ' ' || p_handoff_ms);
+      END IF;
+      RETURN quiet_granted;
+    END IF;
+    f := distlock.next_fence(p_ns, p_key, p_now);
+    UPDATE distlock.claims
+      SET fence = f, deadline = p_now + p_handoff_ms * interval '1 millisecond'
+      WHERE ns = p_ns AND key = p_key AND owner = c.owner;
+    n_held := n_held + 1;
+    writer := writer OR c.mode IN ('x', 'w');
+    used := used + c.permits;
+    granted := true;
+    IF c.owner = p_quiet THEN
+      quiet_granted := true;
+    ELSE
+      PERFORM pg_notify(distlock.channel(c.owner),
+        c.owner || ' ' || f || ' ' || distlock.ms(p_now) || ' ' || p_handoff_ms);
+    END IF;
+  END LOOP;
+  RETURN quiet_granted;
+END $$;
+
+-- Deletes up to `p_limit` keys nobody acquired or released for an hour and nobody holds or
+-- waits for (claims of dead clients go with them), skipping keys in use right now. Called when
+-- a key row is created, so rows never pile up beyond the keys used in the last hour.
+CREATE FUNCTION distlock.collect(p_now timestamptz, p_limit integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  k record;
+BEGIN
+  FOR k IN SELECT ns, key FROM distlock.keys
+           WHERE touched < p_now - interval '1 hour'
+           ORDER BY touched LIMIT p_limit FOR UPDATE SKIP LOCKED LOOP
+    PERFORM distlock.purge(k.ns, k.key, p_now);
+    IF NOT EXISTS (SELECT 1 FROM distlock.claims WHERE ns = k.ns AND key = k.key) THEN
+      DELETE FROM distlock.keys WHERE ns = k.ns AND key = k.key;
+    END IF;
+  END LOOP;
+END $$;
+
+-- Takes the lock, or (with p_wait) joins or keeps the claim's place in the FIFO queue.
+-- p_mode: 'x' mutex, 'r' read, 'w' write, 'p' p_count of p_max permits.
+-- Returns (1, fence, server ms, NULL) when the lock is ours (a grant handed to us is confirmed
+-- with a full lease); (0, ms until the earliest holder's lease ends or -1, server ms, NULL)
+-- when queued or busy; (-1, 0, server ms, '<family>[:<max>]') when the key is another family.
+CREATE FUNCTION distlock.acquire(
+  p_ns text, p_key text, p_owner text, p_mode text, p_count integer, p_max integer,
+  p_ttl_ms integer, p_wait boolean, p_handoff_ms integer)
+RETURNS TABLE (code integer, value bigint, server_ms bigint, family text)
+LANGUAGE plpgsql SET lock_timeout = '4s' AS $$
+DECLARE
+  now_ timestamptz := clock_timestamp();
+  ttl interval := p_ttl_ms * interval '1 millisecond';
+  fam text := CASE p_mode WHEN 'x' THEN 'mutex' WHEN 'p' THEN 'sem' ELSE 'rw' END;
+  k record;
+  f bigint;
+  queued boolean;
+  left_ms bigint;
+BEGIN
+  INSERT INTO distlock.keys AS t (ns, key, family, max_permits, touched)
+    VALUES (p_ns, p_key, fam, p_max, now_)
+    ON CONFLICT (ns, key) DO UPDATE SET touched = excluded.touched
+    RETURNING t.family, t.max_permits, (t.xmax = 0) AS created INTO k;
+  IF k.created THEN
+    PERFORM distlock.collect(now_, 2);
+  END IF;
+  PERFORM distlock.purge(p_ns, p_key, now_);
+
+  IF k.family <> fam OR (fam = 'sem' AND k.max_permits <> p_max) THEN
+    IF EXISTS (SELECT 1 FROM distlock.claims c WHERE c.ns = p_ns AND c.key = p_key) THEN
+      RETURN QUERY SELECT -1, 0::bigint, distlock.ms(now_),
+        k.family || CASE WHEN k.family = 'sem' THEN ':' || k.max_permits ELSE '' END;
+      RETURN;
+    END IF;
+    UPDATE distlock.keys SET family = fam, max_permits = p_max
+      WHERE ns = p_ns AND key = p_key;
+  END IF;
+
+  SELECT c.fence INTO f FROM distlock.claims c
+    WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner;
+  queued := FOUND AND f IS NULL;
+  IF f IS NOT NULL THEN
+    -- Ours already (handed to us, or asked again): confirm the full lease.
+    UPDATE distlock.claims c SET deadline = now_ + ttl
+      WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner;
+    RETURN QUERY SELECT 1, f, distlock.ms(now_), NULL::text;
+    RETURN;
+  END IF;
+
+  IF distlock.grant_pass(p_ns, p_key, now_, p_handoff_ms, p_max, p_owner) THEN
+    UPDATE distlock.claims c SET deadline = now_ + ttl
+      WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
+      RETURNING c.fence INTO f;
+    RETURN QUERY SELECT 1, f, distlock.ms(now_), NULL::text;
+    RETURN;
+  END IF;
+
+  IF NOT queued THEN
+    -- New: granted if nobody waits and it fits beside the holders.
+    IF NOT EXISTS (SELECT 1 FROM distlock.claims c
+                   WHERE c.ns = p_ns AND c.key = p_key AND c.fence IS NULL)
+       AND (SELECT CASE p_mode
+                     WHEN 'r' THEN NOT coalesce(bool_or(c.mode IN ('x', 'w')), false)
+                     WHEN 'p' THEN coalesce(sum(c.permits), 0) + p_count <= p_max
+                     ELSE count(*) = 0 END
+            FROM distlock.claims c WHERE c.ns = p_ns AND c.key = p_key) THEN
+      f := distlock.next_fence(p_ns, p_key, now_);
+      INSERT INTO distlock.claims (ns, key, owner, mode, permits, fence, deadline)
+        VALUES (p_ns, p_key, p_owner, p_mode, p_count, f, now_ + ttl);
+      RETURN QUERY SELECT 1, f, distlock.ms(now_), NULL::text;
+      RETURN;
+    END IF;
+    IF p_wait THEN
+      INSERT INTO distlock.claims (ns, key, owner, mode, permits, deadline)
+        VALUES (p_ns, p_key, p_owner, p_mode, p_count, now_ + ttl);
+    END IF;
+  ELSIF p_wait THEN
+    UPDATE distlock.claims c SET deadline = now_ + ttl
+      WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner;
+  ELSE
+    DELETE FROM distlock.claims c WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner;
+  END IF;
+
+  SELECT distlock.ms(min(c.deadline)) - distlock.ms(now_) INTO left_ms
+    FROM distlock.claims c WHERE c.ns = p_ns AND c.key = p_key AND c.fence IS NOT NULL;
+  RETURN QUERY SELECT 0, coalesce(left_ms, -1), distlock.ms(now_), NULL::text;
+END $$;
+
+-- Removes every trace of a claim: its grant (handing the lock on) or its queue entry.
+-- Returns 1 if it held the lock (with a lease not yet run out), 0 otherwise. Idempotent.
+CREATE FUNCTION distlock.release(p_ns text, p_key text, p_owner text, p_handoff_ms integer)
+RETURNS integer
+LANGUAGE plpgsql SET lock_timeout = '4s' AS $$
+DECLARE
+  now_ timestamptz := clock_timestamp();
+  k record;
+  held boolean;
+BEGIN
+  UPDATE distlock.keys t SET touched = now_ WHERE t.ns = p_ns AND t.key = p_key
+    RETURNING t.max_permits INTO k;
+  IF NOT FOUND THEN
+    RETURN 0;
+  END IF;
+  DELETE FROM distlock.claims c WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
+    RETURNING c.fence IS NOT NULL AND c.deadline > now_ INTO held;
+  PERFORM distlock.purge(p_ns, p_key, now_);
+  PERFORM distlock.grant_pass(p_ns, p_key, now_, p_handoff_ms, k.max_permits, NULL);
+  RETURN CASE WHEN held THEN 1 ELSE 0 END;
+END $$;
+
+-- Turns a held write lock into a read lock in one step; readers queued behind it may then be
+-- granted. Returns (1, fence) or (0, 0) if the claim does not hold a write lock.
+CREATE FUNCTION distlock.downgrade(
+  p_ns text, p_key text, p_owner text, p_ttl_ms integer, p_handoff_ms integer)
+RETURNS TABLE (code integer, fence bigint)
+LANGUAGE plpgsql SET lock_timeout = '4s' AS $$
+DECLARE
+  now_ timestamptz := clock_timestamp();
+  f bigint;
+BEGIN
+  UPDATE distlock.keys t SET touched = now_ WHERE t.ns = p_ns AND t.key = p_key;
+  PERFORM distlock.purge(p_ns, p_key, now_);
+  UPDATE distlock.claims c SET mode = 'r', deadline = now_ + p_ttl_ms * interval '1 millisecond'
+    WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
+      AND c.mode = 'w' AND c.fence IS NOT NULL
+    RETURNING c.fence INTO f;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT 0, 0::bigint;
+    RETURN;
+  END IF;
+  PERFORM distlock.grant_pass(p_ns, p_key, now_, p_handoff_ms, 0, NULL);
+  RETURN QUERY SELECT 1, f;
+END $$;
+
+-- Extends many leases and queue entries in one statement. Returns, for each input position
+-- (1-based) whose claim is still alive, whether it holds the lock; positions missing from the
+-- result are not owners any more.
+CREATE FUNCTION distlock.renew(p_ns text[], p_key text[], p_owner text[], p_ttl_ms integer[])
+RETURNS TABLE (i bigint, held boolean)
+LANGUAGE sql SET lock_timeout = '4s' AS $$
+  WITH want AS (
+    SELECT * FROM unnest(p_ns, p_key, p_owner, p_ttl_ms) WITH ORDINALITY
+      AS u(ns, key, owner, ttl_ms, i)
+  ), locked AS (
+    SELECT c.ns, c.key, c.owner, w.i, w.ttl_ms
+      FROM distlock.claims c JOIN want w USING (ns, key, owner)
+      WHERE c.deadline > clock_timestamp()
+      ORDER BY c.ns, c.key, c.seq
+      FOR UPDATE OF c
+  )
+  UPDATE distlock.claims c
+    SET deadline = clock_timestamp() + l.ttl_ms * interval '1 millisecond'
+    FROM locked l
+    WHERE c.ns = l.ns AND c.key = l.key AND c.owner = l.owner
+      AND c.deadline > clock_timestamp()
+    RETURNING l.i, c.fence IS NOT NULL
+$$;
+
+-- What a key looks like now: its family, then one row per live claim in queue order.
+CREATE FUNCTION distlock.inspect(p_ns text, p_key text)
+RETURNS TABLE (family text, mode text, permits integer, fence bigint, left_ms bigint)
+LANGUAGE sql STABLE AS $$
+  SELECT k.family || CASE WHEN k.family = 'sem' THEN ':' || k.max_permits ELSE '' END,
+         c.mode, c.permits, c.fence,
+         distlock.ms(c.deadline) - distlock.ms(clock_timestamp())
+    FROM distlock.keys k
+    LEFT JOIN distlock.claims c
+      ON c.ns = k.ns AND c.key = k.key AND c.deadline > clock_timestamp()
+    WHERE k.ns = p_ns AND k.key = p_key
+    ORDER BY c.fence IS NULL, c.seq
+$$;
+
+INSERT INTO distlock.meta (version) VALUES (1);

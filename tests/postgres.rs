@@ -1,0 +1,520 @@
+//! The lock contract and the lock family against a real PostgreSQL (one per test binary, a
+//! namespace per test). Contenders use separate `LockClient`s, with their own connections, as
+//! separate processes would.
+#![cfg(feature = "postgres")]
+
+mod support;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use distlock::backend::PgBackend;
+use distlock::LockClient;
+use futures::future::BoxFuture;
+use support::contract::{contend, granted, torture, torture_family};
+use support::family::{
+    downgrade_keeps_queued_writers_out, inspect_sees_the_family, kinds_do_not_mix, rw_exclusion,
+    rw_fifo, semaphore_bound, semaphore_head_is_not_overtaken,
+};
+use support::pg::{claims_in, connection, terminate, until_queued};
+use support::shared_postgres;
+use tokio::time::{sleep, timeout, Instant};
+
+async fn client_at(url: &str, ns: &str, ttl: Duration) -> LockClient {
+    let backend = PgBackend::connect(url).await.unwrap();
+    LockClient::builder(backend)
+        .namespace(ns)
+        .ttl(ttl)
+        .build()
+        .unwrap()
+}
+
+async fn client(ns: &str) -> LockClient {
+    client_at(&shared_postgres().url(), ns, Duration::from_secs(10)).await
+}
+
+async fn clients(ns: &str, n: usize) -> Vec<LockClient> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(client(ns).await);
+    }
+    out
+}
+
+/// Waits until `n` claims are queued on `key` in `ns`.
+fn queued_on(ns: &str, key: &str) -> impl Fn(usize) -> BoxFuture<'static, ()> + Sync {
+    let (ns, key) = (ns.to_owned(), key.to_owned());
+    move |n| {
+        let (ns, key) = (ns.clone(), key.clone());
+        Box::pin(async move {
+            until_queued(
+                &shared_postgres().url(),
+                &ns,
+                &key,
+                i64::try_from(n).unwrap(),
+            )
+            .await;
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_and_increasing_fences() {
+    let ns = test_namespace!();
+    contend(clients(&ns, 8).await, "hot", 25, Duration::from_micros(300)).await;
+    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
+}
+
+/// 32 clients queue on one key: served in arrival order, with strictly increasing fencing
+/// tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_in_arrival_order() {
+    const CLIENTS: usize = 32;
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let holder = client(&ns).await.mutex("fifo").lock().await.unwrap();
+    let grants = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        let c = client(&ns).await;
+        let grants = grants.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = c.mutex("fifo").lock().await.unwrap();
+            grants.lock().unwrap().push((i, guard.fencing_token()));
+            guard.release().await.unwrap();
+            c.shutdown().await;
+        }));
+        until_queued(&url, &ns, "fifo", i64::try_from(i + 1).unwrap()).await;
+    }
+    let first = holder.fencing_token();
+    holder.release().await.unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(30), t).await.unwrap().unwrap();
+    }
+    let grants = grants.lock().unwrap().clone();
+    let order: Vec<usize> = grants.iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, (0..CLIENTS).collect::<Vec<_>>());
+    let fences: Vec<u64> = std::iter::once(first)
+        .chain(grants.iter().map(|(_, f)| *f))
+        .collect();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    assert_eq!(claims_in(&url, &ns).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_and_lock_timeout_leave_nothing_behind() {
+    let ns = test_namespace!();
+    let (a, b) = (client(&ns).await, client(&ns).await);
+    let held = a.mutex("k").lock().await.unwrap();
+    let err = b.mutex("k").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err:?}");
+    let started = Instant::now();
+    let err = b
+        .mutex("k")
+        .lock_timeout(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Only the holder's row is left: the try and the timed-out wait left none.
+    sleep(Duration::from_millis(200)).await;
+    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 1);
+    held.release().await.unwrap();
+    let again = b.mutex("k").try_lock().await.unwrap();
+    again.release().await.unwrap();
+    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
+}
+
+/// A lease renewed in the background outlives its TTL many times over; without renewal it
+/// lasts one TTL and the guard says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_a_lease_and_its_absence_loses_it() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let ttl = Duration::from_millis(600);
+    let renewed = client_at(&url, &ns, ttl).await;
+    let guard = renewed.mutex("renewed").lock().await.unwrap();
+    sleep(ttl * 4).await;
+    assert!(!guard.is_lost());
+    let other = client(&ns).await;
+    assert!(other
+        .mutex("renewed")
+        .try_lock()
+        .await
+        .unwrap_err()
+        .is_would_block());
+    guard.release().await.unwrap();
+
+    let backend = PgBackend::connect(&url).await.unwrap();
+    let once = LockClient::builder(backend)
+        .namespace(&ns)
+        .ttl(ttl)
+        .auto_renew(false)
+        .build()
+        .unwrap();
+    let guard = once.mutex("once").lock().await.unwrap();
+    timeout(ttl * 3, guard.lost())
+        .await
+        .expect("an unrenewed lease was never reported lost");
+    // The guard is told before the server lets anyone else in.
+    let next = other.mutex("once").lock_timeout(ttl).await.unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    let err = guard.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err:?}");
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_lock_futures_leave_nothing_behind() {
+    let ns = test_namespace!();
+    torture(
+        clients(&ns, 2).await,
+        clients(&ns, 4).await,
+        "torture",
+        40,
+        120,
+        Duration::from_micros(20),
+    )
+    .await;
+    sleep(Duration::from_millis(300)).await;
+    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_family_futures_leave_nothing_behind() {
+    let ns = test_namespace!();
+    torture_family(|n| clients(&ns, n), 30, 100).await;
+    sleep(Duration::from_millis(300)).await;
+    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
+}
+
+/// A PLAN of readers (`false`) and writers (`true`).
+const PLAN: [bool; 8] = [false, false, true, false, false, true, true, false];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_exclusion_and_tokens() {
+    let ns = test_namespace!();
+    rw_exclusion(clients(&ns, 6).await, "rw", 20, 4).await;
+    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_fifo_with_readers_together() {
+    let ns = test_namespace!();
+    rw_fifo(
+        clients(&ns, PLAN.len() + 1).await,
+        "rw",
+        &PLAN,
+        &queued_on(&ns, "rw"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_never_exceeds_its_permits() {
+    let ns = test_namespace!();
+    semaphore_bound(clients(&ns, 6).await, "sem", 3, 20).await;
+    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_head_waits_first() {
+    let ns = test_namespace!();
+    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+    semaphore_head_is_not_overtaken(c, "sem", &queued_on(&ns, "sem")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_keeps_writers_out() {
+    let ns = test_namespace!();
+    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+    downgrade_keeps_queued_writers_out(c, "rw", &queued_on(&ns, "rw")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinds_do_not_mix_on_a_key() {
+    let ns = test_namespace!();
+    let c: [LockClient; 2] = clients(&ns, 2).await.try_into().unwrap();
+    kinds_do_not_mix(c, "k", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_sees_holders_and_waiters() {
+    let ns = test_namespace!();
+    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+    let (rw, sem) = (queued_on(&ns, "k:rw"), queued_on(&ns, "k:sem"));
+    inspect_sees_the_family(c, "k", true, &rw, &sem).await;
+}
+
+/// A grant goes to the one client it names: each client listens on its own channel, so a
+/// handoff among 8 clients is one notification, heard by one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_notifies_only_the_client_it_names() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let holder = client(&ns).await;
+    let held = holder.mutex("k").lock().await.unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let c = client(&ns).await;
+        waiters.push(tokio::spawn(async move {
+            let g = c.mutex("k").lock().await.unwrap();
+            sleep(Duration::from_millis(5)).await;
+            g.release().await.unwrap();
+            c.shutdown().await;
+        }));
+        until_queued(&url, &ns, "k", i + 1).await;
+    }
+    // Every client listens on a channel of its own.
+    let probe = connection(&url).await;
+    let channels: i64 = probe
+        .query_one(
+            "SELECT count(DISTINCT query) FROM pg_stat_activity WHERE application_name = 'distlock-listen' AND query LIKE 'LISTEN distlock_%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(channels >= 9, "{channels} distinct LISTEN channels");
+    held.release().await.unwrap();
+    for w in waiters {
+        timeout(Duration::from_secs(20), w).await.unwrap().unwrap();
+    }
+    holder.shutdown().await;
+}
+
+/// Bad input is a clear error before any I/O; a bad URL or an unreachable server is a clear
+/// error, not a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_and_bad_urls_are_clear_errors() {
+    let err = PgBackend::connect("postgres://host:notaport/db")
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_config(), "{err:?}");
+    let started = Instant::now();
+    let port = support::free_port();
+    let err = PgBackend::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let err = PgBackend::connect(&format!(
+        "postgres://postgres@127.0.0.1:{}/no_such_db",
+        shared_postgres().port()
+    ))
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    let err = PgBackend::builder(shared_postgres().url())
+        .connections(0)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_config(), "{err:?}");
+
+    let ns = test_namespace!();
+    let c = client(&ns).await;
+    for key in ["", "a\0b"] {
+        let err = c.mutex(key).lock().await.unwrap_err();
+        assert!(err.is_invalid_key(), "{key:?}: {err:?}");
+    }
+    let long = "k".repeat(distlock::MAX_KEY_LEN + 1);
+    assert!(c.mutex(long).try_lock().await.unwrap_err().is_invalid_key());
+    // Quotes, dollars and SQL-looking keys are plain data.
+    let odd = "o'rders; DROP TABLE distlock.keys; --$$";
+    let g = c.mutex(odd).lock().await.unwrap();
+    g.release().await.unwrap();
+    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
+    c.shutdown().await;
+}
+
+/// `LockClient::connect` takes `postgres://` URLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_takes_postgres_urls() {
+    let c = LockClient::connect(&shared_postgres().url()).await.unwrap();
+    let g = c.mutex(test_namespace!()).lock().await.unwrap();
+    assert!(g.fencing_token() > 0);
+    g.release().await.unwrap();
+    c.shutdown().await;
+    let c = LockClient::postgres(&shared_postgres().url())
+        .await
+        .unwrap();
+    c.shutdown().await;
+}
+
+/// A role without rights to the schema gets an error that says so when it connects; a database without the
+/// schema and `create_schema(false)` gets one that names `schema_sql()`; a DBA can apply
+/// `schema_sql()` themselves and the backend then uses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_is_created_once_and_missing_rights_are_named() {
+    let server = shared_postgres();
+    let admin = connection(&server.url()).await;
+    let db = format!("schema_{}", std::process::id());
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", server.port());
+
+    let err = PgBackend::builder(&url)
+        .create_schema(false)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("schema_sql"), "{err}");
+
+    // Concurrent first uses install it once.
+    let (a, b) = tokio::join!(PgBackend::connect(&url), PgBackend::connect(&url));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    drop((a, b));
+    let in_db = connection(&url).await;
+    let versions: i64 = in_db
+        .query_one("SELECT count(*) FROM distlock.meta", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(versions, 1);
+
+    // A role that may connect but was granted nothing on the schema.
+    in_db
+        .batch_execute("CREATE ROLE distlock_nobody LOGIN")
+        .await
+        .unwrap();
+    let nobody = format!(
+        "postgres://distlock_nobody@127.0.0.1:{}/{db}",
+        server.port()
+    );
+    let err = PgBackend::connect(&nobody).await.unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(err.to_string().contains("permission denied"), "{err}");
+
+    // A schema newer than this build is refused.
+    in_db
+        .batch_execute("UPDATE distlock.meta SET version = 99")
+        .await
+        .unwrap();
+    let err = PgBackend::connect(&url).await.unwrap_err();
+    assert!(err.is_unsupported(), "{err:?}");
+    assert!(err.to_string().contains("99"), "{err}");
+
+    // A DBA applies the SQL by hand; the backend uses it without creating anything.
+    in_db
+        .batch_execute("DROP SCHEMA distlock CASCADE")
+        .await
+        .unwrap();
+    in_db
+        .batch_execute(&format!("BEGIN; {} COMMIT;", PgBackend::schema_sql()))
+        .await
+        .unwrap();
+    let backend = PgBackend::builder(&url)
+        .create_schema(false)
+        .build()
+        .await
+        .unwrap();
+    let c = LockClient::builder(backend).build().unwrap();
+    let g = c.mutex("k").lock().await.unwrap();
+    g.release().await.unwrap();
+    c.shutdown().await;
+    drop(in_db);
+    let _ = admin
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await;
+}
+
+const CHILD_ENV: &str = "DISTLOCK_TEST_PG_CHILD_HOLDER";
+const CHILD_TTL: Duration = Duration::from_millis(1500);
+
+/// A holder that dies (SIGKILL) keeps the lock only until its lease runs out: the next waiter
+/// gets it within the TTL (plus a little), with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        let (url, ns) = spec.split_once(' ').unwrap();
+        let c = client_at(url, ns, CHILD_TTL).await;
+        let guard = c.mutex("k").lock().await.unwrap();
+        support::holder::report_and_hold(guard.fencing_token()).await;
+    }
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let (child, child_fence) = support::holder::spawn(
+        "a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl",
+        CHILD_ENV,
+        format!("{url} {ns}"),
+    )
+    .await;
+    let c = client(&ns).await;
+    let waiter = tokio::spawn(c.mutex("k").lock());
+    until_queued(&url, &ns, "k", 1).await;
+    // Past the child's first renewals, so its lease was refreshed before it died.
+    sleep(CHILD_TTL).await;
+    let (guard, waited) = support::holder::kill_and_await(child, waiter, CHILD_TTL * 3).await;
+    assert!(
+        waited <= CHILD_TTL + Duration::from_millis(50),
+        "took {waited:?} after the kill, TTL {CHILD_TTL:?}"
+    );
+    assert!(guard.fencing_token() > child_fence);
+    guard.release().await.unwrap();
+    c.shutdown().await;
+}
+
+/// The LISTEN connection killed by the server mid-wait: the hub reconnects and every waiter
+/// re-checks, so a grant made while it was gone is not waited out to the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_after_the_listen_connection_is_killed() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let ttl = Duration::from_secs(30);
+    let holder = client_at(&url, &ns, ttl).await;
+    let held = holder.mutex("k").lock().await.unwrap();
+    let waiter = client_at(&url, &ns, ttl).await;
+    let task = tokio::spawn(waiter.mutex("k").lock());
+    until_queued(&url, &ns, "k", 1).await;
+    // Kill every LISTEN connection (the holder's and the waiter's) and release at once: the
+    // NOTIFY may go nowhere.
+    assert!(terminate(&url, "distlock-listen").await >= 2);
+    held.release().await.unwrap();
+    let g = granted(task, Duration::from_secs(5), "the waiter").await;
+    assert!(g.fencing_token() > 0);
+    g.release().await.unwrap();
+    // And the hub is back: the next handoff is heard as usual.
+    let held = holder.mutex("k").lock().await.unwrap();
+    let task = tokio::spawn(waiter.mutex("k").lock());
+    until_queued(&url, &ns, "k", 1).await;
+    held.release().await.unwrap();
+    granted(task, Duration::from_secs(5), "the second waiter")
+        .await
+        .release()
+        .await
+        .unwrap();
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}
+
+/// Statement connections killed between calls (as a pooler hands each call another server
+/// connection): the next call reconnects and works, and the holder keeps its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_connections_swapped_between_calls_still_work() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let ttl = Duration::from_millis(900);
+    let c = client_at(&url, &ns, ttl).await;
+    let other = client(&ns).await;
+    for _ in 0..3 {
+        let g = c.mutex("k").lock().await.unwrap();
+        assert!(terminate(&url, "distlock").await >= 1);
+        // Renewals go over fresh connections.
+        sleep(ttl * 2).await;
+        assert!(!g.is_lost());
+        assert!(other
+            .mutex("k")
+            .try_lock()
+            .await
+            .unwrap_err()
+            .is_would_block());
+        assert!(terminate(&url, "distlock").await >= 1);
+        g.release().await.unwrap();
+    }
+    assert_eq!(claims_in(&url, &ns).await, 0);
+    c.shutdown().await;
+    other.shutdown().await;
+}
