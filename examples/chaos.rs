@@ -4,16 +4,18 @@
 //! ```text
 //! cargo run --release --all-features --example chaos -- --backend redis --secs 600
 //! cargo run --release --all-features --example chaos -- --backend zookeeper --secs 600
+//! cargo run --release --all-features --example chaos -- --backend postgres --secs 600
 //! cargo run --release --all-features --example chaos -- --backend memory --secs 600
 //! ```
 //!
-//! Redis and ZooKeeper: real servers on loopback (tests/support), each holder a separate process
+//! Redis, ZooKeeper and PostgreSQL: real servers on loopback (tests/support), each holder a separate process
 //! (this example re-run with `--holder`) reaching the lock server through its own fault proxy.
 //! The fenced resource is a separate `redis-server` whose script accepts a write only if its
 //! token is at least the highest it has seen. Each holder loops: lock, check `is_lost()`,
 //! write with its token, hold a moment, release. Faults, one at a time, each kind in turn in
 //! random order: SIGSTOP a holder past its lease (then SIGCONT); SIGKILL a holder (and start a
-//! new one); restart the lock server (Redis without its data, ZooKeeper on its data); blackhole
+//! new one); restart the lock server (Redis without its data, ZooKeeper and PostgreSQL on their
+//! data, PostgreSQL after a crash); blackhole
 //! a holder's connection past its lease; reset a holder's connection; on ZooKeeper, blackhole
 //! past the session timeout (the session expires). Memory: the holders are tasks of one
 //! process; the faults pause a task past its lease between check and write (the analogue of
@@ -23,8 +25,8 @@
 //! just checked it was not lost (a SIGSTOP between the check and the write is the one allowed
 //! exception, counted apart); an accepted write whose token is not above every earlier accepted
 //! token (two grants with one token, or a stale grant); a holder without an accepted write in
-//! the 3×TTL after faults stop; keys (beyond fence counters) or znodes left after the holders
-//! shut down. It prints one summary line and exits non-zero on a violation.
+//! the 3×TTL after faults stop; keys (beyond fence counters), znodes or live claim rows left
+//! after the holders shut down. It prints one summary line and exits non-zero on a violation.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_macros)]
@@ -175,6 +177,11 @@ fn holder_main(args: HolderArgs, backend: &str) {
                     .await
                     .expect("redis backend"),
             ),
+            "postgres" => LockClient::builder(
+                distlock::backend::PgBackend::connect(&args.lock_url)
+                    .await
+                    .expect("postgres backend"),
+            ),
             _ => LockClient::builder(
                 distlock::backend::ZkBackend::builder(&args.lock_url)
                     .session_timeout(TTL)
@@ -287,6 +294,7 @@ impl Fleet {
         let port = self.proxies[i].port();
         match self.backend.as_str() {
             "redis" => format!("redis://127.0.0.1:{port}/"),
+            "postgres" => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             _ => format!("127.0.0.1:{port}"),
         }
     }
@@ -363,6 +371,7 @@ impl Fleet {
 enum Server {
     Redis(support::RedisServer),
     Zk(support::ZkServer),
+    Pg(support::PgServer),
 }
 
 impl Server {
@@ -370,6 +379,7 @@ impl Server {
         match self {
             Server::Redis(s) => s.port(),
             Server::Zk(s) => s.port(),
+            Server::Pg(s) => s.port(),
         }
     }
 
@@ -377,6 +387,7 @@ impl Server {
         match self {
             Server::Redis(s) => s.restart_after(|| std::thread::sleep(Duration::from_millis(100))),
             Server::Zk(s) => s.restart_after(|| std::thread::sleep(Duration::from_millis(100))),
+            Server::Pg(s) => s.restart_after(|| std::thread::sleep(Duration::from_millis(100))),
         }
     }
 }
@@ -384,6 +395,7 @@ impl Server {
 fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     let mut server = match args.backend.as_str() {
         "redis" => Server::Redis(support::RedisServer::start()),
+        "postgres" => Server::Pg(support::PgServer::start()),
         _ => Server::Zk(support::ZkServer::start()),
     };
     let resource = support::RedisServer::start();
@@ -449,7 +461,7 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     let mut problems = stalled(&fleet.log.lock().unwrap_or_else(|p| p.into_inner()), calm);
     fleet.stop_all();
     // Locks and queue entries of holders that stopped cleanly are gone; those of killed ones
-    // go with their lease (Redis) or session (ZooKeeper).
+    // go with their lease (Redis, PostgreSQL) or session (ZooKeeper).
     std::thread::sleep(TTL * 2 + Duration::from_millis(500));
     let left = leftovers(&args.backend, server.port(), &ns);
     if !left.is_empty() {
@@ -487,7 +499,7 @@ fn resource_log(url: &str) -> Vec<u64> {
     })
 }
 
-/// Keys (other than fence counters) or znodes left in the namespace.
+/// Keys (other than fence counters), znodes or live claim rows left in the namespace.
 fn leftovers(backend: &str, port: u16, ns: &str) -> Vec<String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -507,6 +519,23 @@ fn leftovers(backend: &str, port: u16, ns: &str) -> Vec<String> {
                 .unwrap_or_default();
             keys.into_iter()
                 .filter(|k| !k.ends_with(":fence"))
+                .collect()
+        } else if backend == "postgres" {
+            // Rows whose lease or liveness ran out are dead; they go when the key is next used
+            // or collected.
+            let client = support::pg::connection(&format!(
+                "postgres://postgres@127.0.0.1:{port}/postgres"
+            ))
+            .await;
+            client
+                .query(
+                    "SELECT owner FROM distlock.claims WHERE ns = $1 AND deadline > clock_timestamp()",
+                    &[&ns],
+                )
+                .await
+                .expect("claims")
+                .iter()
+                .map(|r| format!("claim {}", r.get::<_, String>(0)))
                 .collect()
         } else {
             let zk = zookeeper_client::Client::connector()
@@ -768,8 +797,8 @@ fn main() {
     let started = Instant::now();
     let (counts, problems) = match args.backend.as_str() {
         "memory" => run_memory(&args),
-        "redis" | "zookeeper" => run_processes(&args),
-        other => panic!("unknown --backend {other}; memory, redis or zookeeper"),
+        "redis" | "zookeeper" | "postgres" => run_processes(&args),
+        other => panic!("unknown --backend {other}; memory, redis, zookeeper or postgres"),
     };
     let violations = counts.stale_believed + counts.token_regressions + problems.len() as u64;
     let mut faults: Vec<String> = counts

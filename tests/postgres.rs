@@ -518,3 +518,49 @@ async fn statement_connections_swapped_between_calls_still_work() {
     c.shutdown().await;
     other.shutdown().await;
 }
+
+/// Through PgBouncer in transaction mode (two server connections for every client): the
+/// contract holds, with waiters woken over a LISTEN connection straight to the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pgbouncer_in_transaction_mode() {
+    let ns = test_namespace!();
+    let bouncer = support::PgBouncer::start(shared_postgres(), 2);
+    let mut cs = Vec::new();
+    for _ in 0..6 {
+        let backend = PgBackend::builder(bouncer.url())
+            .listen_url(shared_postgres().url())
+            .build()
+            .await
+            .unwrap();
+        cs.push(LockClient::builder(backend).namespace(&ns).build().unwrap());
+    }
+    contend(cs, "pooled", 15, Duration::from_micros(300)).await;
+    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
+}
+
+/// A `deadpool-postgres` pool (here through PgBouncer too) carries the statements.
+#[cfg(feature = "postgres-deadpool")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_through_a_deadpool_pool() {
+    let ns = test_namespace!();
+    let bouncer = support::PgBouncer::start(shared_postgres(), 2);
+    let mut cs = Vec::new();
+    for _ in 0..4 {
+        let mut cfg = deadpool_postgres::Config::new();
+        cfg.url = Some(bouncer.url());
+        let pool = cfg
+            .create_pool(
+                Some(deadpool_postgres::Runtime::Tokio1),
+                tokio_postgres::NoTls,
+            )
+            .unwrap();
+        let backend = PgBackend::builder(shared_postgres().url())
+            .deadpool(pool)
+            .build()
+            .await
+            .unwrap();
+        cs.push(LockClient::builder(backend).namespace(&ns).build().unwrap());
+    }
+    contend(cs, "pool", 15, Duration::from_micros(300)).await;
+    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
+}

@@ -755,6 +755,73 @@ pub fn shared_postgres() -> &'static PgServer {
     SERVER.get_or_init(PgServer::start)
 }
 
+/// PgBouncer in transaction mode in front of a PostgreSQL server: every transaction may run on
+/// another server connection, and only `pool_size` server connections are shared by every
+/// client.
+pub struct PgBouncer {
+    _process: Supervised,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PgBouncer {
+    pub fn start(server: &PgServer, pool_size: u32) -> Self {
+        let bin = require_binary_in("pgbouncer", &["/usr/sbin"]);
+        let upstream = server.port();
+        let (process, port, dir) = launch(
+            "PgBouncer",
+            &["pgbouncer.log", "pgbouncer.err"],
+            |port, dir| {
+                std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").expect("users.txt");
+                let ini = dir.join("pgbouncer.ini");
+                std::fs::write(
+                    &ini,
+                    format!(
+                        "[databases]\n\
+                         postgres = host=127.0.0.1 port={upstream} dbname=postgres user=postgres\n\
+                         [pgbouncer]\n\
+                         listen_addr = 127.0.0.1\n\
+                         listen_port = {port}\n\
+                         unix_socket_dir =\n\
+                         auth_type = trust\n\
+                         auth_file = {users}\n\
+                         pool_mode = transaction\n\
+                         default_pool_size = {pool_size}\n\
+                         max_client_conn = 1000\n\
+                         server_reset_query =\n\
+                         ignore_startup_parameters = extra_float_digits\n",
+                        users = dir.join("users.txt").display(),
+                    ),
+                )
+                .expect("write pgbouncer.ini");
+                as_server_user(&bin, vec![ini.display().to_string()], dir)
+            },
+            pg_ready,
+        );
+        Self {
+            _process: process,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// The URL of database `postgres` through the pooler.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+/// Finds an executable on PATH or in one of `dirs` (e.g. `/usr/sbin`, which is not on every
+/// PATH), or fails the test naming the install script.
+pub fn require_binary_in(name: &str, dirs: &[&str]) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(dirs.iter().map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("`{name}` was not found: {INSTALL_HINT}"))
+}
+
 /// A namespace unique to one test (and one run), so tests can share a server.
 #[macro_export]
 macro_rules! test_namespace {

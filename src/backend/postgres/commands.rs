@@ -4,9 +4,9 @@
 //! round trip, no prepared statement and no session state, so a pooler in transaction mode
 //! (PgBouncer) can put each call on another server connection.
 //!
-//! Every call has a deadline. A call that failed on the connection is sent again at once
-//! (every function is idempotent) on a fresh connection; a longer outage is reported as a
-//! transient error to the layer above.
+//! Every call has a deadline. A call that failed on the connection is sent again on a fresh
+//! connection (every function is idempotent) after a short, growing pause, until the deadline;
+//! a longer outage is reported as a transient error to the layer above.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +18,18 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The deadline of one call, including getting a connection.
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// How many times a call that failed on the connection is sent again.
-const RETRIES: usize = 2;
+/// The first and the longest pause before a call that failed on the connection is sent again.
+const RETRY_MIN: Duration = Duration::from_millis(20);
+const RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// What a call returned.
+pub(crate) struct Reply {
+    pub(crate) rows: Vec<Row>,
+    /// When the answered attempt was sent.
+    pub(crate) sent: tokio::time::Instant,
+    /// Whether an earlier attempt may have run on the server.
+    pub(crate) in_doubt: bool,
+}
 
 /// The typed parameters of one call.
 pub(crate) type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
@@ -86,52 +96,66 @@ pub(crate) fn route_of(owner: &str) -> usize {
 }
 
 impl Commands {
-    /// Runs a statement, retrying connection failures.
+    /// Runs a statement, retrying connection failures. The reply says when the attempt that
+    /// was answered was sent (leases run from then), and whether an earlier attempt may have
+    /// run on the server (it failed after the request could have been sent), so the rows may
+    /// describe the state that attempt left.
     pub(crate) async fn query(
         &self,
         what: &str,
         route: usize,
         sql: &str,
         params: &Params<'_>,
-    ) -> Result<Vec<Row>> {
-        self.query_noting_doubt(what, route, sql, params)
-            .await
-            .map(|(rows, _)| rows)
-    }
-
-    /// Runs a statement, retrying connection failures, and says whether an earlier attempt may
-    /// have run on the server (it failed after the request could have been sent), so the
-    /// reply describes the state that attempt left.
-    pub(crate) async fn query_noting_doubt(
-        &self,
-        what: &str,
-        route: usize,
-        sql: &str,
-        params: &Params<'_>,
-    ) -> Result<(Vec<Row>, bool)> {
-        let mut retries = RETRIES;
+    ) -> Result<Reply> {
+        let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+        let mut pause = RETRY_MIN;
         let mut in_doubt = false;
         loop {
+            let sent = tokio::time::Instant::now();
             let once = self.query_once(route, sql, params);
-            let failure = match tokio::time::timeout(CALL_TIMEOUT, once).await {
-                Ok(Ok(rows)) => return Ok((rows, in_doubt)),
+            let failure = match tokio::time::timeout_at(deadline, once).await {
+                Ok(Ok(rows)) => {
+                    return Ok(Reply {
+                        rows,
+                        sent,
+                        in_doubt,
+                    })
+                }
                 Ok(Err(f)) => f,
-                Err(_) => Failure::Timeout,
+                Err(_) => {
+                    self.reset(route);
+                    return Err(describe(what, Failure::Timeout).transient());
+                }
             };
             let retry = match &failure {
                 // Refused before anything ran: a fresh connection may do better.
                 Failure::Pg(e) if is_retryable_state(e) => true,
                 Failure::Pg(e) if e.code().is_some() => false,
-                Failure::Pg(_) | Failure::Timeout => {
+                Failure::Pg(_) => {
                     in_doubt = true;
                     true
                 }
-                Failure::Pool(_) => true,
+                Failure::Pool(_) | Failure::Timeout => true,
             };
-            match retries.checked_sub(1) {
-                Some(left) if retry => retries = left,
-                _ if retry => return Err(describe(what, failure).transient()),
-                _ => return Err(describe(what, failure)),
+            if !retry {
+                return Err(describe(what, failure));
+            }
+            // Sent again on a fresh connection after a short pause, while the deadline allows.
+            if tokio::time::Instant::now() + pause >= deadline {
+                return Err(describe(what, failure).transient());
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RETRY_MAX);
+        }
+    }
+
+    /// Forgets the connection a call timed out on (its reply may never come), so the next call
+    /// opens a fresh one.
+    fn reset(&self, route: usize) {
+        if let Self::Own(own) = self {
+            let slot = &own.slots[route % own.slots.len()];
+            if let Ok(mut slot) = slot.try_lock() {
+                *slot = None;
             }
         }
     }

@@ -465,13 +465,13 @@ impl PgBackend {
             (&wait, Type::BOOL),
             (&handoff, Type::INT4),
         ];
-        let sent = Instant::now();
-        let rows = self
+        let reply = self
             .inner
             .commands
             .query("acquire", call.route, ACQUIRE, params)
             .await?;
-        let row = rows.first().ok_or_else(|| malformed("acquire"))?;
+        let sent = reply.sent;
+        let row = reply.rows.first().ok_or_else(|| malformed("acquire"))?;
         let code: i32 = column(row, 0, "acquire")?;
         let value: i64 = column(row, 1, "acquire")?;
         let server_ms: i64 = column(row, 2, "acquire")?;
@@ -559,16 +559,16 @@ impl Backend for PgBackend {
             (&call.owner, Type::TEXT),
             (&handoff, Type::INT4),
         ];
-        let (rows, in_doubt) = self
+        let reply = self
             .inner
             .commands
-            .query_noting_doubt("release", call.route, RELEASE, params)
+            .query("release", call.route, RELEASE, params)
             .await?;
-        let row = rows.first().ok_or_else(|| malformed("release"))?;
+        let row = reply.rows.first().ok_or_else(|| malformed("release"))?;
         let held: i32 = column(row, 0, "release")?;
         // An attempt whose reply was lost may have released the lock already, so a retry that
         // finds nothing is no sign of loss (the layer above checks the lease locally).
-        Ok(held == 1 || in_doubt)
+        Ok(held == 1 || reply.in_doubt)
     }
 
     async fn downgrade(&self, claim: &Claim, _ticket: &PgTicket) -> Result<Grant> {
@@ -581,13 +581,13 @@ impl Backend for PgBackend {
             (&ttl, Type::INT4),
             (&handoff, Type::INT4),
         ];
-        let sent = Instant::now();
-        let rows = self
+        let reply = self
             .inner
             .commands
             .query("downgrade", call.route, DOWNGRADE, params)
             .await?;
-        let row = rows.first().ok_or_else(|| malformed("downgrade"))?;
+        let sent = reply.sent;
+        let row = reply.rows.first().ok_or_else(|| malformed("downgrade"))?;
         let done: i32 = column(row, 0, "downgrade")?;
         if done != 1 {
             return Err(Error::lost(claim.key()));
@@ -619,14 +619,13 @@ impl Backend for PgBackend {
             (&ttls, Type::INT4_ARRAY),
         ];
         let route = owners.first().map_or(0, |o| route_of(o));
-        let sent = Instant::now();
-        let rows = match self
+        let (rows, sent) = match self
             .inner
             .commands
             .query("renew", route, RENEW, params)
             .await
         {
-            Ok(rows) => rows,
+            Ok(reply) => (reply.rows, reply.sent),
             Err(err) => {
                 return claims
                     .iter()
@@ -666,7 +665,8 @@ impl Backend for PgBackend {
             .inner
             .commands
             .query("inspect", route_of(key), INSPECT, params)
-            .await?;
+            .await?
+            .rows;
         let mut seen = Inspection::free(key);
         for row in &rows {
             let family: String = column(row, 0, "inspect")?;

@@ -1,0 +1,300 @@
+//! Faults against a real PostgreSQL: a holder partitioned from the server, replies delayed or
+//! swallowed on its statement connections, a half-open LISTEN connection, a waiter that dies
+//! holding a handoff, and the server crashing and coming back. Each test checks the promise that
+//! matters: no stale holder believes it holds once another client is granted, tokens only grow,
+//! and no key is blocked longer than the lease that blocks it.
+#![cfg(feature = "postgres")]
+
+mod support;
+
+use std::time::Duration;
+
+use distlock::backend::PgBackend;
+use distlock::{LockClient, MutexGuard};
+use support::contract::{partition_then_handover, spawn_timed, spawn_timed_lock};
+use support::pg::until_queued;
+use support::proxy::{Proxy, Which};
+use support::{shared_postgres, PgServer};
+use tokio::time::{sleep, timeout, Instant};
+
+/// A client with its own connections to `url`.
+async fn client(url: &str, ns: &str, ttl: Duration, handoff: Duration) -> LockClient {
+    let backend = PgBackend::builder(url)
+        .handoff_ttl(handoff)
+        .build()
+        .await
+        .unwrap();
+    LockClient::builder(backend)
+        .namespace(ns)
+        .ttl(ttl)
+        .build()
+        .unwrap()
+}
+
+fn via(proxy: &Proxy) -> String {
+    format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port())
+}
+
+/// Tries `key` on `other` every few ms until it is granted or `limit` passes, checking at every
+/// step that `stale` never goes back from lost to held, and that it reports lost once `other`
+/// holds.
+async fn grant_elsewhere(
+    other: &LockClient,
+    key: &str,
+    stale: &MutexGuard,
+    limit: Duration,
+) -> Option<MutexGuard> {
+    let end = Instant::now() + limit;
+    let mut seen_lost = false;
+    while Instant::now() < end {
+        let lost = stale.is_lost();
+        assert!(lost || !seen_lost, "a guard went back from lost to held");
+        seen_lost |= lost;
+        if let Ok(guard) = other.mutex(key).try_lock().await {
+            assert!(
+                stale.is_lost(),
+                "another client was granted the lock while the old holder still believes it holds"
+            );
+            return Some(guard);
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// A holder cut off from the server (a blackhole: its packets vanish, nothing is reset) is
+/// told it lost the lock before the waiter behind it is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_holder_is_told_before_another_is_granted() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let proxy = Proxy::start(shared_postgres().port());
+    let ttl = Duration::from_millis(1500);
+    let h = client(&via(&proxy), &ns, ttl, Duration::from_secs(2)).await;
+    let w = client(&url, &ns, ttl, Duration::from_secs(2)).await;
+    let held = h.mutex("k").lock().await.unwrap();
+    let waiter = spawn_timed_lock(w.mutex("k"));
+    until_queued(&url, &ns, "k", 1).await;
+    let (guard, lost_after, granted_after) =
+        partition_then_handover(|| proxy.blackhole(), &held, waiter, ttl * 4).await;
+    assert!(guard.fencing_token() > held.fencing_token());
+    assert!(
+        granted_after <= ttl + Duration::from_millis(500),
+        "{granted_after:?}"
+    );
+    println!("holder told {lost_after:?}, waiter granted {granted_after:?} after the cut");
+    proxy.heal();
+    drop(guard);
+    w.shutdown().await;
+}
+
+/// Replies to a holder's statements arrive 2×TTL late: its renewals are judged by when they
+/// were sent, so it reports lost before anyone else is granted, and a late "extended" reply
+/// does not bring it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_renewal_replies_do_not_stretch_a_lease() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let proxy = Proxy::start(shared_postgres().port());
+    let ttl = Duration::from_millis(900);
+    let h = client(&via(&proxy), &ns, ttl, Duration::from_secs(2)).await;
+    let other = client(&url, &ns, ttl, Duration::from_secs(2)).await;
+    let held = h.mutex("k").lock().await.unwrap();
+    proxy.delay_replies(Which::Commands, ttl * 2);
+    let guard = grant_elsewhere(&other, "k", &held, ttl * 6)
+        .await
+        .expect("the lock never passed on");
+    // The delayed replies land now; the stale guard stays lost.
+    let end = Instant::now() + ttl * 3;
+    while Instant::now() < end {
+        assert!(held.is_lost(), "a lost guard reports held again");
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(guard.fencing_token() > held.fencing_token());
+    guard.release().await.unwrap();
+    proxy.pass();
+    other.shutdown().await;
+}
+
+/// A lock handed to a waiter that died just before passes to the next waiter when the
+/// handoff's provisional lease ends, not at the dead waiter's liveness deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let proxy = Proxy::start(shared_postgres().port());
+    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
+    let h = client(&url, &ns, ttl, handoff).await;
+    let dead = client(&via(&proxy), &ns, ttl, handoff).await;
+    let next = client(&url, &ns, ttl, handoff).await;
+
+    let held = h.mutex("k").lock().await.unwrap();
+    let doomed = tokio::spawn(dead.mutex("k").lock());
+    until_queued(&url, &ns, "k", 1).await;
+    let waiter = tokio::spawn(next.mutex("k").lock());
+    until_queued(&url, &ns, "k", 2).await;
+
+    // The first waiter's process is gone (its queue entry still looks alive for a TTL).
+    proxy.blackhole();
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the next waiter waited for the dead waiter's TTL")
+        .unwrap()
+        .unwrap();
+    let waited = released.elapsed();
+    assert!(
+        waited < handoff + Duration::from_millis(700),
+        "the next waiter got the lock {waited:?} after the release"
+    );
+    doomed.abort();
+    guard.release().await.unwrap();
+    proxy.heal();
+    h.shutdown().await;
+    next.shutdown().await;
+}
+
+/// A LISTEN connection gone half-open (bytes vanish, no reset) is found out by its ping and
+/// replaced, and the waiter whose grant it swallowed gets the lock within seconds, not at the
+/// holder's 10 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_listen_connection_does_not_lose_a_grant() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let proxy = Proxy::start(shared_postgres().port());
+    let ttl = Duration::from_secs(10);
+    let h = client(&url, &ns, ttl, Duration::from_secs(2)).await;
+    let w = client(&via(&proxy), &ns, ttl, Duration::from_secs(2)).await;
+    let held = h.mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn(w.mutex("k").lock());
+    until_queued(&url, &ns, "k", 1).await;
+    proxy.blackhole_only(Which::Subscribers);
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = timeout(Duration::from_secs(6), waiter)
+        .await
+        .expect("the grant went into a half-open connection and the waiter never learned")
+        .unwrap()
+        .unwrap();
+    assert!(!guard.is_lost());
+    assert!(
+        released.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        released.elapsed()
+    );
+    guard.release().await.unwrap();
+    proxy.pass();
+    h.shutdown().await;
+    w.shutdown().await;
+}
+
+/// A release whose reply was lost, sent again on a new connection (finding nothing), is not
+/// reported as a lost lock, and the lock is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_was_lost_is_not_reported_lost() {
+    let ns = test_namespace!();
+    let proxy = Proxy::start(shared_postgres().port());
+    let c = client(
+        &via(&proxy),
+        &ns,
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+    )
+    .await;
+    let guard = c.mutex("k").lock().await.unwrap();
+    proxy.swallow_replies(Which::Commands);
+    let release = tokio::spawn(guard.release());
+    // The release ran on the server; its reply is gone. Then the connection drops.
+    sleep(Duration::from_millis(300)).await;
+    proxy.cut();
+    sleep(Duration::from_millis(50)).await;
+    proxy.pass();
+    let outcome = timeout(Duration::from_secs(10), release)
+        .await
+        .expect("release never finished")
+        .unwrap();
+    assert!(
+        outcome.is_ok(),
+        "a lock released on the server was reported as {outcome:?}"
+    );
+    assert_eq!(
+        support::pg::claims_in(&shared_postgres().url(), &ns).await,
+        0
+    );
+    c.shutdown().await;
+}
+
+/// PostgreSQL crashes (SIGKILL) and comes back on its data within the TTL: the holder keeps its
+/// lock (its row survived), nobody else gets it meanwhile, the queued waiter is served when it
+/// is released, with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_crash_keeps_holders_and_queues() {
+    let ns = "crash";
+    let mut server = PgServer::start();
+    let ttl = Duration::from_secs(6);
+    let holder = client(&server.url(), ns, ttl, Duration::from_secs(2)).await;
+    let waiter = client(&server.url(), ns, ttl, Duration::from_secs(2)).await;
+    let held = holder.mutex("k").lock().await.unwrap();
+    let wait = spawn_timed(waiter.mutex("k").lock());
+    until_queued(&server.url(), ns, "k", 1).await;
+
+    tokio::task::block_in_place(|| server.restart_after(|| {}));
+    // Past a renewal on the new server.
+    sleep(ttl / 2).await;
+    assert!(
+        !held.is_lost(),
+        "a crash shorter than the lease lost the lock"
+    );
+    assert!(!wait.is_finished(), "the waiter was granted a held lock");
+    let other = client(&server.url(), ns, ttl, Duration::from_secs(2)).await;
+    assert!(other
+        .mutex("k")
+        .try_lock()
+        .await
+        .unwrap_err()
+        .is_would_block());
+    let fence = held.fencing_token();
+    held.release().await.unwrap();
+    let (_, granted) = timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("the queued waiter was never served")
+        .unwrap();
+    let guard = granted.unwrap();
+    assert!(guard.fencing_token() > fence);
+    guard.release().await.unwrap();
+    for c in [holder, waiter, other] {
+        c.shutdown().await;
+    }
+}
+
+/// PostgreSQL is down for longer than the lease: the holder is told it lost the lock before
+/// the waiter is granted on the restarted server, and the new token is larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_longer_than_the_lease_loses_the_lock_before_anyone_gets_it() {
+    let ns = "outage";
+    let mut server = PgServer::start();
+    let ttl = Duration::from_millis(1500);
+    let holder = client(&server.url(), ns, ttl, Duration::from_secs(2)).await;
+    let waiter = client(&server.url(), ns, ttl, Duration::from_secs(2)).await;
+    let held = holder.mutex("k").lock().await.unwrap();
+    let wait = spawn_timed(waiter.mutex("k").lock_timeout(Duration::from_secs(30)));
+    until_queued(&server.url(), ns, "k", 1).await;
+
+    tokio::task::block_in_place(|| server.restart_after(|| std::thread::sleep(ttl * 2)));
+    let (granted, lost_at) = tokio::join!(timeout(Duration::from_secs(20), wait), async {
+        held.lost().await;
+        Instant::now()
+    });
+    let (granted_at, guard) = granted.expect("the waiter was never granted").unwrap();
+    let guard = guard.unwrap();
+    assert!(
+        lost_at <= granted_at,
+        "the old holder believed it held {:?} past the new grant",
+        lost_at - granted_at
+    );
+    assert!(guard.fencing_token() > held.fencing_token());
+    guard.release().await.unwrap();
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}
