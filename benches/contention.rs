@@ -12,13 +12,16 @@
 //! ZooKeeper runs start a standalone ZooKeeper, shared by `zookeeper` and `curator` (Apache
 //! Curator 5's `InterProcessMutex` in a JVM, `tests/java/CuratorBench.java`, same workload);
 //! `zookeeper-ensemble` and `curator-ensemble` run the same on a three-server ensemble on
-//! loopback (clients spread over its members), started once and shared by both.
+//! loopback (clients spread over its members), started once and shared by both. `postgres`
+//! starts a PostgreSQL (fsync off, as in the tests; commits still wait for their WAL write).
 //!
 //! `server_ops_per_acq` is the INFO `total_commands_processed` delta per acquisition, which
 //! counts the calls a Lua script makes inside the server too; a second line, starting with `#`,
 //! gives the round trips (top-level commands), the server's CPU time (INFO `used_cpu_*`) and
 //! the bytes it wrote to clients (INFO `total_net_output_bytes`) per acquisition. For ZooKeeper
-//! it is the `mntr` `zk_packets_received` delta per acquisition.
+//! it is the `mntr` `zk_packets_received` delta per acquisition; for PostgreSQL, transactions
+//! per acquisition (`pg_stat_database`): every distlock call is one transaction in one round
+//! trip, renewals included.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_macros)]
@@ -318,7 +321,8 @@ fn report(name: &str, workers: usize, cs_ms: f64, mut o: Outcome, ops: Option<Op
 #[derive(Clone, Copy, Default)]
 struct Ops {
     /// Redis: INFO `total_commands_processed`, script-internal calls included. ZooKeeper:
-    /// `mntr` `zk_packets_received` (pings included).
+    /// `mntr` `zk_packets_received` (pings included). PostgreSQL: transactions (one per call,
+    /// renewals included).
     total: u64,
     /// Redis only: commands only a client sends: scripts, (un)subscribes, and SET for rslock
     /// (our scripts call SET only when a fence counter restarts, once per key and run).
@@ -390,6 +394,28 @@ async fn server_ops(url: &str) -> Ops {
         cpu_us,
         out_bytes,
     }
+}
+
+/// PostgreSQL: transactions committed or rolled back in the database (each distlock call is
+/// one), read after every connection of the run closed (a backend reports its counts when it
+/// exits).
+#[cfg(feature = "postgres")]
+async fn pg_transactions(url: &str) -> u64 {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let row = client
+        .query_one(
+            "SELECT (xact_commit + xact_rollback)::int8 FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .expect("pg_stat_database");
+    // Our own probe is one transaction more; leave it out.
+    u64::try_from(row.get::<_, i64>(0))
+        .unwrap_or(0)
+        .saturating_sub(1)
 }
 
 /// One `redis-server` for every Redis run of this process.
@@ -494,6 +520,31 @@ fn main() {
                             };
                             report(&label, workers, cs_ms, outcome, Some(ops));
                         }
+                        #[cfg(feature = "postgres")]
+                        "postgres" => {
+                            let url = support::shared_postgres().url();
+                            let mut lockers = Vec::new();
+                            for _ in 0..workers {
+                                let backend = distlock::backend::PgBackend::connect(&url)
+                                    .await
+                                    .expect("postgres backend");
+                                lockers.push(Locker::Distlock(
+                                    LockClient::builder(backend).build().expect("client"),
+                                    prim,
+                                ));
+                            }
+                            tokio::time::sleep(Duration::from_millis(1500)).await;
+                            let before = pg_transactions(&url).await;
+                            let outcome = contend(lockers, cs, args.secs).await;
+                            // Every connection closed: their backends report as they exit.
+                            tokio::time::sleep(Duration::from_millis(1500)).await;
+                            let ops = Ops {
+                                total: pg_transactions(&url).await - before,
+                                ..Ops::default()
+                            };
+                            let label = format!("distlock-postgres{}", prim.label());
+                            report(&label, workers, cs_ms, outcome, Some(ops));
+                        }
                         #[cfg(feature = "zookeeper")]
                         "zookeeper" | "zookeeper-ensemble" => {
                             let zk = Zk::named(name);
@@ -545,7 +596,7 @@ fn main() {
                             );
                         }
                         other => eprintln!(
-                            "unknown --impl {other}; known: memory, redis, rslock, zookeeper, curator, zookeeper-ensemble, curator-ensemble"
+                            "unknown --impl {other}; known: memory, redis, rslock, zookeeper, curator, zookeeper-ensemble, curator-ensemble, postgres"
                         ),
                     }
                 }

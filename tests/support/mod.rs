@@ -636,7 +636,7 @@ fn pg_args(port: u16, dir: &Path) -> Vec<String> {
         // what it acknowledged; only an OS crash would lose it).
         "fsync=off",
         "full_page_writes=off",
-        "max_connections=300",
+        "max_connections=1000",
         "shared_buffers=64MB",
         "log_min_messages=warning",
     ] {

@@ -170,6 +170,20 @@ BEGIN
   IF k.created THEN
     PERFORM distlock.collect(now_, 2);
   END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM distlock.claims c WHERE c.ns = p_ns AND c.key = p_key) THEN
+    -- Nobody holds or waits (the uncontended case): ours at once.
+    IF k.family <> fam OR k.max_permits <> p_max THEN
+      UPDATE distlock.keys SET family = fam, max_permits = p_max
+        WHERE ns = p_ns AND key = p_key;
+    END IF;
+    f := distlock.next_fence(p_ns, p_key, now_);
+    INSERT INTO distlock.claims (ns, key, owner, mode, permits, fence, deadline)
+      VALUES (p_ns, p_key, p_owner, p_mode, p_count, f, now_ + ttl);
+    RETURN QUERY SELECT 1, f, distlock.ms(now_), NULL::text;
+    RETURN;
+  END IF;
+
   PERFORM distlock.purge(p_ns, p_key, now_);
 
   IF k.family <> fam OR (fam = 'sem' AND k.max_permits <> p_max) THEN
