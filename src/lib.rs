@@ -30,6 +30,10 @@
 //!   (`InterProcessMutex`, `InterProcessReadWriteLock`, `InterProcessSemaphoreV2` layouts, one
 //!   watched node per waiter) on one session per client; a Java service using Curator on the
 //!   same path shares our queue. Open it with `LockClient::zookeeper(connect)`.
+//! - [`PgBackend`](backend::PgBackend) (feature `postgres`; `postgres-deadpool` takes a pool): a
+//!   lease table in PostgreSQL, one function call per operation (works through PgBouncer in
+//!   transaction mode), handoff announced over one LISTEN connection per client. Open it with
+//!   `LockClient::postgres(url)`.
 //!
 //! With feature `macros`, [`#[distributed_lock("orders:{id}")]`](distributed_lock) runs an
 //! `async fn` under a lock named by its arguments.
@@ -185,7 +189,13 @@ pub mod __private {
 }
 
 // The README shows every backend, so its examples compile with all of them.
-#[cfg(all(doctest, feature = "redis", feature = "zookeeper", feature = "macros"))]
+#[cfg(all(
+    doctest,
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "macros"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 

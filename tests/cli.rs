@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{shared_redis, shared_zookeeper};
+use support::{shared_postgres, shared_redis, shared_zookeeper};
 
 const BUSY: i32 = 75;
 const LOST: i32 = 125;
@@ -31,6 +31,10 @@ fn output(mut cmd: Command) -> Output {
 
 fn redis_url() -> String {
     shared_redis().url()
+}
+
+fn pg_url() -> String {
+    shared_postgres().url()
 }
 
 fn zk_url() -> String {
@@ -77,12 +81,14 @@ fn runs_on_one_key_never_overlap() {
     runs_never_overlap(&redis_url(), &ns, dir.path());
     let dir = tempfile::tempdir().unwrap();
     runs_never_overlap(&zk_url(), &ns, dir.path());
+    let dir = tempfile::tempdir().unwrap();
+    runs_never_overlap(&pg_url(), &ns, dir.path());
 }
 
 #[test]
 fn no_wait_on_a_busy_key_exits_75_and_the_token_reaches_the_command() {
     let ns = test_namespace!();
-    for url in [redis_url(), zk_url()] {
+    for url in [redis_url(), zk_url(), pg_url()] {
         let mut holder = distlock(
             &url,
             &ns,

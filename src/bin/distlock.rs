@@ -5,7 +5,8 @@
 //! distlock inspect KEY [--json]
 //! ```
 //!
-//! The service comes from `--url` or `DISTLOCK_URL` (`redis://…`, `rediss://…`, `zk://…`).
+//! The service comes from `--url` or `DISTLOCK_URL` (`redis://…`, `rediss://…`, `zk://…`,
+//! `postgres://…`).
 //! Exit status of `run`: the command's own (128 + N if a signal N ended it), or one of
 //! [`exit`]'s codes.
 
@@ -47,7 +48,8 @@ mod exit {
                   125 lock lost (command terminated), 127 command not started, 130 interrupted."
 )]
 struct Cli {
-    /// The lock service: redis://host:port, rediss://..., zk://host:port[,host:port][/chroot].
+    /// The lock service: redis://host:port, rediss://..., zk://host:port[,host:port][/chroot],
+    /// postgres://user@host:port/database.
     #[arg(long, env = "DISTLOCK_URL", global = true)]
     url: Option<String>,
     /// The namespace keys live under (shared by every client of a key).
@@ -110,7 +112,7 @@ fn main() -> ExitCode {
 async fn run_cli(cli: Cli) -> u8 {
     let Some(url) = cli.url.filter(|u| !u.is_empty()) else {
         eprintln!(
-            "distlock: no lock service: pass --url or set DISTLOCK_URL (redis://..., zk://...)"
+            "distlock: no lock service: pass --url or set DISTLOCK_URL (redis://..., zk://..., postgres://...)"
         );
         return exit::USAGE;
     };
