@@ -23,7 +23,7 @@ CREATE TABLE distlock.keys (
   family      text        NOT NULL,                -- 'mutex' | 'rw' | 'sem'
   max_permits integer     NOT NULL DEFAULT 0,      -- semaphores
   last_fence  bigint      NOT NULL DEFAULT 0,
-  touched     timestamptz NOT NULL,                -- last acquire or release
+  touched     timestamptz NOT NULL,                -- last acquire or release (to the minute)
   PRIMARY KEY (ns, key)
 );
 CREATE INDEX keys_touched ON distlock.keys (touched);
@@ -59,19 +59,28 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT 'distlock_' || split_part(owner, '.', 1) $$;
 -- a crash that lost the last commits with synchronous_commit off) starts above every token
 -- handed out before it.
 CREATE FUNCTION distlock.next_fence(p_ns text, p_key text, p_now timestamptz) RETURNS bigint
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+  f bigint;
+BEGIN
   UPDATE distlock.keys SET last_fence = greatest(last_fence + 1, distlock.us(p_now))
-  WHERE ns = p_ns AND key = p_key
-  RETURNING last_fence
-$$;
+    WHERE ns = p_ns AND key = p_key
+    RETURNING last_fence INTO f;
+  RETURN f;
+END $$;
 
 -- Drops the key's claims whose lease or liveness deadline has passed.
+-- Rows are locked in `seq` order first, and a row a renewal extended meanwhile is skipped.
+-- (Functions that run statements are PL/pgSQL, whose plans are kept per connection; a
+-- LANGUAGE sql one would be planned again at every call.)
 CREATE FUNCTION distlock.purge(p_ns text, p_key text, p_now timestamptz) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM 1 FROM distlock.claims
     WHERE ns = p_ns AND key = p_key AND deadline <= p_now ORDER BY seq FOR UPDATE;
-  DELETE FROM distlock.claims WHERE ns = p_ns AND key = p_key AND deadline <= p_now;
+  IF FOUND THEN
+    DELETE FROM distlock.claims WHERE ns = p_ns AND key = p_key AND deadline <= p_now;
+  END IF;
 END $$;
 
 -- Grants the queue from its head while the head fits beside the holders (readers queued
@@ -79,34 +88,39 @@ END $$;
 -- Each grant gets a provisional lease of `p_handoff_ms` and a message to its client:
 -- '<owner> <fence> <server ms> <px>'. If anything was granted, the claim now first in line is
 -- told when those leases end: '<owner> <server ms> <px>'. `p_quiet` (the caller) gets no
--- message. Returns whether `p_quiet` was granted.
+-- message. Says whether `p_quiet` was granted, whether anyone still waits, and what the holders
+-- hold now.
 CREATE FUNCTION distlock.grant_pass(
-  p_ns text, p_key text, p_now timestamptz, p_handoff_ms integer, p_max integer, p_quiet text)
-RETURNS boolean
+  p_ns text, p_key text, p_now timestamptz, p_handoff_ms integer, p_max integer, p_quiet text,
+  OUT quiet_granted boolean, OUT waiting boolean,
+  OUT n_held integer, OUT writer boolean, OUT used bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-  n_held integer;
-  writer boolean;
-  used bigint;
   c record;
   f bigint;
   granted boolean := false;
-  quiet_granted boolean := false;
 BEGIN
+  quiet_granted := false;
+  waiting := false;
   SELECT count(*), coalesce(bool_or(mode IN ('x', 'w')), false), coalesce(sum(permits), 0)
     INTO n_held, writer, used
     FROM distlock.claims WHERE ns = p_ns AND key = p_key AND fence IS NOT NULL;
-  FOR c IN SELECT owner, mode, permits FROM distlock.claims
-           WHERE ns = p_ns AND key = p_key AND fence IS NULL ORDER BY seq FOR UPDATE LOOP
+  LOOP
+    -- The head of the queue. Only calls holding the key's row change the queue, so nothing
+    -- moves under us; rows are updated head first, in `seq` order.
+    SELECT owner, mode, permits INTO c FROM distlock.claims
+      WHERE ns = p_ns AND key = p_key AND fence IS NULL ORDER BY seq LIMIT 1;
+    EXIT WHEN NOT FOUND;
     IF NOT (CASE c.mode
               WHEN 'r' THEN NOT writer
               WHEN 'p' THEN used + c.permits <= p_max
               ELSE n_held = 0 END) THEN
+      waiting := true;
       IF granted AND c.owner IS DISTINCT FROM p_quiet THEN
         PERFORM pg_notify(distlock.channel(c.owner),
           c.owner || ' ' || distlock.ms(p_now) || ' ' || p_handoff_ms);
       END IF;
-      RETURN quiet_granted;
+      EXIT;
     END IF;
     f := distlock.next_fence(p_ns, p_key, p_now);
     UPDATE distlock.claims
@@ -123,7 +137,21 @@ BEGIN
         c.owner || ' ' || f || ' ' || distlock.ms(p_now) || ' ' || p_handoff_ms);
     END IF;
   END LOOP;
-  RETURN quiet_granted;
+END $$;
+
+-- Locks the key's row for this transaction, and notes the use at most once a minute (a new
+-- row version each time would cost an index entry on `touched`). NULL if the key has no row.
+CREATE FUNCTION distlock.lock_key(p_ns text, p_key text, p_now timestamptz)
+RETURNS distlock.keys
+LANGUAGE plpgsql AS $$
+DECLARE
+  k distlock.keys;
+BEGIN
+  SELECT * INTO k FROM distlock.keys WHERE ns = p_ns AND key = p_key FOR UPDATE;
+  IF FOUND AND k.touched < p_now - interval '1 minute' THEN
+    UPDATE distlock.keys SET touched = p_now WHERE ns = p_ns AND key = p_key;
+  END IF;
+  RETURN k;
 END $$;
 
 -- Deletes up to `p_limit` keys nobody acquired or released for an hour and nobody holds or
@@ -159,15 +187,17 @@ DECLARE
   ttl interval := p_ttl_ms * interval '1 millisecond';
   fam text := CASE p_mode WHEN 'x' THEN 'mutex' WHEN 'p' THEN 'sem' ELSE 'rw' END;
   k record;
+  g record;
   f bigint;
   queued boolean;
   left_ms bigint;
 BEGIN
-  INSERT INTO distlock.keys AS t (ns, key, family, max_permits, touched)
-    VALUES (p_ns, p_key, fam, p_max, now_)
-    ON CONFLICT (ns, key) DO UPDATE SET touched = excluded.touched
-    RETURNING t.family, t.max_permits, (t.xmax = 0) AS created INTO k;
-  IF k.created THEN
+  SELECT t.family, t.max_permits INTO k FROM distlock.lock_key(p_ns, p_key, now_) t;
+  IF k.family IS NULL THEN
+    INSERT INTO distlock.keys AS t (ns, key, family, max_permits, touched)
+      VALUES (p_ns, p_key, fam, p_max, now_)
+      ON CONFLICT (ns, key) DO UPDATE SET touched = excluded.touched
+      RETURNING t.family, t.max_permits INTO k;
     PERFORM distlock.collect(now_, 2);
   END IF;
 
@@ -207,7 +237,8 @@ BEGIN
     RETURN;
   END IF;
 
-  IF distlock.grant_pass(p_ns, p_key, now_, p_handoff_ms, p_max, p_owner) THEN
+  SELECT * INTO g FROM distlock.grant_pass(p_ns, p_key, now_, p_handoff_ms, p_max, p_owner);
+  IF g.quiet_granted THEN
     UPDATE distlock.claims c SET deadline = now_ + ttl
       WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
       RETURNING c.fence INTO f;
@@ -217,13 +248,10 @@ BEGIN
 
   IF NOT queued THEN
     -- New: granted if nobody waits and it fits beside the holders.
-    IF NOT EXISTS (SELECT 1 FROM distlock.claims c
-                   WHERE c.ns = p_ns AND c.key = p_key AND c.fence IS NULL)
-       AND (SELECT CASE p_mode
-                     WHEN 'r' THEN NOT coalesce(bool_or(c.mode IN ('x', 'w')), false)
-                     WHEN 'p' THEN coalesce(sum(c.permits), 0) + p_count <= p_max
-                     ELSE count(*) = 0 END
-            FROM distlock.claims c WHERE c.ns = p_ns AND c.key = p_key) THEN
+    IF NOT g.waiting AND (CASE p_mode
+                            WHEN 'r' THEN NOT g.writer
+                            WHEN 'p' THEN g.used + p_count <= p_max
+                            ELSE g.n_held = 0 END) THEN
       f := distlock.next_fence(p_ns, p_key, now_);
       INSERT INTO distlock.claims (ns, key, owner, mode, permits, fence, deadline)
         VALUES (p_ns, p_key, p_owner, p_mode, p_count, f, now_ + ttl);
@@ -253,12 +281,11 @@ RETURNS integer
 LANGUAGE plpgsql SET lock_timeout = '4s' AS $$
 DECLARE
   now_ timestamptz := clock_timestamp();
-  k record;
+  k distlock.keys;
   held boolean;
 BEGIN
-  UPDATE distlock.keys t SET touched = now_ WHERE t.ns = p_ns AND t.key = p_key
-    RETURNING t.max_permits INTO k;
-  IF NOT FOUND THEN
+  k := distlock.lock_key(p_ns, p_key, now_);
+  IF k.ns IS NULL THEN
     RETURN 0;
   END IF;
   DELETE FROM distlock.claims c WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
@@ -278,7 +305,7 @@ DECLARE
   now_ timestamptz := clock_timestamp();
   f bigint;
 BEGIN
-  UPDATE distlock.keys t SET touched = now_ WHERE t.ns = p_ns AND t.key = p_key;
+  PERFORM distlock.lock_key(p_ns, p_key, now_);
   PERFORM distlock.purge(p_ns, p_key, now_);
   UPDATE distlock.claims c SET mode = 'r', deadline = now_ + p_ttl_ms * interval '1 millisecond'
     WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
