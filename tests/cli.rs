@@ -255,3 +255,16 @@ fn inspect_shows_holders_and_waiters() {
         assert_eq!(wait_exit(waiter, Duration::from_secs(5)), 0);
     }
 }
+
+/// `distlock schema` prints the SQL a DBA applies (tests/postgres.rs applies it by hand and
+/// uses it), without any service.
+#[test]
+fn schema_prints_the_postgres_sql() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    cmd.env_remove("DISTLOCK_URL").arg("schema");
+    let out = output(cmd);
+    assert!(out.status.success(), "{out:?}");
+    let sql = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(sql, distlock::backend::PgBackend::schema_sql());
+    assert!(sql.contains("CREATE FUNCTION distlock.acquire("));
+}

@@ -3,6 +3,7 @@
 //! ```text
 //! distlock run KEY [--timeout 30s] [--ttl 15s] [--no-wait] -- CMD ARGS...
 //! distlock inspect KEY [--json]
+//! distlock schema            # the PostgreSQL schema's SQL, for a migration tool
 //! ```
 //!
 //! The service comes from `--url` or `DISTLOCK_URL` (`redis://…`, `rediss://…`, `zk://…`,
@@ -91,6 +92,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Prints the SQL that creates distlock's PostgreSQL schema, for a migration tool or a DBA
+    /// (no service needed).
+    Schema,
 }
 
 fn main() -> ExitCode {
@@ -110,6 +114,10 @@ fn main() -> ExitCode {
 }
 
 async fn run_cli(cli: Cli) -> u8 {
+    if matches!(cli.command, Cmd::Schema) {
+        print!("{}", distlock::backend::PgBackend::schema_sql());
+        return 0;
+    }
     let Some(url) = cli.url.filter(|u| !u.is_empty()) else {
         eprintln!(
             "distlock: no lock service: pass --url or set DISTLOCK_URL (redis://..., zk://..., postgres://...)"
@@ -147,6 +155,7 @@ async fn run_cli(cli: Cli) -> u8 {
             run(&client, &key, &opts, &cmd).await
         }
         Cmd::Inspect { key, json } => inspect(&client, &key, json).await,
+        Cmd::Schema => 0,
     };
     client.shutdown().await;
     code

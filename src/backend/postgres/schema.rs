@@ -109,3 +109,24 @@ async fn install(client: &Client) -> Result<()> {
     client.batch_execute(end).await.map_err(fail)?;
     done
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_this_builds_schema_version_is_accepted() {
+        assert!(check(VERSION).is_ok());
+        let newer = check(VERSION + 1).unwrap_err();
+        assert!(newer.is_unsupported());
+        assert!(newer.to_string().contains("upgrade distlock"), "{newer}");
+        assert!(check(VERSION - 1).unwrap_err().is_unsupported());
+    }
+
+    #[test]
+    fn the_sql_records_its_version() {
+        assert!(SQL.contains(&format!(
+            "INSERT INTO distlock.meta (version) VALUES ({VERSION});"
+        )));
+    }
+}
