@@ -305,3 +305,49 @@ async fn shutdown_wakes_waiters_and_releases_held_locks() {
     // Releasing after shutdown reports the loss, never panics.
     assert!(held.release().await.unwrap_err().is_lost());
 }
+
+/// Leases reach the renewal task without waking it when they fall due after its next timer;
+/// a lease due before it must wake it. Here the task sleeps toward a 30 s lease's renewal when
+/// a 300 ms lease comes in: that one must still be renewed every 100 ms, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_taken_while_renewal_sleeps_on_a_long_one_is_renewed() {
+    let backend = MemoryBackend::new();
+    let c = LockClient::builder(backend.clone()).build().unwrap();
+    let other = LockClient::builder(backend).build().unwrap();
+    let long = c
+        .mutex("long")
+        .with_ttl(Duration::from_secs(30))
+        .lock()
+        .await
+        .unwrap();
+    sleep(Duration::from_millis(50)).await;
+    let short = c
+        .mutex("short")
+        .with_ttl(Duration::from_millis(300))
+        .lock()
+        .await
+        .unwrap();
+    sleep(Duration::from_millis(1500)).await;
+    assert!(!short.is_lost(), "a short lease was not renewed");
+    assert!(other
+        .mutex("short")
+        .try_lock()
+        .await
+        .unwrap_err()
+        .is_would_block());
+    // And many locks taken and released meanwhile change nothing.
+    for i in 0..600 {
+        c.mutex(format!("churn{i}"))
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    sleep(Duration::from_millis(500)).await;
+    assert!(!short.is_lost() && !long.is_lost());
+    short.release().await.unwrap();
+    long.release().await.unwrap();
+    c.shutdown().await;
+}

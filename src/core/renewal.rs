@@ -15,8 +15,11 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex as StdMutex;
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, oneshot};
+
+use tokio::sync::{oneshot, Notify};
 use tokio::time::{sleep_until, Instant};
 
 use super::lease::{Lease, Verdict};
@@ -27,19 +30,36 @@ use crate::error::{Error, ErrorKind};
 const MIN_CALL_LIMIT: Duration = Duration::from_millis(50);
 
 /// Handle to the shared renewal task of one client.
+///
+/// Leases reach the task through an inbox, not a channel: a new lease is due long after the
+/// task's next wake-up in nearly every case, so taking a lock or releasing one wakes no other
+/// thread (on a loaded machine a cross-thread wake-up costs as much as the round trip itself).
+/// The task drains the inbox whenever it wakes, and is woken early only for a lease due before
+/// its next timer, for a pile of released leases, or to shut down.
 #[derive(Clone)]
 pub(crate) struct Engine {
-    tx: mpsc::UnboundedSender<Cmd>,
+    shared: Arc<Shared>,
 }
 
-enum Cmd {
-    /// Schedule the lease (again) from its current schedule.
-    Track(Arc<Lease>),
-    /// The lease is released: drop it from the schedule.
-    Forget(u64),
-    /// Stop, handing back every lease still scheduled.
-    Shutdown(oneshot::Sender<Vec<Arc<Lease>>>),
+struct Shared {
+    inbox: StdMutex<Inbox>,
+    wake: Notify,
+    /// Cleared when the task ends (its runtime shut down).
+    alive: AtomicBool,
 }
+
+#[derive(Default)]
+struct Inbox {
+    track: Vec<Arc<Lease>>,
+    forget: Vec<u64>,
+    shutdown: Option<oneshot::Sender<Vec<Arc<Lease>>>>,
+    /// While the task sleeps: its next timer (`None`: it has none). While it is awake it
+    /// drains the inbox before sleeping again, so nothing needs to wake it.
+    asleep_until: Option<Option<Instant>>,
+}
+
+/// How many released leases may wait in the inbox before the task is woken to drop them.
+const FORGET_BATCH: usize = 256;
 
 /// How the engine treats leases.
 #[derive(Clone, Copy)]
@@ -53,29 +73,58 @@ impl Engine {
         backend: Arc<dyn DynBackend>,
         config: EngineConfig,
     ) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        handle.spawn(run(backend, config, rx));
-        Self { tx }
+        let shared = Arc::new(Shared {
+            inbox: StdMutex::new(Inbox::default()),
+            wake: Notify::new(),
+            alive: AtomicBool::new(true),
+        });
+        handle.spawn(run(backend, config, shared.clone()));
+        Self { shared }
     }
 
     pub(crate) fn is_running(&self) -> bool {
-        !self.tx.is_closed()
+        self.shared.alive.load(Ordering::Acquire)
+    }
+
+    fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Schedules the lease (again) with its current schedule.
     pub(crate) fn track(&self, lease: &Arc<Lease>) {
         // If the task is gone (its runtime shut down), the local deadline still makes the
         // guard report lost through `Lease::is_lost` and `Lease::lost`.
-        let _ = self.tx.send(Cmd::Track(lease.clone()));
+        let s = *lease.schedule();
+        let due = s
+            .lost_at(lease.drift())
+            .map_or(s.next, |lost| lost.min(s.next));
+        let mut inbox = self.inbox();
+        inbox.track.push(lease.clone());
+        let wake = match inbox.asleep_until {
+            Some(Some(next)) => due < next,
+            Some(None) => true,
+            None => false,
+        };
+        drop(inbox);
+        if wake {
+            self.shared.wake.notify_one();
+        }
     }
 
     /// Stops the task; `tx` receives the leases it still tracked.
     pub(crate) fn shutdown(&self, tx: oneshot::Sender<Vec<Arc<Lease>>>) {
-        let _ = self.tx.send(Cmd::Shutdown(tx));
+        self.inbox().shutdown = Some(tx);
+        self.shared.wake.notify_one();
     }
 
     pub(crate) fn forget(&self, lease: &Lease) {
-        let _ = self.tx.send(Cmd::Forget(lease.id));
+        let mut inbox = self.inbox();
+        inbox.forget.push(lease.id);
+        let wake = inbox.forget.len() == FORGET_BATCH && inbox.asleep_until.is_some();
+        drop(inbox);
+        if wake {
+            self.shared.wake.notify_one();
+        }
     }
 }
 
@@ -103,11 +152,17 @@ struct Task {
     calls: FuturesUnordered<BoxFuture<'static, Sent>>,
 }
 
-async fn run(
-    backend: Arc<dyn DynBackend>,
-    config: EngineConfig,
-    mut rx: mpsc::UnboundedReceiver<Cmd>,
-) {
+/// Clears `alive` when the task ends, however it ends.
+struct Alive(Arc<Shared>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.alive.store(false, Ordering::Release);
+    }
+}
+
+async fn run(backend: Arc<dyn DynBackend>, config: EngineConfig, shared: Arc<Shared>) {
+    let _alive = Alive(shared.clone());
     let mut reconnects = backend.reconnects();
     let mut task = Task {
         backend,
@@ -117,17 +172,36 @@ async fn run(
         calls: FuturesUnordered::new(),
     };
     loop {
-        let next = task.timers.first().map(|(at, _)| *at);
-        tokio::select! {
-            msg = rx.recv() => match msg {
-                None => break,
-                Some(Cmd::Track(lease)) => task.track(lease),
-                Some(Cmd::Forget(id)) => task.untrack(id),
-                Some(Cmd::Shutdown(tx)) => {
-                    let _ = tx.send(task.tracked.into_values().map(|t| t.lease).collect());
-                    break;
+        // Take in what arrived; go to sleep only with an empty inbox, saying until when, in
+        // the same critical section, so a lease due earlier wakes us.
+        let next = loop {
+            let (tracks, forgets, shutdown) = {
+                let mut inbox = shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
+                if inbox.track.is_empty() && inbox.forget.is_empty() && inbox.shutdown.is_none() {
+                    let next = task.timers.first().map(|(at, _)| *at);
+                    inbox.asleep_until = Some(next);
+                    break next;
                 }
-            },
+                inbox.asleep_until = None;
+                (
+                    std::mem::take(&mut inbox.track),
+                    std::mem::take(&mut inbox.forget),
+                    inbox.shutdown.take(),
+                )
+            };
+            for lease in tracks {
+                task.track(lease);
+            }
+            for id in forgets {
+                task.untrack(id);
+            }
+            if let Some(tx) = shutdown {
+                let _ = tx.send(task.tracked.into_values().map(|t| t.lease).collect());
+                return;
+            }
+        };
+        tokio::select! {
+            () = shared.wake.notified() => {}
             Some(sent) = task.calls.next(), if !task.calls.is_empty() => task.apply(sent),
             moved = async {
                 match reconnects.as_mut() {
@@ -143,6 +217,11 @@ async fn run(
             }
             () = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => task.round(),
         }
+        shared
+            .inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .asleep_until = None;
     }
 }
 
