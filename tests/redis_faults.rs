@@ -398,3 +398,31 @@ async fn after_a_restart_without_data_the_old_holder_is_told_at_once() {
     holder.shutdown().await;
     waiter.shutdown().await;
 }
+
+/// An acquire whose first attempt got no reply (the connection then dropped) and whose retry
+/// was granted: the lease runs from when the retry was sent, so the guard it returns is not
+/// already past its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_after_a_retried_acquire_is_not_born_lost() {
+    let ns = test_namespace!();
+    let proxy = Proxy::start(shared_redis().port());
+    let ttl = Duration::from_secs(3);
+    let c = client(&via(&proxy), &ns, ttl, Duration::from_secs(2), true).await;
+    proxy.swallow_replies(Which::Commands);
+    let lock = tokio::spawn(c.mutex("k").lock());
+    // Longer than the lease: the first attempt's send time is useless as its start.
+    sleep(ttl + Duration::from_millis(500)).await;
+    proxy.cut();
+    sleep(Duration::from_millis(50)).await;
+    proxy.pass();
+    let guard = timeout(Duration::from_secs(10), lock)
+        .await
+        .expect("the retried acquire never finished")
+        .unwrap()
+        .unwrap();
+    assert!(!guard.is_lost(), "a fresh grant was reported lost at once");
+    sleep(Duration::from_secs(1)).await;
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+    c.shutdown().await;
+}

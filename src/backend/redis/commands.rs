@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ::redis::aio::ConnectionManager;
 use ::redis::{FromRedisValue, RedisError, ScriptInvocation};
+use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -42,22 +43,36 @@ impl Commands {
         what: &str,
         inv: &ScriptInvocation<'_>,
     ) -> Result<T> {
-        self.invoke_noting_doubt(what, inv).await.map(|(v, _)| v)
+        self.invoke_noting_doubt(what, inv).await.map(|(v, ..)| v)
+    }
+
+    /// Runs a script, retrying connection failures; also says when the attempt that was
+    /// answered was sent (a lease the reply grants runs from then, not from a first attempt
+    /// that timed out).
+    pub(crate) async fn invoke_timed<T: FromRedisValue>(
+        &self,
+        what: &str,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<(T, Instant)> {
+        self.invoke_noting_doubt(what, inv)
+            .await
+            .map(|(v, _, sent)| (v, sent))
     }
 
     /// Runs a script, retrying connection failures, and says whether an earlier attempt may
     /// have run on the server (it failed after the request could have been sent), so the
-    /// reply describes the state that attempt left.
+    /// reply describes the state that attempt left, and when the answered attempt was sent.
     pub(crate) async fn invoke_noting_doubt<T: FromRedisValue>(
         &self,
         what: &str,
         inv: &ScriptInvocation<'_>,
-    ) -> Result<(T, bool)> {
+    ) -> Result<(T, bool, Instant)> {
         let mut retries = RETRIES;
         let mut in_doubt = false;
         loop {
+            let sent = Instant::now();
             let failure = match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
-                Ok(Ok(value)) => return Ok((value, in_doubt)),
+                Ok(Ok(value)) => return Ok((value, in_doubt, sent)),
                 Ok(Err(f)) => f,
                 Err(_) => Failure::Timeout,
             };

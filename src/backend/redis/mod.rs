@@ -431,8 +431,8 @@ impl RedisBackend {
         if let Some(shared) = &shared {
             inv.arg(&shared.kind).arg(shared.max);
         }
-        let sent = Instant::now();
-        let reply: Vec<::redis::Value> = self.inner.commands.invoke("acquire", &inv).await?;
+        let (reply, sent): (Vec<::redis::Value>, Instant) =
+            self.inner.commands.invoke_timed("acquire", &inv).await?;
         let (code, value, server_ms) = parse_acquire(claim, &reply)?;
         if code == 1 {
             return Ok(Attempt::Granted(Grant {
@@ -662,7 +662,7 @@ impl Backend for RedisBackend {
         if let Some(shared) = &shared {
             inv.arg(format!("{}:{}", shared.kind, keys.owner));
         }
-        let (held, in_doubt): (i64, bool) = self
+        let (held, in_doubt, _): (i64, bool, Instant) = self
             .inner
             .commands
             .invoke_noting_doubt("release", &inv)
@@ -681,8 +681,8 @@ impl Backend for RedisBackend {
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
             .arg(&keys.channels);
-        let sent = Instant::now();
-        let (done, fence): (i64, i64) = self.inner.commands.invoke("downgrade", &inv).await?;
+        let ((done, fence), sent): ((i64, i64), Instant) =
+            self.inner.commands.invoke_timed("downgrade", &inv).await?;
         if done != 1 {
             return Err(Error::lost(claim.key()));
         }
@@ -703,9 +703,13 @@ impl Backend for RedisBackend {
                 .arg(keys.owner)
                 .arg(millis(claim.ttl()));
         }
-        let sent = Instant::now();
-        match self.inner.commands.invoke::<Vec<i64>>("renew", &inv).await {
-            Ok(results) if results.len() == claims.len() => claims
+        match self
+            .inner
+            .commands
+            .invoke_timed::<Vec<i64>>("renew", &inv)
+            .await
+        {
+            Ok((results, sent)) if results.len() == claims.len() => claims
                 .iter()
                 .zip(results)
                 .map(|((claim, _), r)| match r {
