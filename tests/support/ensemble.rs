@@ -34,7 +34,22 @@ impl ZkEnsemble {
     /// Starts three servers (tickTime 500 ms, sessions of 1 to 60 s) and waits until each
     /// serves as leader or follower. `sync_ticks` is `syncLimit`: how long a follower cut off
     /// from its leader goes on serving its clients before it notices.
+    ///
+    /// Ports are picked free and bound by the servers a moment later; an outgoing connection
+    /// can take one in between (they come from the same range), so an ensemble that cannot bind
+    /// is started again on fresh ports, up to three times.
     pub fn start(sync_ticks: u32) -> Self {
+        let mut last = String::new();
+        for _attempt in 0..3 {
+            match Self::try_start(sync_ticks) {
+                Ok(ensemble) => return ensemble,
+                Err(logs) => last = logs,
+            }
+        }
+        panic!("the ZooKeeper ensemble did not form; last logs:\n{last}");
+    }
+
+    fn try_start(sync_ticks: u32) -> Result<Self, String> {
         let client: Vec<u16> = (0..MEMBERS).map(|_| free_port()).collect();
         let quorum: Vec<u16> = (0..MEMBERS).map(|_| free_port()).collect();
         let election: Vec<u16> = (0..MEMBERS).map(|_| free_port()).collect();
@@ -82,8 +97,15 @@ impl ZkEnsemble {
             });
         }
         let ensemble = Self { members, links };
-        ensemble.until_serving(0..MEMBERS);
-        ensemble
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !(0..MEMBERS).all(|i| ensemble.mode(i).is_some()) {
+            let logs = ensemble.logs();
+            if Instant::now() >= deadline || logs.contains("BindException") {
+                return Err(logs);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(ensemble)
     }
 
     /// Waits until every member in `which` serves as leader or follower.
