@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::backend::PgBackend;
@@ -277,17 +278,25 @@ async fn an_outage_longer_than_the_lease_loses_the_lock_before_anyone_gets_it() 
     let ttl = Duration::from_millis(1500);
     let holder = client(&server.url(), ns, ttl, Duration::from_secs(2)).await;
     let waiter = client(&server.url(), ns, ttl, Duration::from_secs(2)).await;
-    let held = holder.mutex("k").lock().await.unwrap();
+    let held = Arc::new(holder.mutex("k").lock().await.unwrap());
+    // Noted by a task of its own: the test's thread is blocked while the server restarts.
+    let lost = {
+        let held = held.clone();
+        tokio::spawn(async move {
+            held.lost().await;
+            Instant::now()
+        })
+    };
     let wait = spawn_timed(waiter.mutex("k").lock_timeout(Duration::from_secs(30)));
     until_queued(&server.url(), ns, "k", 1).await;
 
     tokio::task::block_in_place(|| server.restart_after(|| std::thread::sleep(ttl * 2)));
-    let (granted, lost_at) = tokio::join!(timeout(Duration::from_secs(20), wait), async {
-        held.lost().await;
-        Instant::now()
-    });
-    let (granted_at, guard) = granted.expect("the waiter was never granted").unwrap();
+    let (granted_at, guard) = timeout(Duration::from_secs(20), wait)
+        .await
+        .expect("the waiter was never granted")
+        .unwrap();
     let guard = guard.unwrap();
+    let lost_at = lost.await.unwrap();
     assert!(
         lost_at <= granted_at,
         "the old holder believed it held {:?} past the new grant",
