@@ -13,8 +13,51 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
-use super::Grant;
-use crate::error::Result;
+use super::{Family, Grant, LockKind};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Refuses a provisional handoff lease too short to be confirmed.
+pub(crate) fn check_handoff_ttl(ttl: Duration) -> Result<()> {
+    if ttl < crate::MIN_TTL {
+        return Err(Error::invalid_config(format_args!(
+            "handoff ttl of {ttl:?} is below the minimum of {:?}",
+            crate::MIN_TTL
+        )));
+    }
+    Ok(())
+}
+
+/// A fencing token as a server returned it; `service` names the server in the error.
+pub(crate) fn fence_of(service: &str, raw: i64) -> Result<u64> {
+    u64::try_from(raw).map_err(|_| {
+        Error::new(
+            ErrorKind::Backend,
+            format!("{service} returned an invalid fencing token {raw}"),
+        )
+    })
+}
+
+/// A key's family as the server-side code writes it: `mutex`, `rw` or `sem:<permits>`.
+pub(crate) fn parse_family(family: &str) -> Option<Family> {
+    match family {
+        "mutex" => Some(Family::Mutex),
+        "rw" => Some(Family::RwLock),
+        other => other
+            .strip_prefix("sem:")
+            .and_then(|m| m.parse().ok())
+            .map(|max| Family::Semaphore { max }),
+    }
+}
+
+/// The error for a claim refused because the key is another family on the server (`family`
+/// as [`parse_family`] reads it).
+pub(crate) fn kind_mismatch(key: &str, family: &str, asked: LockKind) -> Error {
+    let seen = parse_family(family).map_or_else(|| format!("`{family}`"), |f| f.to_string());
+    Error::kind_mismatch(format_args!(
+        "`{key}` is {seen} on the server, asked for as {}",
+        asked.family()
+    ))
+}
 
 /// A grant announced to its new owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

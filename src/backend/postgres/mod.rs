@@ -28,7 +28,9 @@ use tokio_postgres::Row;
 
 use self::commands::{route_of, Commands, Own, Params};
 use self::listen::{Hub, Registration};
-use super::handoff::{wait_for_handoff, Mailbox, ServerClock};
+use super::handoff::{
+    self, check_handoff_ttl, parse_family, wait_for_handoff, Mailbox, ServerClock,
+};
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter};
@@ -268,13 +270,7 @@ impl PgBackendBuilder {
     /// # }
     /// ```
     pub async fn build(self) -> Result<PgBackend> {
-        if self.handoff_ttl < crate::MIN_TTL {
-            return Err(Error::invalid_config(format_args!(
-                "handoff ttl of {:?} is below the minimum of {:?}",
-                self.handoff_ttl,
-                crate::MIN_TTL
-            )));
-        }
+        check_handoff_ttl(self.handoff_ttl)?;
         if self.connections == 0 {
             return Err(Error::invalid_config(
                 "a postgres backend needs at least one connection",
@@ -415,12 +411,7 @@ fn malformed(what: &str) -> Error {
 }
 
 fn fence_of(raw: i64) -> Result<u64> {
-    u64::try_from(raw).map_err(|_| {
-        Error::new(
-            ErrorKind::Backend,
-            format!("postgres returned an invalid fencing token {raw}"),
-        )
-    })
+    handoff::fence_of("postgres", raw)
 }
 
 fn column<'r, T: tokio_postgres::types::FromSql<'r>>(
@@ -429,18 +420,6 @@ fn column<'r, T: tokio_postgres::types::FromSql<'r>>(
     what: &str,
 ) -> Result<T> {
     row.try_get(i).map_err(|e| malformed(what).with_source(e))
-}
-
-/// Names a family as the functions report it (`mutex`, `rw`, `sem:<permits>`).
-fn parse_family(family: &str) -> Option<Family> {
-    match family {
-        "mutex" => Some(Family::Mutex),
-        "rw" => Some(Family::RwLock),
-        other => other
-            .strip_prefix("sem:")
-            .and_then(|m| m.parse().ok())
-            .map(|max| Family::Semaphore { max }),
-    }
 }
 
 const ACQUIRE: &str = "SELECT code, value, server_ms, family FROM distlock.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
@@ -494,14 +473,11 @@ impl PgBackend {
             }
             _ => {
                 let family: Option<String> = column(row, 3, "acquire")?;
-                let family = family.unwrap_or_default();
-                let seen =
-                    parse_family(&family).map_or_else(|| format!("`{family}`"), |f| f.to_string());
-                Err(Error::kind_mismatch(format_args!(
-                    "`{}` is {seen} on the server, asked for as {}",
+                Err(handoff::kind_mismatch(
                     claim.key(),
-                    claim.kind().family()
-                )))
+                    &family.unwrap_or_default(),
+                    claim.kind(),
+                ))
             }
         }
     }

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use self::commands::{redis_error, Commands, CALL_TIMEOUT};
 use self::notify::{Hub, Subscription};
-use super::handoff::{wait_for_handoff, Mailbox, ServerClock};
+use super::handoff::{self, check_handoff_ttl, wait_for_handoff, Mailbox, ServerClock};
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter};
@@ -273,13 +273,7 @@ impl RedisBackendBuilder {
     /// # }
     /// ```
     pub async fn build(self) -> Result<RedisBackend> {
-        if self.handoff_ttl < crate::MIN_TTL {
-            return Err(Error::invalid_config(format_args!(
-                "handoff ttl of {:?} is below the minimum of {:?}",
-                self.handoff_ttl,
-                crate::MIN_TTL
-            )));
-        }
+        check_handoff_ttl(self.handoff_ttl)?;
         let client = self
             .client()
             .map_err(|e| Error::invalid_config("malformed redis url").with_source(e))?;
@@ -399,12 +393,7 @@ fn millis(d: Duration) -> u64 {
 }
 
 fn fence_of(raw: i64) -> Result<u64> {
-    u64::try_from(raw).map_err(|_| {
-        Error::new(
-            ErrorKind::Backend,
-            format!("redis returned an invalid fencing token {raw}"),
-        )
-    })
+    handoff::fence_of("redis", raw)
 }
 
 impl RedisBackend {
@@ -497,12 +486,7 @@ fn parse_acquire(claim: &Claim, reply: &[::redis::Value]) -> Result<(i64, i64, i
     match (int(0), reply.get(1)) {
         (Some(-1), Some(family)) => {
             let family: String = ::redis::from_redis_value_ref(family).unwrap_or_default();
-            Err(Error::kind_mismatch(format_args!(
-                "`{}` is {} on the server, asked for as {}",
-                claim.key(),
-                describe_family(&family),
-                claim.kind().family()
-            )))
+            Err(handoff::kind_mismatch(claim.key(), &family, claim.kind()))
         }
         (Some(code), _) => match (int(1), int(2)) {
             (Some(value), Some(server_ms)) => Ok((code, value, server_ms)),
@@ -515,18 +499,6 @@ fn parse_acquire(claim: &Claim, reply: &[::redis::Value]) -> Result<(i64, i64, i
             ErrorKind::Backend,
             "redis acquire returned a malformed reply",
         )),
-    }
-}
-
-/// Names a family as the scripts report it (`mutex`, `rw`, `sem:<permits>`).
-fn describe_family(family: &str) -> String {
-    match family {
-        "mutex" => Family::Mutex.to_string(),
-        "rw" => Family::RwLock.to_string(),
-        other => match other.strip_prefix("sem:").and_then(|m| m.parse().ok()) {
-            Some(max) => Family::Semaphore { max }.to_string(),
-            None => format!("`{other}`"),
-        },
     }
 }
 
@@ -561,17 +533,13 @@ impl Backend for RedisBackend {
                 format!("redis: unexpected inspect reply for `{key}`"),
             )
         };
-        let (family, max) = match family.as_str() {
-            "" => (None, 0),
-            "mutex" => (Some(Family::Mutex), 0),
-            "rw" => (Some(Family::RwLock), 0),
-            other => {
-                let max = other
-                    .strip_prefix("sem:")
-                    .and_then(|m| m.parse().ok())
-                    .ok_or_else(bad)?;
-                (Some(Family::Semaphore { max }), max)
-            }
+        let family = match family.as_str() {
+            "" => None,
+            other => Some(handoff::parse_family(other).ok_or_else(bad)?),
+        };
+        let max = match family {
+            Some(Family::Semaphore { max }) => max,
+            _ => 0,
         };
         let kind = |k: &str| -> Result<LockKind> {
             Ok(match k {
