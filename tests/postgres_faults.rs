@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::backend::PgBackend;
-use distlock::{LockClient, MutexGuard};
+use distlock::LockClient;
 use support::contract::{partition_then_handover, spawn_timed, spawn_timed_lock};
+use support::faults::{self, grant_elsewhere, stays_lost, Service};
 use support::pg::until_queued;
 use support::proxy::{Proxy, Which};
 use support::{shared_postgres, PgServer};
@@ -36,31 +37,32 @@ fn via(proxy: &Proxy) -> String {
     format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port())
 }
 
-/// Tries `key` on `other` every few ms until it is granted or `limit` passes, checking at every
-/// step that `stale` never goes back from lost to held, and that it reports lost once `other`
-/// holds.
-async fn grant_elsewhere(
-    other: &LockClient,
-    key: &str,
-    stale: &MutexGuard,
-    limit: Duration,
-) -> Option<MutexGuard> {
-    let end = Instant::now() + limit;
-    let mut seen_lost = false;
-    while Instant::now() < end {
-        let lost = stale.is_lost();
-        assert!(lost || !seen_lost, "a guard went back from lost to held");
-        seen_lost |= lost;
-        if let Ok(guard) = other.mutex(key).try_lock().await {
-            assert!(
-                stale.is_lost(),
-                "another client was granted the lock while the old holder still believes it holds"
-            );
-            return Some(guard);
-        }
-        sleep(Duration::from_millis(5)).await;
+/// The shared fault scenarios' view of the test server.
+fn service() -> Service {
+    Service {
+        port: shared_postgres().port(),
+        url_for: |port| format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        connect: |url, ns, ttl, handoff| {
+            Box::pin(async move { client(&url, &ns, ttl, handoff).await })
+        },
+        until_queued: |ns, key, n| {
+            Box::pin(async move {
+                until_queued(
+                    &shared_postgres().url(),
+                    &ns,
+                    &key,
+                    i64::try_from(n).unwrap(),
+                )
+                .await
+            })
+        },
+        left_in: |ns| {
+            Box::pin(async move {
+                usize::try_from(support::pg::claims_in(&shared_postgres().url(), &ns).await)
+                    .unwrap()
+            })
+        },
     }
-    None
 }
 
 /// A holder cut off from the server (a blackhole: its packets vanish, nothing is reset) is
@@ -102,15 +104,11 @@ async fn late_renewal_replies_do_not_stretch_a_lease() {
     let other = client(&url, &ns, ttl, Duration::from_secs(2)).await;
     let held = h.mutex("k").lock().await.unwrap();
     proxy.delay_replies(Which::Commands, ttl * 2);
-    let guard = grant_elsewhere(&other, "k", &held, ttl * 6)
+    let (guard, _) = grant_elsewhere(&other, "k", &held, ttl * 6)
         .await
         .expect("the lock never passed on");
     // The delayed replies land now; the stale guard stays lost.
-    let end = Instant::now() + ttl * 3;
-    while Instant::now() < end {
-        assert!(held.is_lost(), "a lost guard reports held again");
-        sleep(Duration::from_millis(10)).await;
-    }
+    stays_lost(&held, ttl * 3).await;
     assert!(guard.fencing_token() > held.fencing_token());
     guard.release().await.unwrap();
     proxy.pass();
@@ -121,39 +119,7 @@ async fn late_renewal_replies_do_not_stretch_a_lease() {
 /// handoff's provisional lease ends, not at the dead waiter's liveness deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
-    let ns = test_namespace!();
-    let url = shared_postgres().url();
-    let proxy = Proxy::start(shared_postgres().port());
-    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
-    let h = client(&url, &ns, ttl, handoff).await;
-    let dead = client(&via(&proxy), &ns, ttl, handoff).await;
-    let next = client(&url, &ns, ttl, handoff).await;
-
-    let held = h.mutex("k").lock().await.unwrap();
-    let doomed = tokio::spawn(dead.mutex("k").lock());
-    until_queued(&url, &ns, "k", 1).await;
-    let waiter = tokio::spawn(next.mutex("k").lock());
-    until_queued(&url, &ns, "k", 2).await;
-
-    // The first waiter's process is gone (its queue entry still looks alive for a TTL).
-    proxy.blackhole();
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let guard = timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the next waiter waited for the dead waiter's TTL")
-        .unwrap()
-        .unwrap();
-    let waited = released.elapsed();
-    assert!(
-        waited < handoff + Duration::from_millis(700),
-        "the next waiter got the lock {waited:?} after the release"
-    );
-    doomed.abort();
-    guard.release().await.unwrap();
-    proxy.heal();
-    h.shutdown().await;
-    next.shutdown().await;
+    faults::handoff_to_a_dead_waiter_passes_on(&service(), &test_namespace!()).await;
 }
 
 /// A LISTEN connection gone half-open (bytes vanish, no reset) is found out by its ping and
@@ -161,69 +127,14 @@ async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
 /// holder's 10 s TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_listen_connection_does_not_lose_a_grant() {
-    let ns = test_namespace!();
-    let url = shared_postgres().url();
-    let proxy = Proxy::start(shared_postgres().port());
-    let ttl = Duration::from_secs(10);
-    let h = client(&url, &ns, ttl, Duration::from_secs(2)).await;
-    let w = client(&via(&proxy), &ns, ttl, Duration::from_secs(2)).await;
-    let held = h.mutex("k").lock().await.unwrap();
-    let waiter = tokio::spawn(w.mutex("k").lock());
-    until_queued(&url, &ns, "k", 1).await;
-    proxy.blackhole_only(Which::Subscribers);
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let guard = timeout(Duration::from_secs(6), waiter)
-        .await
-        .expect("the grant went into a half-open connection and the waiter never learned")
-        .unwrap()
-        .unwrap();
-    assert!(!guard.is_lost());
-    assert!(
-        released.elapsed() < Duration::from_secs(4),
-        "{:?}",
-        released.elapsed()
-    );
-    guard.release().await.unwrap();
-    proxy.pass();
-    h.shutdown().await;
-    w.shutdown().await;
+    faults::half_open_message_connection_loses_no_grant(&service(), &test_namespace!()).await;
 }
 
 /// A release whose reply was lost, sent again on a new connection (finding nothing), is not
 /// reported as a lost lock, and the lock is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_reply_was_lost_is_not_reported_lost() {
-    let ns = test_namespace!();
-    let proxy = Proxy::start(shared_postgres().port());
-    let c = client(
-        &via(&proxy),
-        &ns,
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    )
-    .await;
-    let guard = c.mutex("k").lock().await.unwrap();
-    proxy.swallow_replies(Which::Commands);
-    let release = tokio::spawn(guard.release());
-    // The release ran on the server; its reply is gone. Then the connection drops.
-    sleep(Duration::from_millis(300)).await;
-    proxy.cut();
-    sleep(Duration::from_millis(50)).await;
-    proxy.pass();
-    let outcome = timeout(Duration::from_secs(10), release)
-        .await
-        .expect("release never finished")
-        .unwrap();
-    assert!(
-        outcome.is_ok(),
-        "a lock released on the server was reported as {outcome:?}"
-    );
-    assert_eq!(
-        support::pg::claims_in(&shared_postgres().url(), &ns).await,
-        0
-    );
-    c.shutdown().await;
+    faults::release_with_a_lost_reply_is_not_lost(&service(), &test_namespace!()).await;
 }
 
 /// PostgreSQL crashes (SIGKILL) and comes back on its data within the TTL: the holder keeps its

@@ -10,9 +10,10 @@ mod support;
 use std::time::Duration;
 
 use distlock::backend::RedisBackend;
-use distlock::{LockClient, MutexGuard};
+use distlock::LockClient;
+use support::faults::{self, grant_elsewhere, stays_lost, Service};
 use support::proxy::{Proxy, Which};
-use support::redis::{connection, until_queued};
+use support::redis::{connection, keys_in, until_queued};
 use support::shared_redis;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
@@ -35,6 +36,29 @@ fn via(proxy: &Proxy) -> String {
     format!("redis://127.0.0.1:{}/", proxy.port())
 }
 
+/// The shared fault scenarios' view of the test server.
+fn service() -> Service {
+    Service {
+        port: shared_redis().port(),
+        url_for: |port| format!("redis://127.0.0.1:{port}/"),
+        connect: |url, ns, ttl, handoff| {
+            Box::pin(async move { client(&url, &ns, ttl, handoff, true).await })
+        },
+        until_queued: |ns, key, n| {
+            Box::pin(async move { until_queued(&shared_redis().url(), &ns, &key, n).await })
+        },
+        left_in: |ns| {
+            Box::pin(async move {
+                keys_in(&shared_redis().url(), &ns)
+                    .await
+                    .iter()
+                    .filter(|k| !k.ends_with(":fence"))
+                    .count()
+            })
+        },
+    }
+}
+
 /// The server-side liveness deadline of the first queued waiter (moved by each renewal).
 async fn first_waiter_deadline(ns: &str, key: &str) -> Option<i64> {
     let r: Vec<(String, i64)> = redis::cmd("ZRANGE")
@@ -46,43 +70,6 @@ async fn first_waiter_deadline(ns: &str, key: &str) -> Option<i64> {
         .await
         .unwrap();
     r.first().map(|(_, s)| *s)
-}
-
-/// Tries `key` on `other` every few ms until it is granted or `limit` passes, checking at every
-/// step that `stale` never goes back from lost to held, and that it reports lost once `other`
-/// holds. Returns `other`'s guard and when it was granted.
-async fn grant_elsewhere(
-    other: &LockClient,
-    key: &str,
-    stale: &MutexGuard,
-    limit: Duration,
-) -> Option<(MutexGuard, Instant)> {
-    let end = Instant::now() + limit;
-    let mut seen_lost = false;
-    while Instant::now() < end {
-        let lost = stale.is_lost();
-        assert!(lost || !seen_lost, "a guard went back from lost to held");
-        seen_lost |= lost;
-        if let Ok(guard) = other.mutex(key).try_lock().await {
-            let at = Instant::now();
-            assert!(
-                stale.is_lost(),
-                "another client was granted the lock while the old holder still believes it holds"
-            );
-            return Some((guard, at));
-        }
-        sleep(Duration::from_millis(5)).await;
-    }
-    None
-}
-
-/// Checks for `period` that `stale` stays lost.
-async fn stays_lost(stale: &MutexGuard, period: Duration) {
-    let end = Instant::now() + period;
-    while Instant::now() < end {
-        assert!(stale.is_lost(), "a lost guard reports held again");
-        sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Item 1: a waiter's queue renewal answered after a handoff made it the holder must not
@@ -211,73 +198,14 @@ async fn a_stuck_renewal_does_not_delay_another_leases_deadline() {
 /// the handoff's provisional lease ends, not at the old holder's deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
-    let ns = test_namespace!();
-    let url = shared_redis().url();
-    let proxy = Proxy::start(shared_redis().port());
-    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
-    let h = client(&url, &ns, ttl, handoff, true).await;
-    let dead = client(&via(&proxy), &ns, ttl, handoff, true).await;
-    let next = client(&url, &ns, ttl, handoff, true).await;
-
-    let held = h.mutex("k").lock().await.unwrap();
-    let doomed = tokio::spawn(dead.mutex("k").lock());
-    until_queued(&shared_redis().url(), &ns, "k", 1).await;
-    let waiter = tokio::spawn(next.mutex("k").lock());
-    until_queued(&shared_redis().url(), &ns, "k", 2).await;
-
-    // The first waiter's process is gone (its queue entry still looks alive for a TTL).
-    proxy.cut();
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let guard = timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the next waiter waited for the old holder's TTL")
-        .unwrap()
-        .unwrap();
-    let waited = released.elapsed();
-    assert!(
-        waited < handoff + Duration::from_millis(700),
-        "the next waiter got the lock {waited:?} after the release"
-    );
-    doomed.abort();
-    drop(guard);
-    h.shutdown().await;
-    next.shutdown().await;
+    faults::handoff_to_a_dead_waiter_passes_on(&service(), &test_namespace!()).await;
 }
 
 /// Item 7: a pub/sub connection that went half-open (bytes vanish, no reset) is found out and
 /// replaced, and the waiter whose grant it swallowed gets the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_pubsub_connection_does_not_lose_a_grant() {
-    let ns = test_namespace!();
-    let url = shared_redis().url();
-    let proxy = Proxy::start(shared_redis().port());
-    let ttl = Duration::from_secs(10);
-    let h = client(&url, &ns, ttl, Duration::from_secs(2), true).await;
-    let w = client(&via(&proxy), &ns, ttl, Duration::from_secs(2), true).await;
-
-    let held = h.mutex("k").lock().await.unwrap();
-    let waiter = tokio::spawn(w.mutex("k").lock());
-    until_queued(&shared_redis().url(), &ns, "k", 1).await;
-    proxy.blackhole_only(Which::Subscribers);
-    let released = Instant::now();
-    held.release().await.unwrap();
-
-    let guard = timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the grant went into a half-open connection and the waiter never learned")
-        .unwrap()
-        .unwrap();
-    assert!(!guard.is_lost());
-    assert!(
-        released.elapsed() < Duration::from_secs(4),
-        "{:?}",
-        released.elapsed()
-    );
-    guard.release().await.unwrap();
-    proxy.pass();
-    h.shutdown().await;
-    w.shutdown().await;
+    faults::half_open_message_connection_loses_no_grant(&service(), &test_namespace!()).await;
 }
 
 /// Item 8: a lock key overwritten with another Redis type fails only its own lease, not every
@@ -325,40 +253,7 @@ async fn a_foreign_typed_key_fails_only_its_own_lease() {
 /// reported as a lost lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_reply_was_lost_is_not_reported_lost() {
-    let ns = test_namespace!();
-    let proxy = Proxy::start(shared_redis().port());
-    let c = client(
-        &via(&proxy),
-        &ns,
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-        true,
-    )
-    .await;
-    let guard = c.mutex("k").lock().await.unwrap();
-    proxy.swallow_replies(Which::Commands);
-    let release = tokio::spawn(guard.release());
-    // The release ran on the server; its reply is gone. Then the connection drops.
-    sleep(Duration::from_millis(300)).await;
-    proxy.cut();
-    sleep(Duration::from_millis(50)).await;
-    proxy.pass();
-
-    let outcome = timeout(Duration::from_secs(10), release)
-        .await
-        .expect("release never finished")
-        .unwrap();
-    assert!(
-        outcome.is_ok(),
-        "a lock released on the server was reported as {outcome:?}"
-    );
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg(format!("{ns}:{{k}}"))
-        .query_async(&mut connection(&shared_redis().url()).await)
-        .await
-        .unwrap();
-    assert_eq!(exists, 0);
-    c.shutdown().await;
+    faults::release_with_a_lost_reply_is_not_lost(&service(), &test_namespace!()).await;
 }
 
 /// Issue 15: redis-server restarted without its data under a holder. A waiter is granted at

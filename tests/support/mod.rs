@@ -10,6 +10,7 @@ pub mod contract;
 pub mod curator;
 pub mod ensemble;
 pub mod family;
+pub mod faults;
 pub mod holder;
 #[cfg(feature = "postgres")]
 pub mod pg;

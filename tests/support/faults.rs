@@ -1,0 +1,185 @@
+//! Fault scenarios that the backends with queued handoff (Redis, PostgreSQL) share: each takes
+//! a [`Service`] that says how to reach the server, directly or through a proxy.
+
+use std::time::Duration;
+
+use distlock::{LockClient, MutexGuard};
+use futures::future::BoxFuture;
+use tokio::time::{sleep, timeout, Instant};
+
+use super::proxy::{Proxy, Which};
+
+/// How a scenario reaches one backend's server.
+pub struct Service {
+    /// The server's port, which proxies forward to.
+    pub port: u16,
+    /// A URL for a server (or proxy) listening on a port.
+    pub url_for: fn(u16) -> String,
+    /// A client with its own connections: `(url, namespace, ttl, handoff ttl)`.
+    pub connect: fn(String, String, Duration, Duration) -> BoxFuture<'static, LockClient>,
+    /// Waits until `n` claims are queued on `(namespace, key)`.
+    pub until_queued: fn(String, String, usize) -> BoxFuture<'static, ()>,
+    /// How many traces of locks (holders, waiters) are left in a namespace.
+    pub left_in: fn(String) -> BoxFuture<'static, usize>,
+}
+
+impl Service {
+    pub fn url(&self) -> String {
+        (self.url_for)(self.port)
+    }
+
+    pub fn via(&self, proxy: &Proxy) -> String {
+        (self.url_for)(proxy.port())
+    }
+
+    pub async fn client(
+        &self,
+        url: String,
+        ns: &str,
+        ttl: Duration,
+        handoff: Duration,
+    ) -> LockClient {
+        (self.connect)(url, ns.to_owned(), ttl, handoff).await
+    }
+
+    pub async fn until_queued(&self, ns: &str, key: &str, n: usize) {
+        (self.until_queued)(ns.to_owned(), key.to_owned(), n).await;
+    }
+}
+
+/// Tries `key` on `other` every few ms until it is granted or `limit` passes, checking at every
+/// step that `stale` never goes back from lost to held, and that it reports lost once `other`
+/// holds. Returns `other`'s guard and when it was granted.
+pub async fn grant_elsewhere(
+    other: &LockClient,
+    key: &str,
+    stale: &MutexGuard,
+    limit: Duration,
+) -> Option<(MutexGuard, Instant)> {
+    let end = Instant::now() + limit;
+    let mut seen_lost = false;
+    while Instant::now() < end {
+        let lost = stale.is_lost();
+        assert!(lost || !seen_lost, "a guard went back from lost to held");
+        seen_lost |= lost;
+        if let Ok(guard) = other.mutex(key).try_lock().await {
+            let at = Instant::now();
+            assert!(
+                stale.is_lost(),
+                "another client was granted the lock while the old holder still believes it holds"
+            );
+            return Some((guard, at));
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// Checks for `period` that `stale` stays lost.
+pub async fn stays_lost(stale: &MutexGuard, period: Duration) {
+    let end = Instant::now() + period;
+    while Instant::now() < end {
+        assert!(stale.is_lost(), "a lost guard reports held again");
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A lock handed to a waiter whose process just died (its connections refused, its queue entry
+/// still alive for a TTL) passes to the next waiter when the handoff's provisional lease ends,
+/// not at the dead waiter's deadline.
+pub async fn handoff_to_a_dead_waiter_passes_on(svc: &Service, ns: &str) {
+    let proxy = Proxy::start(svc.port);
+    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
+    let h = svc.client(svc.url(), ns, ttl, handoff).await;
+    let dead = svc.client(svc.via(&proxy), ns, ttl, handoff).await;
+    let next = svc.client(svc.url(), ns, ttl, handoff).await;
+
+    let held = h.mutex("k").lock().await.unwrap();
+    let doomed = tokio::spawn(dead.mutex("k").lock());
+    svc.until_queued(ns, "k", 1).await;
+    let waiter = tokio::spawn(next.mutex("k").lock());
+    svc.until_queued(ns, "k", 2).await;
+
+    proxy.cut();
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the next waiter waited for the dead waiter's TTL")
+        .unwrap()
+        .unwrap();
+    let waited = released.elapsed();
+    assert!(
+        waited < handoff + Duration::from_millis(700),
+        "the next waiter got the lock {waited:?} after the release"
+    );
+    doomed.abort();
+    drop(guard);
+    h.shutdown().await;
+    next.shutdown().await;
+}
+
+/// A message connection gone half-open (bytes vanish, no reset) is found out by its ping and
+/// replaced, and the waiter whose grant it swallowed gets the lock within seconds, not at the
+/// holder's 10 s TTL.
+pub async fn half_open_message_connection_loses_no_grant(svc: &Service, ns: &str) {
+    let proxy = Proxy::start(svc.port);
+    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_secs(2));
+    let h = svc.client(svc.url(), ns, ttl, handoff).await;
+    let w = svc.client(svc.via(&proxy), ns, ttl, handoff).await;
+
+    let held = h.mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn(w.mutex("k").lock());
+    svc.until_queued(ns, "k", 1).await;
+    proxy.blackhole_only(Which::Subscribers);
+    let released = Instant::now();
+    held.release().await.unwrap();
+
+    let guard = timeout(Duration::from_secs(6), waiter)
+        .await
+        .expect("the grant went into a half-open connection and the waiter never learned")
+        .unwrap()
+        .unwrap();
+    assert!(!guard.is_lost());
+    assert!(
+        released.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        released.elapsed()
+    );
+    guard.release().await.unwrap();
+    proxy.pass();
+    h.shutdown().await;
+    w.shutdown().await;
+}
+
+/// A release that ran on the server but whose reply was lost, sent again after the connection
+/// dropped (and finding nothing), is not reported as a lost lock, and nothing is left.
+pub async fn release_with_a_lost_reply_is_not_lost(svc: &Service, ns: &str) {
+    let proxy = Proxy::start(svc.port);
+    let c = svc
+        .client(
+            svc.via(&proxy),
+            ns,
+            Duration::from_secs(10),
+            Duration::from_secs(2),
+        )
+        .await;
+    let guard = c.mutex("k").lock().await.unwrap();
+    proxy.swallow_replies(Which::Commands);
+    let release = tokio::spawn(guard.release());
+    sleep(Duration::from_millis(300)).await;
+    proxy.cut();
+    sleep(Duration::from_millis(50)).await;
+    proxy.pass();
+
+    let outcome = timeout(Duration::from_secs(10), release)
+        .await
+        .expect("release never finished")
+        .unwrap();
+    assert!(
+        outcome.is_ok(),
+        "a lock released on the server was reported as {outcome:?}"
+    );
+    assert_eq!((svc.left_in)(ns.to_owned()).await, 0, "left behind");
+    c.shutdown().await;
+}
