@@ -421,40 +421,17 @@ async fn schema_is_created_once_and_missing_rights_are_named() {
         .await;
 }
 
-const CHILD_ENV: &str = "DISTLOCK_TEST_PG_CHILD_HOLDER";
-const CHILD_TTL: Duration = Duration::from_millis(1500);
-
 /// A holder that dies (SIGKILL) keeps the lock only until its lease runs out: the next waiter
-/// gets it within the TTL (plus a little), with a larger token.
+/// gets it within the TTL plus 50 ms, with a larger token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl() {
-    if let Ok(spec) = std::env::var(CHILD_ENV) {
-        let (url, ns) = spec.split_once(' ').unwrap();
-        let c = client_at(url, ns, CHILD_TTL).await;
-        let guard = c.mutex("k").lock().await.unwrap();
-        support::holder::report_and_hold(guard.fencing_token()).await;
-    }
-    let ns = test_namespace!();
-    let url = shared_postgres().url();
-    let (child, child_fence) = support::holder::spawn(
+    support::faults::killed_holder_frees_the_lock(
+        &support::pg::service(),
         "a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl",
-        CHILD_ENV,
-        format!("{url} {ns}"),
+        &test_namespace!(),
+        Duration::from_millis(50),
     )
     .await;
-    let c = client(&ns).await;
-    let waiter = tokio::spawn(c.mutex("k").lock());
-    until_queued(&url, &ns, "k", 1).await;
-    // Past the child's first renewals, so its lease was refreshed before it died.
-    sleep(CHILD_TTL).await;
-    let (guard, waited) = support::holder::kill_and_await(child, waiter, CHILD_TTL * 3).await;
-    assert!(
-        waited <= CHILD_TTL + Duration::from_millis(50),
-        "took {waited:?} after the kill, TTL {CHILD_TTL:?}"
-    );
-    assert!(guard.fencing_token() > child_fence);
-    guard.release().await.unwrap();
-    c.shutdown().await;
 }
 
 /// The LISTEN connection killed by the server mid-wait: the hub reconnects and every waiter

@@ -13,7 +13,7 @@ use std::time::Duration;
 use distlock::backend::PgBackend;
 use distlock::LockClient;
 use support::contract::{partition_then_handover, spawn_timed, spawn_timed_lock};
-use support::faults::{self, grant_elsewhere, stays_lost, Service};
+use support::faults::{self, grant_elsewhere, stays_lost};
 use support::pg::until_queued;
 use support::proxy::{Proxy, Which};
 use support::{shared_postgres, PgServer};
@@ -35,34 +35,6 @@ async fn client(url: &str, ns: &str, ttl: Duration, handoff: Duration) -> LockCl
 
 fn via(proxy: &Proxy) -> String {
     format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port())
-}
-
-/// The shared fault scenarios' view of the test server.
-fn service() -> Service {
-    Service {
-        port: shared_postgres().port(),
-        url_for: |port| format!("postgres://postgres@127.0.0.1:{port}/postgres"),
-        connect: |url, ns, ttl, handoff| {
-            Box::pin(async move { client(&url, &ns, ttl, handoff).await })
-        },
-        until_queued: |ns, key, n| {
-            Box::pin(async move {
-                until_queued(
-                    &shared_postgres().url(),
-                    &ns,
-                    &key,
-                    i64::try_from(n).unwrap(),
-                )
-                .await
-            })
-        },
-        left_in: |ns| {
-            Box::pin(async move {
-                usize::try_from(support::pg::claims_in(&shared_postgres().url(), &ns).await)
-                    .unwrap()
-            })
-        },
-    }
 }
 
 /// A holder cut off from the server (a blackhole: its packets vanish, nothing is reset) is
@@ -119,7 +91,7 @@ async fn late_renewal_replies_do_not_stretch_a_lease() {
 /// handoff's provisional lease ends, not at the dead waiter's liveness deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
-    faults::handoff_to_a_dead_waiter_passes_on(&service(), &test_namespace!()).await;
+    faults::handoff_to_a_dead_waiter_passes_on(&support::pg::service(), &test_namespace!()).await;
 }
 
 /// A LISTEN connection gone half-open (bytes vanish, no reset) is found out by its ping and
@@ -127,14 +99,19 @@ async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
 /// holder's 10 s TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_listen_connection_does_not_lose_a_grant() {
-    faults::half_open_message_connection_loses_no_grant(&service(), &test_namespace!()).await;
+    faults::half_open_message_connection_loses_no_grant(
+        &support::pg::service(),
+        &test_namespace!(),
+    )
+    .await;
 }
 
 /// A release whose reply was lost, sent again on a new connection (finding nothing), is not
 /// reported as a lost lock, and the lock is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_reply_was_lost_is_not_reported_lost() {
-    faults::release_with_a_lost_reply_is_not_lost(&service(), &test_namespace!()).await;
+    faults::release_with_a_lost_reply_is_not_lost(&support::pg::service(), &test_namespace!())
+        .await;
 }
 
 /// PostgreSQL crashes (SIGKILL) and comes back on its data within the TTL: the holder keeps its

@@ -299,43 +299,15 @@ async fn deleting_the_key_behind_our_back_marks_the_guard_lost() {
     assert!(err.is_lost(), "{err:?}");
 }
 
-const CHILD_ENV: &str = "DISTLOCK_TEST_CHILD_HOLDER";
-const CHILD_TTL: Duration = Duration::from_millis(1500);
-
 #[tokio::test]
 async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl() {
-    if let Ok(spec) = std::env::var(CHILD_ENV) {
-        // The child: take the lock, say so, and hold it until killed.
-        let (url, ns) = spec.split_once(' ').unwrap();
-        let backend = RedisBackend::connect(url).await.unwrap();
-        let c = LockClient::builder(backend)
-            .namespace(ns)
-            .ttl(CHILD_TTL)
-            .build()
-            .unwrap();
-        let guard = c.mutex("k").lock().await.unwrap();
-        support::holder::report_and_hold(guard.fencing_token()).await;
-    }
-    let ns = test_namespace!();
-    let url = shared_redis().url();
-    let (child, child_fence) = support::holder::spawn(
+    support::faults::killed_holder_frees_the_lock(
+        &support::redis::service(),
         "a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl",
-        CHILD_ENV,
-        format!("{url} {ns}"),
+        &test_namespace!(),
+        Duration::from_millis(300),
     )
     .await;
-
-    let c = client(&ns).await;
-    let waiter = tokio::spawn(c.mutex("k").lock());
-    until_queued(&url, &ns, "k", 1).await;
-    // Past the child's first renewals, so the lease was refreshed before it died.
-    sleep(CHILD_TTL).await;
-    let (guard, waited) = support::holder::kill_and_await(child, waiter, CHILD_TTL * 3).await;
-    assert!(
-        waited <= CHILD_TTL + Duration::from_millis(300),
-        "took {waited:?} after the kill, TTL {CHILD_TTL:?}"
-    );
-    assert!(guard.fencing_token() > child_fence);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

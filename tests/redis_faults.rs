@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use distlock::backend::RedisBackend;
 use distlock::LockClient;
-use support::faults::{self, grant_elsewhere, stays_lost, Service};
+use support::faults::{self, grant_elsewhere, stays_lost};
 use support::proxy::{Proxy, Which};
-use support::redis::{connection, keys_in, until_queued};
+use support::redis::{connection, until_queued};
 use support::shared_redis;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
@@ -34,29 +34,6 @@ async fn client(url: &str, ns: &str, ttl: Duration, handoff: Duration, renew: bo
 
 fn via(proxy: &Proxy) -> String {
     format!("redis://127.0.0.1:{}/", proxy.port())
-}
-
-/// The shared fault scenarios' view of the test server.
-fn service() -> Service {
-    Service {
-        port: shared_redis().port(),
-        url_for: |port| format!("redis://127.0.0.1:{port}/"),
-        connect: |url, ns, ttl, handoff| {
-            Box::pin(async move { client(&url, &ns, ttl, handoff, true).await })
-        },
-        until_queued: |ns, key, n| {
-            Box::pin(async move { until_queued(&shared_redis().url(), &ns, &key, n).await })
-        },
-        left_in: |ns| {
-            Box::pin(async move {
-                keys_in(&shared_redis().url(), &ns)
-                    .await
-                    .iter()
-                    .filter(|k| !k.ends_with(":fence"))
-                    .count()
-            })
-        },
-    }
 }
 
 /// The server-side liveness deadline of the first queued waiter (moved by each renewal).
@@ -198,14 +175,19 @@ async fn a_stuck_renewal_does_not_delay_another_leases_deadline() {
 /// the handoff's provisional lease ends, not at the old holder's deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
-    faults::handoff_to_a_dead_waiter_passes_on(&service(), &test_namespace!()).await;
+    faults::handoff_to_a_dead_waiter_passes_on(&support::redis::service(), &test_namespace!())
+        .await;
 }
 
 /// Item 7: a pub/sub connection that went half-open (bytes vanish, no reset) is found out and
 /// replaced, and the waiter whose grant it swallowed gets the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_pubsub_connection_does_not_lose_a_grant() {
-    faults::half_open_message_connection_loses_no_grant(&service(), &test_namespace!()).await;
+    faults::half_open_message_connection_loses_no_grant(
+        &support::redis::service(),
+        &test_namespace!(),
+    )
+    .await;
 }
 
 /// Item 8: a lock key overwritten with another Redis type fails only its own lease, not every
@@ -253,7 +235,8 @@ async fn a_foreign_typed_key_fails_only_its_own_lease() {
 /// reported as a lost lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_reply_was_lost_is_not_reported_lost() {
-    faults::release_with_a_lost_reply_is_not_lost(&service(), &test_namespace!()).await;
+    faults::release_with_a_lost_reply_is_not_lost(&support::redis::service(), &test_namespace!())
+        .await;
 }
 
 /// Issue 15: redis-server restarted without its data under a holder. A waiter is granted at

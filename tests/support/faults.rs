@@ -183,3 +183,39 @@ pub async fn release_with_a_lost_reply_is_not_lost(svc: &Service, ns: &str) {
     assert_eq!((svc.left_in)(ns.to_owned()).await, 0, "left behind");
     c.shutdown().await;
 }
+
+/// Set in the holder process the killed-holder scenario re-runs its test in.
+const CHILD_ENV: &str = "DISTLOCK_TEST_CHILD_HOLDER";
+/// The killed holder's lease.
+pub const CHILD_TTL: Duration = Duration::from_millis(1500);
+
+/// A holder in another process (the test binary re-run for test `test`), SIGKILLed: its lock
+/// is free for the queued waiter within the TTL plus `slack`, with a larger token. The test
+/// calls this in both processes: in the child it takes the lock and holds it until killed.
+pub async fn killed_holder_frees_the_lock(svc: &Service, test: &str, ns: &str, slack: Duration) {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        let (url, ns) = spec.split_once(' ').expect("`<url> <namespace>`");
+        let c = svc
+            .client(url.to_owned(), ns, CHILD_TTL, Duration::from_secs(2))
+            .await;
+        let guard = c.mutex("k").lock().await.unwrap();
+        super::holder::report_and_hold(guard.fencing_token()).await;
+    }
+    let url = svc.url();
+    let (child, child_fence) = super::holder::spawn(test, CHILD_ENV, format!("{url} {ns}")).await;
+    let c = svc
+        .client(url, ns, Duration::from_secs(10), Duration::from_secs(2))
+        .await;
+    let waiter = tokio::spawn(c.mutex("k").lock());
+    svc.until_queued(ns, "k", 1).await;
+    // Past the child's first renewals, so its lease was refreshed before it died.
+    sleep(CHILD_TTL).await;
+    let (guard, waited) = super::holder::kill_and_await(child, waiter, CHILD_TTL * 3).await;
+    assert!(
+        waited <= CHILD_TTL + slack,
+        "took {waited:?} after the kill, TTL {CHILD_TTL:?}"
+    );
+    assert!(guard.fencing_token() > child_fence);
+    guard.release().await.unwrap();
+    c.shutdown().await;
+}

@@ -62,3 +62,36 @@ pub async fn terminate(url: &str, name: &str) -> i64 {
         .expect("terminate backends")
         .get(0)
 }
+
+/// The shared fault scenarios' view of the binary's shared PostgreSQL.
+pub fn service() -> super::faults::Service {
+    super::faults::Service {
+        port: super::shared_postgres().port(),
+        url_for: |port| format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        connect: |url, ns, ttl, handoff| {
+            Box::pin(async move {
+                let backend = distlock::backend::PgBackend::builder(url)
+                    .handoff_ttl(handoff)
+                    .build()
+                    .await
+                    .unwrap();
+                distlock::LockClient::builder(backend)
+                    .namespace(ns)
+                    .ttl(ttl)
+                    .build()
+                    .unwrap()
+            })
+        },
+        until_queued: |ns, key, n| {
+            Box::pin(async move {
+                let n = i64::try_from(n).unwrap();
+                until_queued(&super::shared_postgres().url(), &ns, &key, n).await;
+            })
+        },
+        left_in: |ns| {
+            Box::pin(async move {
+                usize::try_from(claims_in(&super::shared_postgres().url(), &ns).await).unwrap()
+            })
+        },
+    }
+}

@@ -73,3 +73,37 @@ pub async fn until_only_fences(url: &str, ns: &str) {
         sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The shared fault scenarios' view of the binary's shared `redis-server`.
+pub fn service() -> super::faults::Service {
+    super::faults::Service {
+        port: super::shared_redis().port(),
+        url_for: |port| format!("redis://127.0.0.1:{port}/"),
+        connect: |url, ns, ttl, handoff| {
+            Box::pin(async move {
+                let backend = distlock::backend::RedisBackend::builder(url)
+                    .handoff_ttl(handoff)
+                    .build()
+                    .await
+                    .unwrap();
+                distlock::LockClient::builder(backend)
+                    .namespace(ns)
+                    .ttl(ttl)
+                    .build()
+                    .unwrap()
+            })
+        },
+        until_queued: |ns, key, n| {
+            Box::pin(async move { until_queued(&super::shared_redis().url(), &ns, &key, n).await })
+        },
+        left_in: |ns| {
+            Box::pin(async move {
+                keys_in(&super::shared_redis().url(), &ns)
+                    .await
+                    .iter()
+                    .filter(|k| !k.ends_with(":fence"))
+                    .count()
+            })
+        },
+    }
+}
