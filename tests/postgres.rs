@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use distlock::backend::PgBackend;
@@ -69,36 +68,12 @@ async fn mutual_exclusion_and_increasing_fences() {
 /// tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_served_in_arrival_order() {
-    const CLIENTS: usize = 32;
-    let ns = test_namespace!();
-    let url = shared_postgres().url();
-    let holder = client(&ns).await.mutex("fifo").lock().await.unwrap();
-    let grants = Arc::new(StdMutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..CLIENTS {
-        let c = client(&ns).await;
-        let grants = grants.clone();
-        tasks.push(tokio::spawn(async move {
-            let guard = c.mutex("fifo").lock().await.unwrap();
-            grants.lock().unwrap().push((i, guard.fencing_token()));
-            guard.release().await.unwrap();
-            c.shutdown().await;
-        }));
-        until_queued(&url, &ns, "fifo", i64::try_from(i + 1).unwrap()).await;
-    }
-    let first = holder.fencing_token();
-    holder.release().await.unwrap();
-    for t in tasks {
-        timeout(Duration::from_secs(30), t).await.unwrap().unwrap();
-    }
-    let grants = grants.lock().unwrap().clone();
-    let order: Vec<usize> = grants.iter().map(|(i, _)| *i).collect();
-    assert_eq!(order, (0..CLIENTS).collect::<Vec<_>>());
-    let fences: Vec<u64> = std::iter::once(first)
-        .chain(grants.iter().map(|(_, f)| *f))
-        .collect();
-    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
-    assert_eq!(claims_in(&url, &ns).await, 0);
+    support::faults::waiters_served_in_arrival_order(
+        &support::pg::service(),
+        &test_namespace!(),
+        32,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

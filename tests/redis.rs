@@ -42,38 +42,15 @@ async fn mutual_exclusion_and_increasing_fences() {
 }
 
 /// 64 clients (a fleet's replicas, each with its own connections) queue on one key: served in
-/// arrival order, with strictly increasing fencing tokens.
+/// arrival order, with strictly increasing fencing tokens, and nothing is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_served_in_arrival_order() {
-    const CLIENTS: usize = 64;
-    let ns = test_namespace!();
-    let url = shared_redis().url();
-    let holder = client(&ns).await.mutex("fifo").lock().await.unwrap();
-    let grants = Arc::new(StdMutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..CLIENTS {
-        let c = client(&ns).await;
-        let grants = grants.clone();
-        tasks.push(tokio::spawn(async move {
-            let guard = c.mutex("fifo").lock().await.unwrap();
-            grants.lock().unwrap().push((i, guard.fencing_token()));
-            guard.release().await.unwrap();
-            c.shutdown().await;
-        }));
-        until_queued(&url, &ns, "fifo", i + 1).await;
-    }
-    let first = holder.fencing_token();
-    holder.release().await.unwrap();
-    for t in tasks {
-        timeout(Duration::from_secs(30), t).await.unwrap().unwrap();
-    }
-    let grants = grants.lock().unwrap().clone();
-    let order: Vec<usize> = grants.iter().map(|(i, _)| *i).collect();
-    assert_eq!(order, (0..CLIENTS).collect::<Vec<_>>());
-    let fences: Vec<u64> = std::iter::once(first)
-        .chain(grants.iter().map(|(_, f)| *f))
-        .collect();
-    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    support::faults::waiters_served_in_arrival_order(
+        &support::redis::service(),
+        &test_namespace!(),
+        64,
+    )
+    .await;
 }
 
 /// A grant (or any other message) goes to the one client it names: each waiting client has its
