@@ -27,7 +27,7 @@ pub(crate) async fn ensure(client: &Client, create: bool) -> Result<()> {
         )
         .await
         .map_err(|e| pg_error("version check", e))?;
-    let (num, name): (i32, String) = (row.get(0), row.get(1));
+    let (num, name): (i32, String) = (cell(&row, 0)?, cell(&row, 1)?);
     if num < MIN_SERVER {
         return Err(Error::unsupported(format_args!(
             "PostgreSQL {name} is too old: distlock needs 12 or newer"
@@ -63,14 +63,28 @@ async fn installed(client: &Client) -> Result<Option<i32>> {
         .query_typed_one(PRESENT, &[])
         .await
         .map_err(|e| pg_error("schema check", e))?;
-    if !row.get::<_, bool>(0) {
+    if !cell::<bool>(&row, 0)? {
         return Ok(None);
     }
     let row = client
         .query_typed_one("SELECT max(version) FROM distlock.meta", &[])
         .await
         .map_err(|e| pg_error("schema check", e))?;
-    Ok(row.get::<_, Option<i32>>(0))
+    cell::<Option<i32>>(&row, 0)
+}
+
+/// Column `i` of a row, or a clear error if the server sent something else.
+fn cell<'r, T: tokio_postgres::types::FromSql<'r>>(
+    row: &'r tokio_postgres::Row,
+    i: usize,
+) -> Result<T> {
+    row.try_get(i).map_err(|e| {
+        Error::new(
+            ErrorKind::Backend,
+            "postgres: unexpected reply to a schema check",
+        )
+        .with_source(e)
+    })
 }
 
 fn check(version: i32) -> Result<()> {
@@ -99,7 +113,7 @@ async fn install(client: &Client) -> Result<()> {
             .await
             .map_err(fail)?;
         let present = client.query_typed_one(PRESENT, &[]).await.map_err(fail)?;
-        if present.get::<_, bool>(0) {
+        if cell::<bool>(&present, 0)? {
             return Ok(());
         }
         client.batch_execute(SQL).await.map_err(fail)
