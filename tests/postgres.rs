@@ -20,12 +20,7 @@ use support::shared_postgres;
 use tokio::time::{sleep, timeout, Instant};
 
 async fn client_at(url: &str, ns: &str, ttl: Duration) -> LockClient {
-    let backend = PgBackend::connect(url).await.unwrap();
-    LockClient::builder(backend)
-        .namespace(ns)
-        .ttl(ttl)
-        .build()
-        .unwrap()
+    support::pg::client(url, ns, ttl, Duration::from_secs(2)).await
 }
 
 async fn client(ns: &str) -> LockClient {

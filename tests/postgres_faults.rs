@@ -10,28 +10,12 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::backend::PgBackend;
-use distlock::LockClient;
 use support::contract::{partition_then_handover, spawn_timed, spawn_timed_lock};
 use support::faults::{self, grant_elsewhere, stays_lost};
-use support::pg::until_queued;
+use support::pg::{client, until_queued};
 use support::proxy::{Proxy, Which};
 use support::{shared_postgres, PgServer};
 use tokio::time::{sleep, timeout, Instant};
-
-/// A client with its own connections to `url`.
-async fn client(url: &str, ns: &str, ttl: Duration, handoff: Duration) -> LockClient {
-    let backend = PgBackend::builder(url)
-        .handoff_ttl(handoff)
-        .build()
-        .await
-        .unwrap();
-    LockClient::builder(backend)
-        .namespace(ns)
-        .ttl(ttl)
-        .build()
-        .unwrap()
-}
 
 fn via(proxy: &Proxy) -> String {
     format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port())

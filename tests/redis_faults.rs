@@ -9,28 +9,11 @@ mod support;
 
 use std::time::Duration;
 
-use distlock::backend::RedisBackend;
-use distlock::LockClient;
 use support::faults::{self, grant_elsewhere, stays_lost};
 use support::proxy::{Proxy, Which};
-use support::redis::{connection, until_queued};
+use support::redis::{client, connection, until_queued};
 use support::shared_redis;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
-
-/// A client with its own connections to `url`.
-async fn client(url: &str, ns: &str, ttl: Duration, handoff: Duration, renew: bool) -> LockClient {
-    let backend = RedisBackend::builder(url)
-        .handoff_ttl(handoff)
-        .build()
-        .await
-        .unwrap();
-    LockClient::builder(backend)
-        .namespace(ns)
-        .ttl(ttl)
-        .auto_renew(renew)
-        .build()
-        .unwrap()
-}
 
 fn via(proxy: &Proxy) -> String {
     format!("redis://127.0.0.1:{}/", proxy.port())

@@ -63,24 +63,27 @@ pub async fn terminate(url: &str, name: &str) -> i64 {
         .get(0)
 }
 
+/// A client with its own connections to `url`.
+pub async fn client(url: &str, ns: &str, ttl: Duration, handoff: Duration) -> distlock::LockClient {
+    let backend = distlock::backend::PgBackend::builder(url)
+        .handoff_ttl(handoff)
+        .build()
+        .await
+        .unwrap();
+    distlock::LockClient::builder(backend)
+        .namespace(ns)
+        .ttl(ttl)
+        .build()
+        .unwrap()
+}
+
 /// The shared fault scenarios' view of the binary's shared PostgreSQL.
 pub fn service() -> super::faults::Service {
     super::faults::Service {
         port: super::shared_postgres().port(),
         url_for: |port| format!("postgres://postgres@127.0.0.1:{port}/postgres"),
         connect: |url, ns, ttl, handoff| {
-            Box::pin(async move {
-                let backend = distlock::backend::PgBackend::builder(url)
-                    .handoff_ttl(handoff)
-                    .build()
-                    .await
-                    .unwrap();
-                distlock::LockClient::builder(backend)
-                    .namespace(ns)
-                    .ttl(ttl)
-                    .build()
-                    .unwrap()
-            })
+            Box::pin(async move { client(&url, &ns, ttl, handoff).await })
         },
         until_queued: |ns, key, n| {
             Box::pin(async move {

@@ -74,24 +74,34 @@ pub async fn until_only_fences(url: &str, ns: &str) {
     }
 }
 
+/// A client with its own connections to `url`, renewing its leases or not.
+pub async fn client(
+    url: &str,
+    ns: &str,
+    ttl: Duration,
+    handoff: Duration,
+    renew: bool,
+) -> distlock::LockClient {
+    let backend = distlock::backend::RedisBackend::builder(url)
+        .handoff_ttl(handoff)
+        .build()
+        .await
+        .unwrap();
+    distlock::LockClient::builder(backend)
+        .namespace(ns)
+        .ttl(ttl)
+        .auto_renew(renew)
+        .build()
+        .unwrap()
+}
+
 /// The shared fault scenarios' view of the binary's shared `redis-server`.
 pub fn service() -> super::faults::Service {
     super::faults::Service {
         port: super::shared_redis().port(),
         url_for: |port| format!("redis://127.0.0.1:{port}/"),
         connect: |url, ns, ttl, handoff| {
-            Box::pin(async move {
-                let backend = distlock::backend::RedisBackend::builder(url)
-                    .handoff_ttl(handoff)
-                    .build()
-                    .await
-                    .unwrap();
-                distlock::LockClient::builder(backend)
-                    .namespace(ns)
-                    .ttl(ttl)
-                    .build()
-                    .unwrap()
-            })
+            Box::pin(async move { client(&url, &ns, ttl, handoff, true).await })
         },
         until_queued: |ns, key, n| {
             Box::pin(async move { until_queued(&super::shared_redis().url(), &ns, &key, n).await })

@@ -48,11 +48,13 @@ pub(crate) struct Own {
 }
 
 impl Own {
-    pub(crate) fn new(config: Config, connections: usize) -> Self {
+    /// `connections` slots, the first holding `first` (already open).
+    pub(crate) fn new(config: Config, connections: usize, first: Client) -> Self {
+        let mut first = Some(Arc::new(first));
         Self {
             config,
             slots: (0..connections.max(1))
-                .map(|_| tokio::sync::Mutex::new(None))
+                .map(|_| tokio::sync::Mutex::new(first.take()))
                 .collect(),
         }
     }

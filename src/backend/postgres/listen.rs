@@ -131,6 +131,16 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
 }
 
+/// Waits out a reconnect back-off and doubles it; false if the hub stopped meanwhile.
+async fn pause(backoff: &mut Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(*backoff) => {}
+        () = stopped(stop) => return false,
+    }
+    *backoff = (*backoff * 2).min(RECONNECT_MAX);
+    true
+}
+
 async fn run(
     config: Config,
     channel: String,
@@ -150,11 +160,9 @@ async fn run(
                 if let Ok(Err(e)) = failed {
                     tracing::debug!(error = %e, "postgres listen connect failed; retrying");
                 }
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    () = stopped(&mut stop) => return,
+                if !pause(&mut backoff, &mut stop).await {
+                    return;
                 }
-                backoff = (backoff * 2).min(RECONNECT_MAX);
                 continue;
             }
         };
@@ -181,8 +189,9 @@ async fn run(
             () = stopped(&mut stop) => return,
         };
         if !ok {
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(RECONNECT_MAX);
+            if !pause(&mut backoff, &mut stop).await {
+                return;
+            }
             continue;
         }
         backoff = RECONNECT_MIN;

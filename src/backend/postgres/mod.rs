@@ -293,7 +293,8 @@ impl PgBackendBuilder {
                     .await
                     .map_err(|e| commands::pg_error("connect", e))?;
                 schema::ensure(&checked, self.create_schema).await?;
-                Commands::Own(Box::new(Own::new(config, self.connections)))
+                // The checked connection serves as the first of our own.
+                Commands::Own(Box::new(Own::new(config, self.connections, checked)))
             }
             #[cfg(feature = "postgres-deadpool")]
             Source::Deadpool(pool) => {
@@ -376,9 +377,14 @@ struct Call<'a> {
     route: usize,
 }
 
+/// A claim's owner token on the server: this backend's client id, then the claim's.
+fn owner_of(client_id: &str, claim: &Claim) -> String {
+    format!("{client_id}.{}", claim.owner())
+}
+
 impl<'a> Call<'a> {
     fn new(claim: &'a Claim, client_id: &str) -> Self {
-        let owner = format!("{client_id}.{}", claim.owner());
+        let owner = owner_of(client_id, claim);
         Self {
             ns: claim.namespace(),
             key: claim.key(),
@@ -502,7 +508,7 @@ impl Backend for PgBackend {
     async fn acquire(&self, claim: &Claim, ticket: &PgTicket, wait: bool) -> Result<Attempt> {
         if wait && ticket.mailbox().is_none() {
             // Registered before the claim queues, so no handoff to it is missed. No I/O.
-            let owner = format!("{}.{}", self.inner.client_id, claim.owner());
+            let owner = owner_of(&self.inner.client_id, claim);
             ticket.set(Some(self.inner.hub.register(&owner)));
         }
         let attempt = self.run_acquire(claim, ticket, wait).await?;
@@ -585,7 +591,7 @@ impl Backend for PgBackend {
         for (claim, _) in claims {
             nss.push(claim.namespace());
             keys.push(claim.key());
-            owners.push(format!("{}.{}", self.inner.client_id, claim.owner()));
+            owners.push(owner_of(&self.inner.client_id, claim));
             ttls.push(millis(claim.ttl()));
         }
         let params: &Params<'_> = &[

@@ -172,6 +172,20 @@ BEGIN
   END LOOP;
 END $$;
 
+-- Makes a new claim a holder at once, with the next fencing token and a full lease.
+CREATE FUNCTION distlock.add_holder(
+  p_ns text, p_key text, p_owner text, p_mode text, p_count integer, p_now timestamptz,
+  p_ttl interval)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  f bigint := distlock.next_fence(p_ns, p_key, p_now);
+BEGIN
+  INSERT INTO distlock.claims (ns, key, owner, mode, permits, fence, deadline)
+    VALUES (p_ns, p_key, p_owner, p_mode, p_count, f, p_now + p_ttl);
+  RETURN f;
+END $$;
+
 -- Takes the lock, or (with p_wait) joins or keeps the claim's place in the FIFO queue.
 -- p_mode: 'x' mutex, 'r' read, 'w' write, 'p' p_count of p_max permits.
 -- Returns (1, fence, server ms, NULL) when the lock is ours (a grant handed to us is confirmed
@@ -190,6 +204,7 @@ DECLARE
   g record;
   f bigint;
   queued boolean;
+  ours boolean;
   left_ms bigint;
 BEGIN
   SELECT t.family, t.max_permits INTO k FROM distlock.lock_key(p_ns, p_key, now_) t;
@@ -207,10 +222,8 @@ BEGIN
       UPDATE distlock.keys SET family = fam, max_permits = p_max
         WHERE ns = p_ns AND key = p_key;
     END IF;
-    f := distlock.next_fence(p_ns, p_key, now_);
-    INSERT INTO distlock.claims (ns, key, owner, mode, permits, fence, deadline)
-      VALUES (p_ns, p_key, p_owner, p_mode, p_count, f, now_ + ttl);
-    RETURN QUERY SELECT 1, f, distlock.ms(now_), NULL::text;
+    RETURN QUERY SELECT 1, distlock.add_holder(p_ns, p_key, p_owner, p_mode, p_count, now_, ttl),
+      distlock.ms(now_), NULL::text;
     RETURN;
   END IF;
 
@@ -229,16 +242,13 @@ BEGIN
   SELECT c.fence INTO f FROM distlock.claims c
     WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner;
   queued := FOUND AND f IS NULL;
-  IF f IS NOT NULL THEN
-    -- Ours already (handed to us, or asked again): confirm the full lease.
-    UPDATE distlock.claims c SET deadline = now_ + ttl
-      WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner;
-    RETURN QUERY SELECT 1, f, distlock.ms(now_), NULL::text;
-    RETURN;
+  ours := f IS NOT NULL;
+  IF NOT ours THEN
+    SELECT * INTO g FROM distlock.grant_pass(p_ns, p_key, now_, p_handoff_ms, p_max, p_owner);
+    ours := g.quiet_granted;
   END IF;
-
-  SELECT * INTO g FROM distlock.grant_pass(p_ns, p_key, now_, p_handoff_ms, p_max, p_owner);
-  IF g.quiet_granted THEN
+  IF ours THEN
+    -- Ours (handed to us, now or before, or asked again): confirm the full lease.
     UPDATE distlock.claims c SET deadline = now_ + ttl
       WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
       RETURNING c.fence INTO f;
@@ -252,10 +262,8 @@ BEGIN
                             WHEN 'r' THEN NOT g.writer
                             WHEN 'p' THEN g.used + p_count <= p_max
                             ELSE g.n_held = 0 END) THEN
-      f := distlock.next_fence(p_ns, p_key, now_);
-      INSERT INTO distlock.claims (ns, key, owner, mode, permits, fence, deadline)
-        VALUES (p_ns, p_key, p_owner, p_mode, p_count, f, now_ + ttl);
-      RETURN QUERY SELECT 1, f, distlock.ms(now_), NULL::text;
+      RETURN QUERY SELECT 1, distlock.add_holder(p_ns, p_key, p_owner, p_mode, p_count, now_, ttl),
+        distlock.ms(now_), NULL::text;
       RETURN;
     END IF;
     IF p_wait THEN
