@@ -108,6 +108,45 @@ impl LockClient {
         Self::builder(backend).build()
     }
 
+    /// Connects to independent Redis nodes as one Redlock (`redis://host:port/` each, at least
+    /// three) with the defaults of [`RedlockBackend`](crate::backend::RedlockBackend): a lock is
+    /// held while a majority of the nodes hold it, and its fencing token increases across them.
+    ///
+    /// # Errors
+    ///
+    /// See [`RedlockBackendBuilder::build`](crate::backend::RedlockBackendBuilder::build).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::redlock([
+    ///     "redis://10.0.0.1:6379/",
+    ///     "redis://10.0.0.2:6379/",
+    ///     "redis://10.0.0.3:6379/",
+    /// ])
+    /// .await?;
+    /// let guard = client.mutex("orders:42").lock().await?;
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redlock")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
+    pub async fn redlock<I, S>(urls: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let backend = crate::backend::RedlockBackend::connect(urls).await?;
+        Self::builder(backend).build()
+    }
+
     /// Connects to a PostgreSQL database (`postgres://user:password@host:port/database`) with
     /// the defaults of [`PgBackend`](crate::backend::PgBackend), creating its `distlock` schema
     /// on first use.
@@ -171,7 +210,9 @@ impl LockClient {
     }
 
     /// A client for a URL naming the service: `memory:` (or an empty string) for the in-process
-    /// backend, `redis://…` / `rediss://…` for Redis, `zk://host:port[,host:port][/chroot]` for
+    /// backend, `redis://…` / `rediss://…` for Redis,
+    /// `redlock://[user:password@]host:port,host:port,host:port[/db]` for a Redlock over
+    /// independent Redis nodes, `zk://host:port[,host:port][/chroot]` for
     /// ZooKeeper, `postgres://…` for PostgreSQL. Handy for a `DISTLOCK_URL` setting; each scheme needs its backend's feature.
     ///
     /// # Errors
@@ -233,6 +274,13 @@ impl LockClient {
             "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::builder(
                 crate::backend::RedisBackend::connect(url).await?,
             )),
+            #[cfg(feature = "redlock")]
+            "redlock" => Ok(Self::builder(
+                crate::backend::RedlockBackend::connect(
+                    crate::backend::RedlockBackend::urls_of(url)?,
+                )
+                .await?,
+            )),
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => Ok(Self::builder(
                 crate::backend::PgBackend::connect(url).await?,
@@ -245,7 +293,7 @@ impl LockClient {
                 Ok(Self::builder(backend).ttl(ttl))
             }
             other => Err(Error::invalid_config(format_args!(
-                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, zk://, postgres:// with features memory, redis, redis-tls, zookeeper, postgres)"
+                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, redlock://, zk://, postgres:// with features memory, redis, redis-tls, redlock, zookeeper, postgres)"
             ))),
         }
     }

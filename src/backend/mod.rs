@@ -38,6 +38,8 @@ pub mod memory;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redlock")]
+mod redlock;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
 
@@ -478,6 +480,9 @@ pub use self::postgres::{PgBackend, PgBackendBuilder, PgTicket};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisTicket};
+#[cfg(feature = "redlock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
+pub use self::redlock::{RedlockBackend, RedlockBackendBuilder, RedlockTicket};
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use self::zookeeper::{

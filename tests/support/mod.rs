@@ -17,6 +17,8 @@ pub mod pg;
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redlock")]
+pub mod redlock;
 #[cfg(feature = "zookeeper")]
 pub mod zk;
 

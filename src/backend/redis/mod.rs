@@ -20,8 +20,8 @@
 //! when the pub/sub connection comes back. Every name is under the key's hash tag, so each
 //! channel lives in the key's Cluster slot.
 
-mod commands;
-mod notify;
+pub(crate) mod commands;
+pub(crate) mod notify;
 
 use std::sync::{Arc, LazyLock, Mutex as StdMutex};
 use std::time::Duration;

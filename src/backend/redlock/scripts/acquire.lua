@@ -1,0 +1,41 @@
+-- One node's part of a Redlock acquisition: take the lock here, or (with wait) keep our place
+-- in its queue by priority.
+-- KEYS: lock, queue, waiters, fence, born
+-- ARGV: owner, ttl ms, wait (1|0), priority, fence ttl ms, handoff ttl ms, channel prefix,
+--       rejoin ms
+-- Returns {1, fence, lease ms} when the lock is ours here (a fresh grant has the full ttl; a
+-- lock handed to us, or granted earlier, what is left of its lease), otherwise
+-- {0, ms until the holder's lease ends (or the node joins), server ms}.
+local lock, queue, waiters, fence, born = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local owner, ttl, wait, priority = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
+local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local rejoin_ms = tonumber(ARGV[8])
+
+local holder = redis.call('HGET', lock, 'o')
+if holder == owner then
+  return {1, tonumber(redis.call('HGET', lock, 'f')), redis.call('PTTL', lock)}
+end
+local now = clock()
+if wait then
+  redis.call('ZADD', queue, 'NX', priority, owner)
+  redis.call('ZADD', waiters, now + ttl, owner)
+  keep(queue, 2 * ttl)
+  keep(waiters, 2 * ttl)
+end
+local left = joining(born, rejoin_ms)
+if left > 0 then
+  return {0, left, now}
+end
+if not holder then
+  local head = live_head(queue, waiters)
+  if not head or head == owner then
+    if head then
+      redis.call('ZREM', queue, owner)
+      redis.call('ZREM', waiters, owner)
+    end
+    return {1, grant(lock, fence, owner, ttl, fence_ttl), ttl}
+  end
+  -- Free, but a waiter with an earlier priority is first: it gets the lock.
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+end
+return {0, redis.call('PTTL', lock), now}

@@ -1,0 +1,199 @@
+//! The lock contract on Redlock over five real, independent `redis-server` nodes (shared by
+//! this binary, a namespace per test). Contenders use separate `LockClient`s, with their own
+//! connections, as separate processes would.
+#![cfg(feature = "redlock")]
+
+mod support;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use distlock::backend::RedlockBackend;
+use distlock::LockClient;
+use support::contract::{contend, torture};
+use support::redlock::shared_nodes;
+use tokio::time::{sleep, timeout, Instant};
+
+async fn clients(ns: &str, n: usize) -> Vec<LockClient> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(shared_nodes().client(ns).await);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_and_increasing_fences() {
+    let ns = test_namespace!();
+    contend(clients(&ns, 6).await, "hot", 20, Duration::from_micros(300)).await;
+    shared_nodes().until_clean(&ns).await;
+}
+
+/// Waiters queued one after another are served in that order, each with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_in_arrival_order() {
+    let ns = test_namespace!();
+    let nodes = shared_nodes();
+    let holder = nodes.client(&ns).await;
+    let first = holder.mutex("fifo").lock().await.unwrap();
+    let order = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let client = nodes.client(&ns).await;
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = client.mutex("fifo").lock().await.unwrap();
+            order.lock().unwrap().push((i, guard.fencing_token()));
+            guard.release().await.unwrap();
+            client.shutdown().await;
+        }));
+        nodes.until_queued(&ns, "fifo", i + 1).await;
+    }
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(30), t).await.unwrap().unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let served: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(served, (0..12).collect::<Vec<_>>(), "served out of order");
+    let mut last = token;
+    for (_, f) in order {
+        assert!(f > last, "token {f} not above {last}");
+        last = f;
+    }
+    holder.shutdown().await;
+    nodes.until_clean(&ns).await;
+}
+
+/// Lock futures dropped at every await point leave no queue entry or grant on any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquisitions_leave_nothing_behind() {
+    let ns = test_namespace!();
+    torture(
+        clients(&ns, 3).await,
+        clients(&ns, 3).await,
+        "torture",
+        15,
+        60,
+        Duration::from_micros(50),
+    )
+    .await;
+    shared_nodes().until_clean(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_and_timeout_on_a_held_lock_leave_nothing() {
+    let ns = test_namespace!();
+    let a = shared_nodes().client(&ns).await;
+    let b = shared_nodes().client(&ns).await;
+    let held = a.mutex("k").lock().await.unwrap();
+    let err = b.mutex("k").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err}");
+    let started = Instant::now();
+    let err = b
+        .mutex("k")
+        .lock_timeout(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    sleep(Duration::from_millis(100)).await;
+    assert!(!held.is_lost());
+    held.release().await.unwrap();
+    let again = b.mutex("k").try_lock().await.unwrap();
+    again.release().await.unwrap();
+    shared_nodes().until_clean(&ns).await;
+}
+
+/// Leases are renewed on a quorum: a lock held for several TTLs is still held, and excludes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_a_lock_past_its_ttl() {
+    let ns = test_namespace!();
+    let nodes = shared_nodes();
+    let a = nodes
+        .client_with(&ns, Duration::from_millis(600), Duration::ZERO)
+        .await;
+    let b = nodes.client(&ns).await;
+    let held = a.mutex("long").lock().await.unwrap();
+    sleep(Duration::from_millis(2000)).await;
+    assert!(!held.is_lost());
+    assert!(b
+        .mutex("long")
+        .try_lock()
+        .await
+        .unwrap_err()
+        .is_would_block());
+    held.release().await.unwrap();
+    nodes.until_clean(&ns).await;
+}
+
+#[tokio::test]
+async fn semaphores_and_read_write_locks_are_refused_before_any_io() {
+    let ns = test_namespace!();
+    let c = shared_nodes().client(&ns).await;
+    let err = c.semaphore("s", 2).acquire().await.unwrap_err();
+    assert_eq!(err.kind(), distlock::ErrorKind::Unsupported, "{err}");
+    let err = c.rw_lock("rw").read().await.unwrap_err();
+    assert_eq!(err.kind(), distlock::ErrorKind::Unsupported, "{err}");
+    // A multi-lock is mutexes: it works.
+    let both = c.multi_lock(["x", "y"]).lock().await.unwrap();
+    both.release().await.unwrap();
+    shared_nodes().until_clean(&ns).await;
+}
+
+#[tokio::test]
+async fn bad_settings_are_clear_errors() {
+    let urls = shared_nodes().urls();
+    let err = RedlockBackend::builder(urls[..2].to_vec())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_config(), "{err}");
+    assert!(err.to_string().contains("at least 3"), "{err}");
+    let same = vec![urls[0].clone(), urls[0].clone(), urls[1].clone()];
+    let err = RedlockBackend::builder(same).build().await.unwrap_err();
+    assert!(err.is_invalid_config(), "{err}");
+    let err = RedlockBackend::builder(["nonsense", "x", "y"])
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_config(), "{err}");
+    // Nothing listens on these: a quorum cannot answer.
+    let dead: Vec<String> = (0..3)
+        .map(|_| format!("redis://127.0.0.1:{}/", support::free_port()))
+        .collect();
+    let started = Instant::now();
+    let err = RedlockBackend::builder(dead).build().await.unwrap_err();
+    assert!(err.is_backend(), "{err}");
+    assert!(err.to_string().contains("quorum"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+/// `redlock://host:port,host:port,...` through `LockClient::connect` reaches every node.
+#[tokio::test]
+async fn a_redlock_url_names_every_node() {
+    let ns = test_namespace!();
+    let nodes = shared_nodes();
+    let hosts: Vec<String> = nodes
+        .proxies
+        .iter()
+        .map(|p| format!("127.0.0.1:{}", p.port()))
+        .collect();
+    let url = format!("redlock://{}/", hosts.join(","));
+    let client = LockClient::builder_for(&url)
+        .await
+        .unwrap()
+        .namespace(ns.as_str())
+        .build()
+        .unwrap();
+    let guard = client.mutex("via-url").lock().await.unwrap();
+    let mut holding = 0;
+    for s in &nodes.servers {
+        let keys = support::redis::keys_in(&s.url(), &ns).await;
+        holding += usize::from(keys.iter().any(|k| k == &format!("{ns}:{{via-url}}")));
+    }
+    assert!(holding >= 3, "held on {holding} of 5 nodes");
+    guard.release().await.unwrap();
+    nodes.until_clean(&ns).await;
+}

@@ -1,0 +1,118 @@
+//! Independent `redis-server` nodes for Redlock tests, each reachable directly or through a
+//! fault proxy.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use distlock::backend::RedlockBackend;
+use distlock::LockClient;
+
+use super::proxy::Proxy;
+use super::RedisServer;
+
+/// `n` independent nodes, each behind its own proxy (faults are aimed at one node's proxy).
+pub struct Nodes {
+    pub servers: Vec<RedisServer>,
+    pub proxies: Vec<Proxy>,
+}
+
+impl Nodes {
+    pub fn start(n: usize) -> Self {
+        let servers: Vec<RedisServer> = (0..n).map(|_| RedisServer::start()).collect();
+        let proxies = servers.iter().map(|s| Proxy::start(s.port())).collect();
+        Self { servers, proxies }
+    }
+
+    /// The nodes' URLs through their proxies.
+    pub fn urls(&self) -> Vec<String> {
+        self.proxies
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{}/", p.port()))
+            .collect()
+    }
+
+    /// A client over every node, with a short rejoin delay (the nodes are fresh).
+    pub async fn client(&self, ns: &str) -> LockClient {
+        self.client_with(ns, Duration::from_secs(2), Duration::ZERO)
+            .await
+    }
+
+    pub async fn client_with(&self, ns: &str, ttl: Duration, rejoin: Duration) -> LockClient {
+        let backend = RedlockBackend::builder(self.urls())
+            .node_timeout(Duration::from_millis(300))
+            .handoff_ttl(Duration::from_millis(500))
+            .rejoin_delay(rejoin)
+            .build()
+            .await
+            .unwrap();
+        LockClient::builder(backend)
+            .namespace(ns)
+            .ttl(ttl)
+            .build()
+            .unwrap()
+    }
+
+    /// The keys of the namespace left on every node, except fencing counters (which carry a
+    /// TTL) and the nodes' `born` marks.
+    pub async fn leftovers(&self, ns: &str) -> Vec<String> {
+        let mut left = Vec::new();
+        for s in &self.servers {
+            for key in super::redis::keys_in(&s.url(), ns).await {
+                if !key.ends_with(":fence") && key != format!("{ns}:born") {
+                    left.push(format!("{}: {key}", s.port()));
+                }
+            }
+        }
+        left
+    }
+
+    /// Waits until the namespace holds nothing but counters and marks on any node.
+    pub async fn until_clean(&self, ns: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = self.leftovers(ns).await;
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "keys left behind: {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// How many claims wait on `key` on node `i`.
+    pub async fn queued(&self, i: usize, ns: &str, key: &str) -> usize {
+        let mut conn = super::redis::connection(&self.servers[i].url()).await;
+        redis::cmd("ZCARD")
+            .arg(format!("{ns}:{{{key}}}:rq"))
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+
+    /// Waits until `n` claims wait on `key` on every node.
+    pub async fn until_queued(&self, ns: &str, key: &str, n: usize) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let mut all = true;
+                for i in 0..self.servers.len() {
+                    all &= self.queued(i, ns, key).await == n;
+                }
+                if all {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("expected {n} queued waiters on every node"));
+    }
+}
+
+/// Five nodes shared by every test of a binary; tests keep apart by namespace.
+pub fn shared_nodes() -> &'static Nodes {
+    static NODES: OnceLock<Nodes> = OnceLock::new();
+    NODES.get_or_init(|| Nodes::start(5))
+}
