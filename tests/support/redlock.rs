@@ -38,18 +38,12 @@ impl Nodes {
     }
 
     pub async fn client_with(&self, ns: &str, ttl: Duration, rejoin: Duration) -> LockClient {
-        let backend = RedlockBackend::builder(self.urls())
-            .node_timeout(Duration::from_millis(300))
-            .handoff_ttl(Duration::from_millis(500))
-            .rejoin_delay(rejoin)
-            .build()
-            .await
-            .unwrap();
-        LockClient::builder(backend)
-            .namespace(ns)
-            .ttl(ttl)
-            .build()
-            .unwrap()
+        client_on(self.urls(), ns, ttl, rejoin).await
+    }
+
+    /// The nodes' own URLs, past the proxies (a client whose view no fault touches).
+    pub fn direct_urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
     }
 
     /// The keys of the namespace left on every node, except fencing counters (which carry a
@@ -109,6 +103,22 @@ impl Nodes {
         .await
         .unwrap_or_else(|_| panic!("expected {n} queued waiters on every node"));
     }
+}
+
+/// A Redlock client over `urls`, node timeout 300 ms, handoff lease 500 ms.
+pub async fn client_on(urls: Vec<String>, ns: &str, ttl: Duration, rejoin: Duration) -> LockClient {
+    let backend = RedlockBackend::builder(urls)
+        .node_timeout(Duration::from_millis(300))
+        .handoff_ttl(Duration::from_millis(500))
+        .rejoin_delay(rejoin)
+        .build()
+        .await
+        .unwrap();
+    LockClient::builder(backend)
+        .namespace(ns)
+        .ttl(ttl)
+        .build()
+        .unwrap()
 }
 
 /// Five nodes shared by every test of a binary; tests keep apart by namespace.

@@ -719,7 +719,7 @@ impl RedlockBackend {
                 let sub = match node.hub.subscribe_if_ready(&keys.channel, &keys.owner) {
                     Some(sub) => Some(sub),
                     None => tokio::time::timeout(
-                        self.inner.handoff_ttl.min(Duration::from_secs(1)),
+                        self.inner.node_timeout,
                         node.hub.subscribe(&keys.channel, &keys.owner),
                     )
                     .await

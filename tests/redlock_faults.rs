@@ -1,0 +1,231 @@
+//! Redlock under faults, on five real `redis-server` nodes per test, each behind a proxy:
+//! nodes cut off, blackholed, their connections closed mid-call, and SIGKILLed and restarted
+//! without their data. The lock stays exclusive, available while a majority answers, fails
+//! clearly (never hangs) when it cannot, and its fencing tokens keep increasing.
+#![cfg(feature = "redlock")]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::contract::contend;
+use support::redlock::{client_on, Nodes};
+use tokio::time::{sleep, timeout, Instant};
+
+/// The most an acquisition may take when some nodes do not answer: the node timeout (300 ms in
+/// the test clients) and some scheduling slack.
+const BOUND: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_or_two_nodes_down_the_lock_stays_held_exclusive_and_available() {
+    let ns = test_namespace!();
+    let nodes = Nodes::start(5);
+    let ttl = Duration::from_millis(900);
+    let h = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let w = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let held = h.mutex("k").lock().await.unwrap();
+    nodes.proxies[0].cut();
+    sleep(ttl).await;
+    nodes.proxies[1].cut();
+    // Several renewal rounds with two of five nodes gone: still held, still exclusive.
+    sleep(ttl * 3).await;
+    assert!(!held.is_lost(), "a quorum still holds the lock");
+    let started = Instant::now();
+    let err = w.mutex("k").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err}");
+    assert!(started.elapsed() < BOUND, "took {:?}", started.elapsed());
+
+    let waiter = {
+        let w = w.clone();
+        tokio::spawn(async move { w.mutex("k").lock().await })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let first = held.fencing_token();
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let next = timeout(BOUND, waiter).await.unwrap().unwrap().unwrap();
+    assert!(released.elapsed() < BOUND);
+    assert!(next.fencing_token() > first);
+    next.release().await.unwrap();
+
+    // Three of five down: no quorum, a clear error in bounded time, for waits and tries alike.
+    nodes.proxies[2].cut();
+    for attempt in 0..2 {
+        let started = Instant::now();
+        let err = if attempt == 0 {
+            w.mutex("k").lock().await.unwrap_err()
+        } else {
+            w.mutex("k").try_lock().await.unwrap_err()
+        };
+        assert!(err.is_backend(), "{err}");
+        assert!(err.to_string().contains("quorum"), "{err}");
+        assert!(started.elapsed() < BOUND, "took {:?}", started.elapsed());
+    }
+    for p in &nodes.proxies {
+        p.pass();
+    }
+    let back = timeout(BOUND * 5, w.mutex("k").lock())
+        .await
+        .unwrap()
+        .unwrap();
+    back.release().await.unwrap();
+    h.shutdown().await;
+    w.shutdown().await;
+}
+
+/// Two blackholed nodes (bytes swallowed, connections open) cost each call at most the node
+/// timeout, and the lock stays exclusive with increasing tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_nodes_cost_at_most_the_node_timeout() {
+    let ns = test_namespace!();
+    let nodes = Nodes::start(5);
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(nodes.client(&ns).await);
+    }
+    // Connections are open (the probe), then two nodes go silent.
+    nodes.proxies[3].blackhole();
+    nodes.proxies[4].blackhole();
+    let started = Instant::now();
+    let g = clients[0].mutex("solo").lock().await.unwrap();
+    assert!(started.elapsed() < BOUND, "took {:?}", started.elapsed());
+    g.release().await.unwrap();
+    contend(clients, "hot", 4, Duration::from_millis(2)).await;
+}
+
+/// Connections closed in the middle of calls (node-redlock hung on this) never hang an
+/// acquisition or a release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_closed_mid_call_never_hang() {
+    let ns = test_namespace!();
+    let nodes = Arc::new(Nodes::start(5));
+    let a = nodes.client(&ns).await;
+    let b = nodes.client(&ns).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let cutter = {
+        let (nodes, stop) = (nodes.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let p = &nodes.proxies[i % 2];
+                p.cut();
+                sleep(Duration::from_millis(15)).await;
+                p.pass();
+                sleep(Duration::from_millis(35)).await;
+                i += 1;
+            }
+        })
+    };
+    let mut last = 0;
+    for round in 0..30 {
+        let client = if round % 2 == 0 { &a } else { &b };
+        let started = Instant::now();
+        let g = timeout(BOUND * 2, client.mutex("k").lock())
+            .await
+            .expect("an acquisition hung")
+            .unwrap();
+        assert!(g.fencing_token() > last);
+        last = g.fencing_token();
+        timeout(BOUND * 2, g.release())
+            .await
+            .expect("a release hung")
+            .unwrap();
+        assert!(started.elapsed() < BOUND * 2);
+    }
+    stop.store(true, Ordering::Relaxed);
+    cutter.await.unwrap();
+}
+
+/// A holder with exactly a quorum {0, 1, 2}; its path to node 2 then goes silent and node 2 is
+/// SIGKILLed and restarted without its data. Nodes 3 and 4 are free, so with node 2 counting
+/// at once a second client (talking to the nodes directly) would have a quorum {2, 3, 4} while
+/// the first still believes it holds: its renewals reach only nodes 0 and 1, which is not a
+/// refusal, so it believes until its lease runs out. The restarted node sits out its rejoin
+/// delay, so nobody is granted before the first holder is told it lost the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_without_its_data_lets_no_second_holder_in() {
+    restarted_node_scenario(Duration::from_secs(3)).await;
+}
+
+async fn restarted_node_scenario(rejoin: Duration) {
+    let ns = test_namespace!();
+    let mut nodes = Nodes::start(5);
+    let ttl = Duration::from_millis(1500);
+    let h = nodes.client_with(&ns, ttl, rejoin).await;
+    let w = client_on(nodes.direct_urls(), &ns, ttl, rejoin).await;
+    // The nodes are fresh: let them count for this namespace first.
+    let warm = timeout(rejoin * 2 + Duration::from_secs(5), w.mutex("warm").lock())
+        .await
+        .unwrap()
+        .unwrap();
+    warm.release().await.unwrap();
+
+    nodes.proxies[3].blackhole();
+    nodes.proxies[4].blackhole();
+    let held = h.mutex("k").lock().await.unwrap();
+    nodes.proxies[3].heal();
+    nodes.proxies[4].heal();
+    nodes.proxies[2].blackhole();
+    nodes.servers[2].restart_after(|| {});
+
+    let started = Instant::now();
+    let mut granted = None;
+    while started.elapsed() < rejoin + ttl * 4 {
+        match w.mutex("k").try_lock().await {
+            Ok(g) => {
+                assert!(
+                    held.is_lost(),
+                    "a second holder was granted while the first still believed it held"
+                );
+                granted = Some(g);
+                break;
+            }
+            Err(e) => assert!(e.is_would_block(), "{e}"),
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    let second = granted.expect("the lock never became available again");
+    assert!(second.fencing_token() > held.fencing_token());
+    drop(held);
+    second.release().await.unwrap();
+    h.shutdown().await;
+    w.shutdown().await;
+}
+
+/// Node 0's counter is far ahead of the others; the first grant's token is therefore large, and
+/// raised on every node the holder held. Then node 0 is SIGKILLed and restarted without its
+/// data, and so on round the nodes: every later token is still larger than every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_increasing_when_nodes_forget_their_counters() {
+    let ns = test_namespace!();
+    let mut nodes = Nodes::start(5);
+    let ttl = Duration::from_millis(800);
+    let rejoin = Duration::from_millis(900);
+    let far_ahead: u64 = 9_000_000_000_000_000;
+    let mut conn = support::redis::connection(&nodes.servers[0].url()).await;
+    let _: () = redis::cmd("SET")
+        .arg(format!("{ns}:{{k}}:fence"))
+        .arg(far_ahead)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut tokens = Vec::new();
+    for round in 0..8 {
+        let c = nodes.client_with(&ns, ttl, rejoin).await;
+        let g = timeout(Duration::from_secs(10), c.mutex("k").lock())
+            .await
+            .expect("no grant")
+            .unwrap();
+        tokens.push(g.fencing_token());
+        g.release().await.unwrap();
+        c.shutdown().await;
+        nodes.servers[round % 5].restart_after(|| {});
+    }
+    assert!(tokens[0] > far_ahead, "{tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens went backwards: {tokens:?}"
+    );
+}
