@@ -418,6 +418,36 @@ async fn pg_transactions(url: &str) -> u64 {
         .saturating_sub(1)
 }
 
+/// Five independent `redis-server`s for the Redlock runs of this process (`redlock3` and
+/// `rslock-redlock3` use the first three).
+#[cfg(feature = "redis")]
+fn redlock_urls(n: usize) -> Vec<String> {
+    static NODES: std::sync::OnceLock<Vec<support::RedisServer>> = std::sync::OnceLock::new();
+    NODES
+        .get_or_init(|| (0..5).map(|_| support::RedisServer::start()).collect())
+        .iter()
+        .take(n)
+        .map(support::RedisServer::url)
+        .collect()
+}
+
+/// Server work summed over several nodes.
+#[cfg(feature = "redis")]
+async fn server_ops_all(urls: &[String]) -> Ops {
+    let mut sum = Ops {
+        top_level: Some(0),
+        ..Ops::default()
+    };
+    for url in urls {
+        let ops = server_ops(url).await;
+        sum.total += ops.total;
+        sum.top_level = sum.top_level.zip(ops.top_level).map(|(a, b)| a + b);
+        sum.cpu_us += ops.cpu_us;
+        sum.out_bytes += ops.out_bytes;
+    }
+    sum
+}
+
 /// One `redis-server` for every Redis run of this process.
 #[cfg(feature = "redis")]
 fn redis_url() -> String {
@@ -467,7 +497,11 @@ fn main() {
     rt.block_on(async {
         for name in &args.impls {
             // rslock and the Curator workload are mutexes only.
-            let prims: &[Prim] = if !matches!(name.as_str(), "rslock" | "curator" | "curator-ensemble") {
+            let prims: &[Prim] = if !matches!(
+                name.as_str(),
+                "rslock" | "rslock-redlock3" | "rslock-redlock5" | "curator" | "curator-ensemble"
+                    | "redlock3" | "redlock5"
+            ) {
                 &args.locks
             } else {
                 &[Prim::Mutex]
@@ -517,6 +551,38 @@ fn main() {
                                 format!("distlock-redis{}", prim.label())
                             } else {
                                 "rslock".to_owned()
+                            };
+                            report(&label, workers, cs_ms, outcome, Some(ops));
+                        }
+                        #[cfg(feature = "redlock")]
+                        "redlock3" | "redlock5" | "rslock-redlock3" | "rslock-redlock5" => {
+                            let n = if name.ends_with('3') { 3 } else { 5 };
+                            let urls = redlock_urls(n);
+                            let ours = name.starts_with("redlock");
+                            let mut lockers = Vec::new();
+                            for _ in 0..workers {
+                                lockers.push(if ours {
+                                    let backend =
+                                        distlock::backend::RedlockBackend::builder(urls.clone())
+                                            .rejoin_delay(Duration::ZERO)
+                                            .build()
+                                            .await
+                                            .expect("redlock backend");
+                                    Locker::Distlock(
+                                        LockClient::builder(backend).build().expect("client"),
+                                        prim,
+                                    )
+                                } else {
+                                    Locker::Rslock(rslock::LockManager::new(urls.clone()))
+                                });
+                            }
+                            let before = server_ops_all(&urls).await;
+                            let outcome = contend(lockers, cs, args.secs).await;
+                            let ops = server_ops_all(&urls).await.since(before);
+                            let label = if ours {
+                                format!("distlock-{name}{}", prim.label())
+                            } else {
+                                name.clone()
                             };
                             report(&label, workers, cs_ms, outcome, Some(ops));
                         }
@@ -596,7 +662,7 @@ fn main() {
                             );
                         }
                         other => eprintln!(
-                            "unknown --impl {other}; known: memory, redis, rslock, zookeeper, curator, zookeeper-ensemble, curator-ensemble, postgres"
+                            "unknown --impl {other}; known: memory, redis, rslock, redlock3, redlock5, rslock-redlock3, rslock-redlock5, zookeeper, curator, zookeeper-ensemble, curator-ensemble, postgres"
                         ),
                     }
                 }

@@ -107,9 +107,20 @@ impl Nodes {
 
 /// A Redlock client over `urls`, node timeout 300 ms, handoff lease 500 ms.
 pub async fn client_on(urls: Vec<String>, ns: &str, ttl: Duration, rejoin: Duration) -> LockClient {
+    client_tuned(urls, ns, ttl, rejoin, Duration::from_millis(500)).await
+}
+
+/// A Redlock client over `urls`, node timeout 300 ms.
+pub async fn client_tuned(
+    urls: Vec<String>,
+    ns: &str,
+    ttl: Duration,
+    rejoin: Duration,
+    handoff: Duration,
+) -> LockClient {
     let backend = RedlockBackend::builder(urls)
         .node_timeout(Duration::from_millis(300))
-        .handoff_ttl(Duration::from_millis(500))
+        .handoff_ttl(handoff)
         .rejoin_delay(rejoin)
         .build()
         .await

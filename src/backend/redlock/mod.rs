@@ -63,6 +63,9 @@ const FENCE_TTL: Duration = Duration::from_secs(3600);
 const DEFAULT_HANDOFF_TTL: Duration = Duration::from_secs(2);
 /// How long one node may take to answer before it counts as not granting.
 const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
+/// How long a waiter that heard of grants from a minority of nodes waits for the rest before
+/// it asks every node.
+const SPLIT_GRACE: Duration = Duration::from_millis(10);
 /// How long a node that lost its data sits out.
 const DEFAULT_REJOIN_DELAY: Duration = crate::DEFAULT_TTL;
 
@@ -78,6 +81,7 @@ fn script(body: &str) -> Script {
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/acquire.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/release.lua")));
 static SETTLE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/settle.lua")));
+static YIELD: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/yield.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/renew.lua")));
 
 /// Locks held by a majority of independent Redis nodes (Redlock), with fencing tokens that
@@ -552,9 +556,7 @@ impl RedlockBackend {
                 valid_until,
             });
         }
-        let settled = self
-            .settle_nodes(keys, held, claim.ttl(), token, false)
-            .await;
+        let settled = self.settle_nodes(keys, held, claim.ttl(), token).await;
         let valid_until = held_until(
             settled.into_iter().map(|sent| sent + claim.ttl()).collect(),
             q,
@@ -565,16 +567,14 @@ impl RedlockBackend {
         })
     }
 
-    /// Sets the lease of our lock on each node of `held` to `px` (only shortening it, with
-    /// `shorten`) and raises its counter to `token` (0: not at all). Returns when each node
-    /// that still held it was asked.
+    /// Sets the lease of our lock on each node of `held` to `px` and raises its counter to
+    /// `token`; returns when each node that still held it was asked.
     async fn settle_nodes(
         &self,
         keys: &Keys,
         held: &[Held],
         px: Duration,
         token: u64,
-        shorten: bool,
     ) -> Vec<Instant> {
         let mut inv = SETTLE.prepare_invoke();
         inv.key(&keys.lock)
@@ -582,8 +582,7 @@ impl RedlockBackend {
             .arg(&keys.owner)
             .arg(millis(px))
             .arg(token)
-            .arg(millis(FENCE_TTL))
-            .arg(u8::from(shorten));
+            .arg(millis(FENCE_TTL));
         let calls = held.iter().map(|h| {
             let inv = &inv;
             async move {
@@ -600,6 +599,29 @@ impl RedlockBackend {
             }
         });
         join_all(calls).await.into_iter().flatten().collect()
+    }
+
+    /// Runs the yield script on the nodes of a minority hold.
+    async fn yield_minority(
+        &self,
+        claim: &Claim,
+        ticket: &RedlockTicket,
+        keys: &Keys,
+        held: &[Held],
+    ) {
+        let mut inv = keys.invoke(&YIELD);
+        inv.arg(&keys.owner)
+            .arg(ticket.priority())
+            .arg(millis(claim.ttl()))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channels);
+        let calls = held.iter().filter_map(|h| {
+            let node = self.inner.nodes.get(h.node)?;
+            let inv = &inv;
+            Some(async move { node.call::<i64>("yield", inv).await })
+        });
+        join_all(calls).await;
     }
 
     /// Releases the claim on the nodes at `which` (all of them if `None`); returns how many
@@ -677,18 +699,12 @@ impl RedlockBackend {
                 self.release_on(keys, None).await;
             }
         } else if !held.is_empty() {
-            // A minority: keep it only under the handoff lease, never renewed, so that if
-            // nobody reaches a quorum the nodes hand the lock on in priority order.
-            self.settle_nodes(keys, &held, self.inner.handoff_ttl, 0, true)
-                .await;
-            let soonest = held
-                .iter()
-                .map(|h| h.until.min(Instant::now() + self.inner.handoff_ttl))
-                .min();
-            recheck_at = match (recheck_at, soonest) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            // A minority: hand each on to a better-placed waiter queued there, or keep it only
+            // under the handoff lease, never renewed, so that if nobody reaches a quorum the
+            // nodes hand the lock on in priority order.
+            self.yield_minority(claim, ticket, keys, &held).await;
+            let soonest = Instant::now() + self.inner.handoff_ttl;
+            recheck_at = Some(recheck_at.map_or(soonest, |r| r.min(soonest)));
         }
         if unreachable {
             let err = self.no_quorum(n - failed, "acquire");
@@ -832,8 +848,11 @@ impl Backend for RedlockBackend {
                         fresh: false,
                         until,
                     });
-                    // If the others do not follow, look again before this lease runs out.
-                    deadline = Some(deadline.map_or(until, |d| d.min(until)));
+                    // The other nodes' grants normally follow within a moment (the holder
+                    // released everywhere at once); if they do not, ask every node soon: the
+                    // lock may have split between waiters.
+                    let soon = (Instant::now() + SPLIT_GRACE).min(until);
+                    deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
                     if heard.len() >= self.inner.quorum {
                         let keys = Keys::new(claim, &self.inner.client_id);
                         return Ok(self
