@@ -118,7 +118,7 @@ impl Mutex {
     ///
     /// # Errors
     ///
-    /// An error with [`is_would_block`](Error::is_would_block) if the lock is held or has
+    /// An error with [`is_would_block`](crate::Error::is_would_block) if the lock is held or has
     /// waiters; otherwise the errors of [`lock`](Self::lock).
     ///
     /// # Cancel safety
@@ -147,7 +147,7 @@ impl Mutex {
     ///
     /// # Errors
     ///
-    /// An error with [`is_timeout`](Error::is_timeout) if the lock was not granted in time;
+    /// An error with [`is_timeout`](crate::Error::is_timeout) if the lock was not granted in time;
     /// otherwise the errors of [`lock`](Self::lock).
     ///
     /// # Cancel safety

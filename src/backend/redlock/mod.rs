@@ -1,42 +1,5 @@
 //! Redlock: one lock over N ≥ 3 independent Redis nodes, held while a majority of them hold it.
-//!
-//! Each node keeps the single-node layout (lease hash, fencing counter) with a queue ordered by
-//! *priority* instead of arrival: the waiter's own wall clock in µs when it first queued, sent
-//! to every node. So every node that knows the same waiters hands a free lock to the same one,
-//! and a release that reaches all nodes makes one waiter the holder of all of them.
-//!
-//! **Acquire** runs the node script on every node at once, each call bounded by the node
-//! timeout. A majority of grants within it is a grant, valid until the majority's leases end
-//! (measured from when each request was sent; the layer above subtracts the clock-drift margin,
-//! 1% of the TTL plus 2 ms). Fewer: a `try_lock` releases everywhere; a waiter keeps its queue
-//! entries, cuts the grants it got to the short handoff lease and waits for grant messages.
-//!
-//! **Fencing across the quorum.** Each node keeps its own counter. The granting client takes
-//! `T` = the largest token its quorum returned and, before the guard is returned, raises the
-//! counter of every node it holds to at least `T` *while still holding it* (one script checks
-//! the owner and raises). So on every node the client held, any later grant there gets a token
-//! above `T`. Two majorities share a node, and whoever held that node later was granted later:
-//! its token is above the earlier holder's `T`. When the quorum's nodes all returned `T`
-//! already (the usual case once counters are in step), no raise is needed: 1 round trip.
-//!
-//! **A node that lost its data** (restarted without persistence) may have forgotten a grant,
-//! so it sits out for [`rejoin_delay`](RedlockBackendBuilder::rejoin_delay) (the Redlock
-//! paper's advice): each node records when it first served the namespace (`<ns>:born`, which
-//! vanishes only with the data) and grants nothing until that long after. Its fencing counter
-//! restarts at its clock in µs, above every token issued before as long as nodes' clocks
-//! agree within the time it was down.
-//!
-//! **Fairness when nodes disagree.** A node that missed a waiter's queue entry (it was down, or
-//! the call timed out) may hand the lock to the next waiter instead; that waiter then holds a
-//! minority, under the short handoff lease only, and the waiter with the quorum proceeds. Such a
-//! minority grant is never renewed: if nobody reaches a quorum, the minority leases run out
-//! within the handoff TTL and the nodes hand the lock on in priority order. Priority is the
-//! waiter's clock, so clients whose clocks differ by `d` may be served up to `d` out of
-//! arrival order; nobody starves.
-//!
-//! Semaphores are refused: permits counted per node do not add up under majorities (three
-//! holders of a 2-permit semaphore can each hold a different majority of three nodes).
-//! Read-write locks are not offered on Redlock yet.
+//! How it works, and why its fencing tokens increase, is on [`RedlockBackend`].
 
 mod node;
 mod quorum;
@@ -87,9 +50,44 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/r
 /// Locks held by a majority of independent Redis nodes (Redlock), with fencing tokens that
 /// strictly increase across the quorum and FIFO handoff announced over each node's pub/sub.
 ///
-/// Only mutexes (and multi-locks, which are mutexes) are offered; see the module notes in the
-/// source for the fencing argument. Semaphores are refused because per-node permit counts do
-/// not add up under majority quorums.
+/// Each node keeps the single-node layout (lease hash, fencing counter) with a queue ordered by
+/// *priority* instead of arrival: the waiter's own wall clock in µs when it first queued, sent
+/// to every node. So every node that knows the same waiters hands a free lock to the same one,
+/// and a release that reaches all nodes makes one waiter the holder of all of them.
+///
+/// **Acquire** runs the node script on every node at once, each call bounded by the node
+/// timeout. A majority of grants within it is a grant, valid until the majority's leases end
+/// (measured from when each request was sent; the layer above subtracts the clock-drift margin,
+/// 1% of the TTL plus 2 ms). Fewer: a `try_lock` releases everywhere; a waiter keeps its queue
+/// entries, cuts the grants it got to the short handoff lease and waits for grant messages.
+///
+/// **Fencing across the quorum.** Each node keeps its own counter. The granting client takes
+/// `T` = the largest token its quorum returned and, before the guard is returned, raises the
+/// counter of every node it holds to at least `T` *while still holding it* (one script checks
+/// the owner and raises). So on every node the client held, any later grant there gets a token
+/// above `T`. Two majorities share a node, and whoever held that node later was granted later:
+/// its token is above the earlier holder's `T`. When the quorum's nodes all returned `T`
+/// already (the usual case once counters are in step), no raise is needed: 1 round trip.
+///
+/// **A node that lost its data** (restarted without persistence) may have forgotten a grant,
+/// so it sits out for [`rejoin_delay`](RedlockBackendBuilder::rejoin_delay) (the Redlock
+/// paper's advice): each node records when it first served the namespace (`<ns>:born`, which
+/// vanishes only with the data) and grants nothing until that long after. Its fencing counter
+/// restarts at its clock in µs, above every token issued before as long as nodes' clocks
+/// agree within the time it was down.
+///
+/// **Fairness when nodes disagree.** A node that missed a waiter's queue entry (it was down, or
+/// the call timed out) may hand the lock to the next waiter instead. A waiter that hears of
+/// grants from only a minority asks every node 10 ms later, queues again where it was missing,
+/// and hands each minority grant on to a better-placed waiter queued on that node; what it keeps
+/// it keeps under the short handoff lease only, never renewed, so at worst the nodes hand the
+/// lock on in priority order when that lease runs out. Priority is the waiter's clock, so
+/// clients whose clocks differ by `d` may be served up to `d` out of arrival order; nobody
+/// starves.
+///
+/// Semaphores are refused: permits counted per node do not add up under majorities (three
+/// holders of a 2-permit semaphore can each hold a different majority of three nodes).
+/// Read-write locks are not offered on Redlock yet. Multi-locks (mutexes in a fixed order) work.
 ///
 /// # Examples
 ///

@@ -212,8 +212,8 @@ impl ZkBackendBuilder {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidConfig`] for a bad connect string, zero timeouts, or a creator ACL
-    /// without digest auth; [`ErrorKind::Backend`] if no server answers within the connect
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a bad connect string, zero timeouts, or a creator ACL
+    /// without digest auth; [`ErrorKind::Backend`](crate::ErrorKind::Backend) if no server answers within the connect
     /// timeout or the server refuses the session or the credentials.
     ///
     /// # Cancel safety
