@@ -7,6 +7,7 @@
 //! <px>"`). Each waiting claim has a [`Mailbox`] that keeps the strongest wake-up not yet read,
 //! and a [`ServerClock`] that places server times on the local clock, no later than they are.
 
+use std::future::Future;
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
@@ -163,6 +164,50 @@ impl ServerClock {
     }
 }
 
+/// Moves `deadline` to `at` if that is earlier (or sets it).
+pub(crate) fn earliest(deadline: &mut Option<Instant>, at: Instant) {
+    *deadline = Some(deadline.map_or(at, |d| d.min(at)));
+}
+
+/// Awaits `wake`, or `None` once `deadline` (if any) passes.
+pub(crate) async fn before<T>(
+    wake: impl Future<Output = T>,
+    deadline: Option<Instant>,
+) -> Option<T> {
+    match deadline {
+        Some(at) => tokio::select! {
+            wake = wake => Some(wake),
+            () = sleep_until(at) => None,
+        },
+        None => Some(wake.await),
+    }
+}
+
+/// A wait with no mailbox to listen on: sleeps until `recheck_at`, then asks the server again.
+pub(crate) async fn recheck(recheck_at: Option<Instant>) -> Result<Option<Grant>> {
+    if let Some(at) = recheck_at {
+        sleep_until(at).await;
+    }
+    Ok(None)
+}
+
+/// The waiter ahead of us got the lock on a provisional lease (`end`): if it dies before
+/// confirming it, the lock is ours to take when that lease ends, so look again then. False if
+/// the moment cannot be placed on our clock (look again now).
+pub(crate) fn next_in_line(
+    clock: &ServerClock,
+    end: LeaseEnd,
+    deadline: &mut Option<Instant>,
+) -> bool {
+    match clock.local_time(end.server_ms, end.px) {
+        Some(at) => {
+            earliest(deadline, at);
+            true
+        }
+        None => false,
+    }
+}
+
 /// [`Backend::wait`](super::Backend::wait) for a claim with a mailbox: sleeps until a message
 /// or `recheck_at`. Returns the grant a message proves; `None` to ask the server again. `on_grant`
 /// runs before a grant is returned (to drop the claim's registration).
@@ -173,28 +218,20 @@ pub(crate) async fn wait_for_handoff(
     on_grant: impl FnOnce(),
 ) -> Result<Option<Grant>> {
     let Some(mailbox) = mailbox else {
-        if let Some(at) = recheck_at {
-            sleep_until(at).await;
-        }
-        return Ok(None);
+        return recheck(recheck_at).await;
     };
     let mut deadline = recheck_at;
     loop {
-        let wake = match deadline {
-            Some(at) => tokio::select! {
-                wake = mailbox.recv() => wake,
-                () = sleep_until(at) => return Ok(None),
-            },
-            None => mailbox.recv().await,
+        let Some(wake) = before(mailbox.recv(), deadline).await else {
+            return Ok(None);
         };
         match wake {
             Wake::Recheck => return Ok(None),
-            // The waiter ahead of us got the lock on a provisional lease: if it died before
-            // confirming it, the lock is ours to take when that lease ends.
-            Wake::NextInLine(end) => match clock.local_time(end.server_ms, end.px) {
-                Some(at) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
-                None => return Ok(None),
-            },
+            Wake::NextInLine(end) => {
+                if !next_in_line(clock, end, &mut deadline) {
+                    return Ok(None);
+                }
+            }
             Wake::Granted(handoff) => {
                 let Some(valid_until) = clock.local_time(handoff.server_ms, handoff.px) else {
                     return Ok(None);

@@ -11,11 +11,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ::redis::{Script, ScriptInvocation};
 use futures::future::join_all;
 use tokio::sync::watch;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 
 use self::node::Node;
 use self::quorum::{held_until, quorum};
-use super::handoff::{check_handoff_ttl, fence_of, Mailbox, ServerClock, Wake};
+use super::handoff::{
+    before, check_handoff_ttl, earliest, fence_of, next_in_line, recheck, Mailbox, ServerClock,
+    Wake,
+};
 use super::redis::notify::Subscription;
 use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
@@ -675,9 +678,7 @@ impl RedlockBackend {
                         until,
                     });
                 }
-                Reply::Queued { until } => {
-                    recheck_at = Some(recheck_at.map_or(until, |r| r.min(until)));
-                }
+                Reply::Queued { until } => earliest(&mut recheck_at, until),
                 Reply::Failed(e) => {
                     failed += 1;
                     first_error.get_or_insert(e);
@@ -701,8 +702,7 @@ impl RedlockBackend {
             // under the handoff lease, never renewed, so that if nobody reaches a quorum the
             // nodes hand the lock on in priority order.
             self.yield_minority(claim, ticket, keys, &held).await;
-            let soonest = Instant::now() + self.inner.handoff_ttl;
-            recheck_at = Some(recheck_at.map_or(soonest, |r| r.min(soonest)));
+            earliest(&mut recheck_at, Instant::now() + self.inner.handoff_ttl);
         }
         if unreachable {
             let err = self.no_quorum(n - failed, "acquire");
@@ -807,10 +807,7 @@ impl Backend for RedlockBackend {
             })
             .collect();
         if mailboxes.is_empty() {
-            if let Some(at) = recheck_at {
-                sleep_until(at).await;
-            }
-            return Ok(None);
+            return recheck(recheck_at).await;
         }
         let mut deadline = recheck_at;
         // Grants announced to us so far, per node.
@@ -821,20 +818,17 @@ impl Backend for RedlockBackend {
                     .iter()
                     .map(|(i, m)| Box::pin(async move { (*i, m.recv().await) })),
             );
-            let (node, wake) = match deadline {
-                Some(at) => tokio::select! {
-                    ((node, wake), ..) = next => (node, wake),
-                    () = sleep_until(at) => return Ok(None),
-                },
-                None => next.await.0,
+            let Some(((node, wake), ..)) = before(next, deadline).await else {
+                return Ok(None);
             };
             let clock = &tickets[node].clock;
             match wake {
                 Wake::Recheck => return Ok(None),
-                Wake::NextInLine(end) => match clock.local_time(end.server_ms, end.px) {
-                    Some(at) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
-                    None => return Ok(None),
-                },
+                Wake::NextInLine(end) => {
+                    if !next_in_line(clock, end, &mut deadline) {
+                        return Ok(None);
+                    }
+                }
                 Wake::Granted(handoff) => {
                     let Some(until) = clock.local_time(handoff.server_ms, handoff.px) else {
                         return Ok(None);
@@ -849,8 +843,7 @@ impl Backend for RedlockBackend {
                     // The other nodes' grants normally follow within a moment (the holder
                     // released everywhere at once); if they do not, ask every node soon: the
                     // lock may have split between waiters.
-                    let soon = (Instant::now() + SPLIT_GRACE).min(until);
-                    deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
+                    earliest(&mut deadline, (Instant::now() + SPLIT_GRACE).min(until));
                     if heard.len() >= self.inner.quorum {
                         let keys = Keys::new(claim, &self.inner.client_id);
                         return Ok(self
