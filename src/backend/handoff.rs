@@ -17,6 +17,15 @@ use tokio::time::{sleep_until, Instant};
 use super::{Family, Grant, LockKind};
 use crate::error::{Error, ErrorKind, Result};
 
+/// The lease a handed-off lock gets until its new owner confirms it, unless configured: it
+/// bounds how long a lock handed to a waiter that just died stays stuck.
+pub(crate) const DEFAULT_HANDOFF_TTL: Duration = Duration::from_secs(2);
+
+/// A random id for one backend instance: its part of every owner token and channel name.
+pub(crate) fn client_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..16].to_owned()
+}
+
 /// Refuses a provisional handoff lease too short to be confirmed.
 pub(crate) fn check_handoff_ttl(ttl: Duration) -> Result<()> {
     if ttl < crate::MIN_TTL {

@@ -30,14 +30,11 @@ use self::commands::{route_of, Commands, Own, Params};
 use self::listen::{Hub, Registration};
 use super::handoff::{
     self, check_handoff_ttl, parse_family, wait_for_handoff, Mailbox, ServerClock,
+    DEFAULT_HANDOFF_TTL,
 };
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter};
-
-/// The lease a handed-off lock gets until its new owner confirms it. It bounds how long a lock
-/// handed to a waiter that just died stays stuck.
-const DEFAULT_HANDOFF_TTL: Duration = Duration::from_secs(2);
 
 /// How many connections of its own a backend opens for statements, by default.
 const DEFAULT_CONNECTIONS: usize = 2;
@@ -306,7 +303,7 @@ impl PgBackendBuilder {
                 Commands::Deadpool(pool)
             }
         };
-        let client_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_owned();
+        let client_id = handoff::client_id();
         let hub = Hub::start(listen, format!("distlock_{client_id}"));
         if !hub.ready(commands::CALL_TIMEOUT).await {
             hub.close();

@@ -32,18 +32,16 @@ use tokio::time::Instant;
 
 use self::commands::{redis_error, Commands, CALL_TIMEOUT};
 use self::notify::{Hub, Subscription};
-use super::handoff::{self, check_handoff_ttl, wait_for_handoff, Mailbox, ServerClock};
+use super::handoff::{
+    self, check_handoff_ttl, wait_for_handoff, Mailbox, ServerClock, DEFAULT_HANDOFF_TTL,
+};
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter};
 
 /// How long the fencing counter of an unused key lives. After it expires, the next grant starts
 /// from server time in microseconds, which is larger than any token handed out before.
-const FENCE_TTL: Duration = Duration::from_secs(3600);
-
-/// The lease a handed-off lock gets until its new owner confirms it. It bounds how long a lock
-/// handed to a waiter that just died stays stuck.
-const DEFAULT_HANDOFF_TTL: Duration = Duration::from_secs(2);
+pub(crate) const FENCE_TTL: Duration = Duration::from_secs(3600);
 
 fn script(body: &str) -> Script {
     Script::new(&format!("{}\n{}", include_str!("scripts/common.lua"), body))
@@ -304,7 +302,7 @@ impl RedisBackendBuilder {
                 commands,
                 hub: Hub::start(client),
                 handoff_ttl: self.handoff_ttl,
-                client_id: uuid::Uuid::new_v4().simple().to_string()[..16].to_owned(),
+                client_id: handoff::client_id(),
             }),
         })
     }
@@ -388,7 +386,8 @@ impl RedisTicket {
     }
 }
 
-fn millis(d: Duration) -> u64 {
+/// A duration in whole milliseconds for a script argument, at least 1.
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 

@@ -16,17 +16,14 @@ use tokio::time::Instant;
 use self::node::Node;
 use self::quorum::{held_until, quorum};
 use super::handoff::{
-    before, check_handoff_ttl, earliest, fence_of, next_in_line, recheck, Mailbox, ServerClock,
-    Wake,
+    before, check_handoff_ttl, client_id, earliest, fence_of, next_in_line, recheck, Mailbox,
+    ServerClock, Wake, DEFAULT_HANDOFF_TTL,
 };
 use super::redis::notify::Subscription;
+use super::redis::{millis, FENCE_TTL};
 use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 
-/// How long the fencing counter of an unused key lives (as on a single node).
-const FENCE_TTL: Duration = Duration::from_secs(3600);
-/// The lease of a lock handed to a waiter until it confirms a quorum.
-const DEFAULT_HANDOFF_TTL: Duration = Duration::from_secs(2);
 /// How long one node may take to answer before it counts as not granting.
 const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
 /// How long a waiter that heard of grants from a minority of nodes waits for the rest before
@@ -353,7 +350,7 @@ impl RedlockBackendBuilder {
                 handoff_ttl: self.handoff_ttl,
                 rejoin_delay: self.rejoin_delay,
                 node_timeout: self.node_timeout,
-                client_id: uuid::Uuid::new_v4().simple().to_string()[..16].to_owned(),
+                client_id: client_id(),
                 reconnects,
             }),
         })
@@ -450,10 +447,6 @@ impl RedlockTicket {
         self.unsubscribe();
         granted
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 /// One node's answer to an acquisition.
@@ -625,25 +618,19 @@ impl RedlockBackend {
         join_all(calls).await;
     }
 
-    /// Releases the claim on the nodes at `which` (all of them if `None`); returns how many
-    /// said it held the lock there, and how many could not be asked.
-    async fn release_on(&self, keys: &Keys, which: Option<&[usize]>) -> (usize, usize) {
+    /// Releases the claim on every node; returns how many said it held the lock there, and how
+    /// many could not be asked.
+    async fn release_on(&self, keys: &Keys) -> (usize, usize) {
         let mut inv = keys.invoke(&RELEASE);
         inv.arg(&keys.owner)
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
             .arg(&keys.channels)
             .arg(self.rejoin_ms());
-        let calls = self
-            .inner
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| which.is_none_or(|w| w.contains(i)))
-            .map(|(_, node)| {
-                let inv = &inv;
-                async move { node.call::<i64>("release", inv).await }
-            });
+        let calls = self.inner.nodes.iter().map(|node| {
+            let inv = &inv;
+            async move { node.call::<i64>("release", inv).await }
+        });
         let replies = join_all(calls).await;
         let held = replies.iter().filter(|r| matches!(r, Ok((1, _)))).count();
         let failed = replies.iter().filter(|r| r.is_err()).count();
@@ -695,7 +682,7 @@ impl RedlockBackend {
         if !wait {
             // A try leaves nothing behind: release wherever we got it or could not tell.
             if !held.is_empty() || failed > 0 {
-                self.release_on(keys, None).await;
+                self.release_on(keys).await;
             }
         } else if !held.is_empty() {
             // A minority: hand each on to a better-placed waiter queued there, or keep it only
@@ -859,7 +846,7 @@ impl Backend for RedlockBackend {
     async fn release(&self, claim: &Claim, ticket: &RedlockTicket) -> Result<bool> {
         ticket.unsubscribe();
         let keys = Keys::new(claim, &self.inner.client_id);
-        let (held, failed) = self.release_on(&keys, None).await;
+        let (held, failed) = self.release_on(&keys).await;
         if failed == self.inner.nodes.len() {
             return Err(self.no_quorum(0, "release"));
         }
