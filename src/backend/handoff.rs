@@ -26,6 +26,12 @@ pub(crate) fn client_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..16].to_owned()
 }
 
+/// A claim's owner token on the server: the backend's client id, then the claim's own token.
+/// The server-side code finds the client's channel from the part before the `.`.
+pub(crate) fn owner_token(client_id: &str, claim_owner: &str) -> String {
+    format!("{client_id}.{claim_owner}")
+}
+
 /// Refuses a provisional handoff lease too short to be confirmed.
 pub(crate) fn check_handoff_ttl(ttl: Duration) -> Result<()> {
     if ttl < crate::MIN_TTL {

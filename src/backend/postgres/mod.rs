@@ -376,7 +376,7 @@ struct Call<'a> {
 
 /// A claim's owner token on the server: this backend's client id, then the claim's.
 fn owner_of(client_id: &str, claim: &Claim) -> String {
-    format!("{client_id}.{}", claim.owner())
+    handoff::owner_token(client_id, claim.owner())
 }
 
 impl<'a> Call<'a> {

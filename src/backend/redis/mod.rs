@@ -343,7 +343,7 @@ impl Keys {
             fence: format!("{lock}:fence"),
             channel: format!("{channels}{client_id}"),
             channels,
-            owner: format!("{client_id}.{claim_owner}"),
+            owner: handoff::owner_token(client_id, claim_owner),
             lock,
         }
     }

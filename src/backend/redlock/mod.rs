@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use self::node::Node;
 use self::quorum::{held_until, quorum};
 use super::handoff::{
-    before, check_handoff_ttl, client_id, earliest, fence_of, next_in_line, recheck, Mailbox,
-    ServerClock, Wake, DEFAULT_HANDOFF_TTL,
+    before, check_handoff_ttl, client_id, earliest, fence_of, next_in_line, owner_token, recheck,
+    Mailbox, ServerClock, Wake, DEFAULT_HANDOFF_TTL,
 };
 use super::redis::notify::Subscription;
 use super::redis::{millis, FENCE_TTL};
@@ -380,7 +380,7 @@ impl Keys {
             born: format!("{}:born", claim.namespace()),
             channel: format!("{channels}{client_id}"),
             channels,
-            owner: format!("{client_id}.{}", claim.owner()),
+            owner: owner_token(client_id, claim.owner()),
             lock,
         }
     }
