@@ -491,6 +491,11 @@ pub use self::zookeeper::{
 #[cfg(feature = "memory")]
 pub use memory::{MemoryBackend, MemoryStats};
 
+/// How long the renewal engine gives one [`Backend::renew`] call before it abandons it and
+/// retries: a third of the shortest TTL in the batch, and at least this. A backend that asks
+/// several servers bounds each one's answer well within that window.
+pub(crate) const MIN_RENEW_CALL: Duration = Duration::from_millis(50);
+
 /// A type-erased ticket.
 pub(crate) type AnyTicket = Box<dyn Any + Send + Sync>;
 

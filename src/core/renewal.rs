@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -23,11 +22,8 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::{sleep_until, Instant};
 
 use super::lease::{Lease, Verdict};
-use crate::backend::{AnyTicket, Claim, DynBackend, Renewal};
+use crate::backend::{AnyTicket, Claim, DynBackend, Renewal, MIN_RENEW_CALL as MIN_CALL_LIMIT};
 use crate::error::{Error, ErrorKind};
-
-/// The shortest time a renewal call is given before it is abandoned and retried.
-const MIN_CALL_LIMIT: Duration = Duration::from_millis(50);
 
 /// Handle to the shared renewal task of one client.
 ///

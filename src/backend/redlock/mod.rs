@@ -21,7 +21,7 @@ use super::handoff::{
 };
 use super::redis::notify::Subscription;
 use super::redis::{millis, FENCE_TTL};
-use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
+use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal, MIN_RENEW_CALL};
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long one node may take to answer before it counts as not granting.
@@ -873,13 +873,16 @@ impl Backend for RedlockBackend {
                 .arg(millis(claim.ttl()))
                 .arg(mode);
         }
-        // Bounded per node, so one silent node cannot hold up the others' answers.
+        // Bounded per node, within half the window the renewal engine gives the whole call (a
+        // third of the shortest TTL, at least 50 ms), so one silent node cannot hold up the
+        // others' answers until the engine gives up on all of them.
         let limit = claims
             .iter()
-            .map(|(c, _)| c.ttl() / 6)
+            .map(|(c, _)| c.ttl() / 3)
             .min()
             .unwrap_or_default()
-            .max(self.inner.node_timeout);
+            .max(MIN_RENEW_CALL)
+            / 2;
         let per_node = join_all(self.inner.nodes.iter().map(|node| {
             let inv = &inv;
             async move {
