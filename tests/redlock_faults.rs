@@ -211,6 +211,16 @@ async fn tokens_keep_increasing_when_nodes_forget_their_counters() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    // The nodes are fresh: let every one of them count for this namespace first, so that node
+    // 0 is part of the first grant.
+    let warm = nodes.client_with(&ns, ttl, rejoin).await;
+    let g = timeout(Duration::from_secs(10), warm.mutex("warm").lock())
+        .await
+        .expect("no grant")
+        .unwrap();
+    g.release().await.unwrap();
+    warm.shutdown().await;
+    sleep(Duration::from_millis(100)).await;
     let mut tokens = Vec::new();
     for round in 0..8 {
         let c = nodes.client_with(&ns, ttl, rejoin).await;
