@@ -409,7 +409,9 @@ async fn a_holder_killed_with_sigkill_frees_the_lock_within_its_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_served_after_the_listen_connection_is_killed() {
     let ns = test_namespace!();
-    let url = shared_postgres().url();
+    // Its own connection name, so only this test's connections are killed.
+    let name = "dl-listen-killed";
+    let url = format!("{}?application_name={name}", shared_postgres().url());
     let ttl = Duration::from_secs(30);
     let holder = client_at(&url, &ns, ttl).await;
     let held = holder.mutex("k").lock().await.unwrap();
@@ -418,7 +420,7 @@ async fn waiters_are_served_after_the_listen_connection_is_killed() {
     until_queued(&url, &ns, "k", 1).await;
     // Kill every LISTEN connection (the holder's and the waiter's) and release at once: the
     // NOTIFY may go nowhere.
-    assert!(terminate(&url, "distlock-listen").await >= 2);
+    assert_eq!(terminate(&url, &format!("{name}-listen")).await, 2);
     held.release().await.unwrap();
     let g = granted(task, Duration::from_secs(5), "the waiter").await;
     assert!(g.fencing_token() > 0);
@@ -442,13 +444,15 @@ async fn waiters_are_served_after_the_listen_connection_is_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statement_connections_swapped_between_calls_still_work() {
     let ns = test_namespace!();
-    let url = shared_postgres().url();
+    // Its own connection name, so only this test's connections are killed.
+    let name = "dl-swapped";
+    let url = format!("{}?application_name={name}", shared_postgres().url());
     let ttl = Duration::from_millis(900);
     let c = client_at(&url, &ns, ttl).await;
     let other = client(&ns).await;
     for _ in 0..3 {
         let g = c.mutex("k").lock().await.unwrap();
-        assert!(terminate(&url, "distlock").await >= 1);
+        assert!(terminate(&url, name).await >= 1);
         // Renewals go over fresh connections.
         sleep(ttl * 2).await;
         assert!(!g.is_lost());
@@ -458,7 +462,7 @@ async fn statement_connections_swapped_between_calls_still_work() {
             .await
             .unwrap_err()
             .is_would_block());
-        assert!(terminate(&url, "distlock").await >= 1);
+        assert!(terminate(&url, name).await >= 1);
         g.release().await.unwrap();
     }
     assert_eq!(claims_in(&url, &ns).await, 0);

@@ -55,7 +55,7 @@ pub async fn terminate(url: &str, name: &str) -> i64 {
     let client = connection(url).await;
     client
         .query_one(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
             &[&name],
         )
         .await

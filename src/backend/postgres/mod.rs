@@ -47,6 +47,8 @@ const DEFAULT_CONNECTIONS: usize = 2;
 /// short transaction, with no session state, so a pooler in transaction mode (PgBouncer) works.
 /// Waiters share one dedicated LISTEN connection per backend, which must reach the server
 /// directly or through a pooler in session mode ([`listen_url`](PgBackendBuilder::listen_url)).
+/// In `pg_stat_activity` the statement connections carry the URL's `application_name`
+/// (`distlock` if it names none) and the LISTEN connection the same name with `-listen` added.
 ///
 /// The tables live in the schema `distlock`, created on first use (or by you, from
 /// [`schema_sql`](Self::schema_sql)). A lease is a deadline on the server's clock: a holder that
@@ -278,9 +280,9 @@ impl PgBackendBuilder {
             Some(url) => parse_url(url)?,
             None => config.clone(),
         };
-        if listen.get_application_name() == Some("distlock") {
-            // Tells the LISTEN connection apart in `pg_stat_activity`.
-            listen.application_name("distlock-listen");
+        // Tells the LISTEN connection apart in `pg_stat_activity`: `<name>-listen`.
+        if let Some(name) = listen.get_application_name().map(|n| format!("{n}-listen")) {
+            listen.application_name(&name);
         }
         tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
 
