@@ -108,8 +108,8 @@ impl LockClient {
         Self::builder(backend).build()
     }
 
-    /// Connects to independent Redis nodes as one Redlock (`redis://host:port/` each, at least
-    /// three) with the defaults of [`RedlockBackend`](crate::backend::RedlockBackend): a lock is
+    /// Connects to independent Redis nodes as one Redlock (`redis://host:port/` URLs or
+    /// [`RedlockNode`](crate::backend::RedlockNode)s, at least three) with the defaults of [`RedlockBackend`](crate::backend::RedlockBackend): a lock is
     /// held while a majority of the nodes hold it, and its fencing token increases across them.
     ///
     /// # Errors
@@ -138,12 +138,12 @@ impl LockClient {
     /// ```
     #[cfg(feature = "redlock")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
-    pub async fn redlock<I, S>(urls: I) -> Result<Self>
+    pub async fn redlock<I, N>(nodes: I) -> Result<Self>
     where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
+        I: IntoIterator<Item = N>,
+        N: Into<crate::backend::RedlockNode>,
     {
-        let backend = crate::backend::RedlockBackend::connect(urls).await?;
+        let backend = crate::backend::RedlockBackend::connect(nodes).await?;
         Self::builder(backend).build()
     }
 

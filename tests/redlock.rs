@@ -142,6 +142,61 @@ async fn semaphores_and_read_write_locks_are_refused_before_any_io() {
     shared_nodes().until_clean(&ns).await;
 }
 
+/// Nodes whose commands go through the application's pools (deadpool on two nodes, bb8 on two,
+/// an own connection on the fifth): the contract holds, and the pools carried the commands.
+#[cfg(all(feature = "redis-deadpool", feature = "redis-bb8"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_may_send_their_commands_through_pools() {
+    use distlock::backend::RedlockNode;
+
+    let ns = test_namespace!();
+    let nodes = shared_nodes();
+    let mut clients = Vec::new();
+    let mut deadpools = Vec::new();
+    let mut bb8s = Vec::new();
+    for _ in 0..3 {
+        let mut per_node = Vec::new();
+        for (i, url) in nodes.urls().into_iter().enumerate() {
+            per_node.push(match i {
+                0 | 1 => {
+                    let pool = deadpool_redis::Config::from_url(url.clone())
+                        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                        .unwrap();
+                    deadpools.push(pool.clone());
+                    RedlockNode::deadpool(url, pool)
+                }
+                2 | 3 => {
+                    let manager = bb8_redis::RedisConnectionManager::new(url.clone()).unwrap();
+                    let pool = bb8::Pool::builder().build_unchecked(manager);
+                    bb8s.push(pool.clone());
+                    RedlockNode::bb8(url, pool)
+                }
+                _ => RedlockNode::new(url),
+            });
+        }
+        let backend = RedlockBackend::builder(per_node)
+            .rejoin_delay(Duration::ZERO)
+            .build()
+            .await
+            .unwrap();
+        clients.push(
+            LockClient::builder(backend)
+                .namespace(ns.as_str())
+                .ttl(Duration::from_secs(2))
+                .build()
+                .unwrap(),
+        );
+    }
+    contend(clients, "pooled", 15, Duration::from_micros(300)).await;
+    for pool in &deadpools {
+        assert!(pool.status().size >= 1, "a deadpool pool was never used");
+    }
+    for pool in &bb8s {
+        assert!(pool.state().connections >= 1, "a bb8 pool was never used");
+    }
+    nodes.until_clean(&ns).await;
+}
+
 #[tokio::test]
 async fn bad_settings_are_clear_errors() {
     let urls = shared_nodes().urls();

@@ -482,7 +482,7 @@ pub use self::postgres::{PgBackend, PgBackendBuilder, PgTicket};
 pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisTicket};
 #[cfg(feature = "redlock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
-pub use self::redlock::{RedlockBackend, RedlockBackendBuilder, RedlockTicket};
+pub use self::redlock::{RedlockBackend, RedlockBackendBuilder, RedlockNode, RedlockTicket};
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use self::zookeeper::{

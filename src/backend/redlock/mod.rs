@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use self::node::Node;
+pub use self::node::RedlockNode;
 use self::quorum::{held_until, quorum};
 use super::handoff::{
     before, check_handoff_ttl, client_id, earliest, fence_of, next_in_line, owner_token, recheck,
@@ -143,15 +144,16 @@ impl std::fmt::Debug for RedlockBackend {
 #[must_use = "builder does nothing itself, use `.build()` to build it"]
 #[derive(Debug)]
 pub struct RedlockBackendBuilder {
-    urls: Vec<String>,
+    nodes: Vec<RedlockNode>,
     node_timeout: Duration,
     handoff_ttl: Duration,
     rejoin_delay: Duration,
 }
 
 impl RedlockBackend {
-    /// Starts building a backend over the independent nodes at `urls`
-    /// (`redis://[user:password@]host:port/db` each; at least three, an odd number is best).
+    /// Starts building a backend over independent nodes: URLs
+    /// (`redis://[user:password@]host:port/db` each) or [`RedlockNode`]s, which may send
+    /// their commands through a pool; at least three, an odd number is best.
     ///
     /// # Examples
     ///
@@ -165,20 +167,20 @@ impl RedlockBackend {
     /// assert!(err.is_invalid_config()); // one node is not a Redlock
     /// # }
     /// ```
-    pub fn builder<I, S>(urls: I) -> RedlockBackendBuilder
+    pub fn builder<I, N>(nodes: I) -> RedlockBackendBuilder
     where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
+        I: IntoIterator<Item = N>,
+        N: Into<RedlockNode>,
     {
         RedlockBackendBuilder {
-            urls: urls.into_iter().map(Into::into).collect(),
+            nodes: nodes.into_iter().map(Into::into).collect(),
             node_timeout: DEFAULT_NODE_TIMEOUT,
             handoff_ttl: DEFAULT_HANDOFF_TTL,
             rejoin_delay: DEFAULT_REJOIN_DELAY,
         }
     }
 
-    /// Connects to the nodes at `urls` with the defaults.
+    /// Connects to `nodes` (URLs or [`RedlockNode`]s) with the defaults.
     ///
     /// # Errors
     ///
@@ -204,12 +206,12 @@ impl RedlockBackend {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn connect<I, S>(urls: I) -> Result<Self>
+    pub async fn connect<I, N>(nodes: I) -> Result<Self>
     where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
+        I: IntoIterator<Item = N>,
+        N: Into<RedlockNode>,
     {
-        Self::builder(urls).build().await
+        Self::builder(nodes).build().await
     }
 
     /// The nodes of a `redlock://[user:password@]host:port,host:port,host:port[/db]` URL, as
@@ -290,10 +292,10 @@ impl RedlockBackendBuilder {
     /// # }
     /// ```
     pub async fn build(self) -> Result<RedlockBackend> {
-        if self.urls.len() < 3 {
+        if self.nodes.len() < 3 {
             return Err(Error::invalid_config(format_args!(
                 "redlock needs at least 3 independent nodes, got {}",
-                self.urls.len()
+                self.nodes.len()
             )));
         }
         if self.node_timeout.is_zero() {
@@ -303,9 +305,9 @@ impl RedlockBackendBuilder {
         }
         check_handoff_ttl(self.handoff_ttl)?;
         tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
-        let mut nodes: Vec<Node> = Vec::with_capacity(self.urls.len());
-        for url in &self.urls {
-            let node = Node::new(url, self.node_timeout)?;
+        let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len());
+        for node in self.nodes {
+            let node = Node::new(node, self.node_timeout)?;
             if nodes.iter().any(|n| n.name == node.name) {
                 return Err(Error::invalid_config(format_args!(
                     "redlock node {} is named twice",

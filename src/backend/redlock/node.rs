@@ -13,6 +13,120 @@ use crate::backend::redis::commands::{redis_error, Commands, CALL_TIMEOUT};
 use crate::backend::redis::notify::Hub;
 use crate::error::{Error, ErrorKind, Result};
 
+/// One node of a Redlock set, as given to [`RedlockBackend::builder`](super::RedlockBackend::builder):
+/// its URL, and optionally a pool of the application's that sends its commands.
+///
+/// A `&str` or `String` converts into a node that opens its own connection. The URL is always
+/// needed: the node's pub/sub connection (which a pool cannot lend) is opened from it.
+///
+/// # Examples
+///
+/// ```
+/// use distlock::backend::RedlockNode;
+///
+/// let nodes: Vec<RedlockNode> = vec![
+///     "redis://10.0.0.1:6379/".into(),
+///     "redis://10.0.0.2:6379/".into(),
+///     RedlockNode::new("redis://10.0.0.3:6379/"),
+/// ];
+/// # let _ = nodes;
+/// ```
+#[derive(Clone)]
+pub struct RedlockNode {
+    url: String,
+    commands: Option<Commands>,
+}
+
+impl std::fmt::Debug for RedlockNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password: not shown.
+        f.debug_struct("RedlockNode")
+            .field("pooled", &self.commands.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedlockNode {
+    /// The node at `url` (`redis://[user:password@]host:port/db`), with a connection of its own.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            commands: None,
+        }
+    }
+
+    /// The node at `url`, whose commands go through the `deadpool-redis` pool `pool` (which
+    /// must point at the same node); `url` is used for its pub/sub connection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use distlock::backend::RedlockNode;
+    ///
+    /// let url = "redis://10.0.0.1:6379/";
+    /// let pool = deadpool_redis::Config::from_url(url)
+    ///     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+    /// let node = RedlockNode::deadpool(url, pool);
+    /// # let _ = node;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis-deadpool")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-deadpool")))]
+    pub fn deadpool(url: impl Into<String>, pool: deadpool_redis::Pool) -> Self {
+        Self {
+            url: url.into(),
+            commands: Some(Commands::Deadpool(pool)),
+        }
+    }
+
+    /// The node at `url`, whose commands go through the `bb8-redis` pool `pool` (which must
+    /// point at the same node); `url` is used for its pub/sub connection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use distlock::backend::RedlockNode;
+    ///
+    /// let url = "redis://10.0.0.1:6379/";
+    /// let manager = bb8_redis::RedisConnectionManager::new(url)?;
+    /// let pool = bb8::Pool::builder().build_unchecked(manager);
+    /// let node = RedlockNode::bb8(url, pool);
+    /// # let _ = node;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis-bb8")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-bb8")))]
+    pub fn bb8(url: impl Into<String>, pool: bb8::Pool<bb8_redis::RedisConnectionManager>) -> Self {
+        Self {
+            url: url.into(),
+            commands: Some(Commands::Bb8(pool)),
+        }
+    }
+}
+
+impl From<&str> for RedlockNode {
+    fn from(url: &str) -> Self {
+        Self::new(url)
+    }
+}
+
+impl From<String> for RedlockNode {
+    fn from(url: String) -> Self {
+        Self::new(url)
+    }
+}
+
+impl From<&String> for RedlockNode {
+    fn from(url: &String) -> Self {
+        Self::new(url.as_str())
+    }
+}
+
 pub(super) struct Node {
     /// `host:port` as the URL gave it, for error messages (never the credentials).
     pub(super) name: String,
@@ -23,9 +137,9 @@ pub(super) struct Node {
 }
 
 impl Node {
-    /// A node for `url`; no I/O until the first call (the hub connects in the background).
-    pub(super) fn new(url: &str, timeout: Duration) -> Result<Self> {
-        let client = ::redis::Client::open(url)
+    /// A node for `node`; no I/O until the first call (the hub connects in the background).
+    pub(super) fn new(node: RedlockNode, timeout: Duration) -> Result<Self> {
+        let client = ::redis::Client::open(node.url.as_str())
             .map_err(|e| Error::invalid_config("malformed redis url in redlock").with_source(e))?;
         let info = client.get_connection_info();
         let name = match info.addr() {
@@ -37,7 +151,7 @@ impl Node {
             name,
             hub: Hub::start(client.clone()),
             client,
-            commands: OnceCell::new(),
+            commands: OnceCell::new_with(node.commands),
             timeout,
         })
     }
