@@ -42,8 +42,8 @@ pub struct Holder {
 pub struct Waiter {
     /// As what it waits (see [`Holder::kind`]).
     pub kind: LockKind,
-    /// How long it has waited, where the backend records when it queued (memory and
-    /// ZooKeeper do; Redis does not).
+    /// How long it has waited, where the backend records when it queued (memory, ZooKeeper
+    /// and Redlock do, Redlock by the waiter's own clock; Redis does not).
     pub waited: Option<Duration>,
 }
 

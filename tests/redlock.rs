@@ -197,6 +197,53 @@ async fn nodes_may_send_their_commands_through_pools() {
     nodes.until_clean(&ns).await;
 }
 
+/// Inspection merges the nodes: the claim holding a majority, with its token and lease, and
+/// the waiters in the order they will be served, with how long each has waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_majority_holder_and_the_queue_in_order() {
+    use distlock::backend::{Family, LockKind};
+
+    let ns = test_namespace!();
+    let nodes = shared_nodes();
+    let a = nodes.client(&ns).await;
+    assert!(a.inspect("k").await.unwrap().is_free());
+    let held = a.mutex("k").lock().await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let c = nodes.client(&ns).await;
+        tasks.push(tokio::spawn(async move {
+            let g = c.mutex("k").lock().await.unwrap();
+            g.release().await.unwrap();
+            c.shutdown().await;
+        }));
+        nodes.until_queued(&ns, "k", i + 1).await;
+        sleep(Duration::from_millis(20)).await;
+    }
+    let seen = a.inspect("k").await.unwrap();
+    assert_eq!(seen.family, Some(Family::Mutex), "{seen:?}");
+    assert_eq!(seen.holders.len(), 1, "{seen:?}");
+    assert_eq!(seen.holders[0].kind, LockKind::Exclusive);
+    assert_eq!(seen.holders[0].fencing_token, Some(held.fencing_token()));
+    let left = seen.holders[0].lease_left.unwrap();
+    assert!(
+        left > Duration::ZERO && left <= Duration::from_secs(2),
+        "{left:?}"
+    );
+    assert_eq!(seen.waiters.len(), 3, "{seen:?}");
+    let waited: Vec<Duration> = seen.waiters.iter().map(|w| w.waited.unwrap()).collect();
+    assert!(
+        waited.windows(2).all(|w| w[0] > w[1]),
+        "first in line has waited longest: {waited:?}"
+    );
+    held.release().await.unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(10), t).await.unwrap().unwrap();
+    }
+    assert!(a.inspect("k").await.unwrap().is_free());
+    a.shutdown().await;
+    nodes.until_clean(&ns).await;
+}
+
 #[tokio::test]
 async fn bad_settings_are_clear_errors() {
     let urls = shared_nodes().urls();

@@ -43,6 +43,22 @@ async fn with_one_or_two_nodes_down_the_lock_stays_held_exclusive_and_available(
     };
     sleep(Duration::from_millis(300)).await;
     let first = held.fencing_token();
+    // Inspection reads the three nodes that answer: a majority, so it sees holder and waiter
+    // (once the waiter has queued: its subscription waits out the cut nodes first).
+    let seen = timeout(BOUND, async {
+        loop {
+            let seen = w.inspect("k").await.unwrap();
+            if !seen.waiters.is_empty() {
+                return seen;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the waiter shows up in the inspection");
+    assert_eq!(seen.holders.len(), 1, "{seen:?}");
+    assert_eq!(seen.holders[0].fencing_token, Some(first), "{seen:?}");
+    assert_eq!(seen.waiters.len(), 1, "{seen:?}");
     let released = Instant::now();
     held.release().await.unwrap();
     let next = timeout(BOUND, waiter).await.unwrap().unwrap().unwrap();
@@ -63,6 +79,9 @@ async fn with_one_or_two_nodes_down_the_lock_stays_held_exclusive_and_available(
         assert!(err.to_string().contains("quorum"), "{err}");
         assert!(started.elapsed() < BOUND, "took {:?}", started.elapsed());
     }
+    // A minority's view could miss the holder: inspection refuses rather than say "free".
+    let err = w.inspect("k").await.unwrap_err();
+    assert!(err.to_string().contains("quorum"), "{err}");
     for p in &nodes.proxies {
         p.pass();
     }

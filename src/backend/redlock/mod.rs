@@ -1,6 +1,7 @@
 //! Redlock: one lock over N ≥ 3 independent Redis nodes, held while a majority of them hold it.
 //! How it works, and why its fencing tokens increase, is on [`RedlockBackend`].
 
+mod inspection;
 mod node;
 mod quorum;
 
@@ -13,6 +14,7 @@ use futures::future::join_all;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use self::inspection::NodeView;
 use self::node::Node;
 pub use self::node::RedlockNode;
 use self::quorum::{held_until, quorum};
@@ -24,6 +26,7 @@ use super::redis::notify::Subscription;
 use super::redis::{millis, FENCE_TTL};
 use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal, MIN_RENEW_CALL};
 use crate::error::{Error, ErrorKind, Result};
+use crate::inspect::Inspection;
 
 /// How long one node may take to answer before it counts as not granting.
 const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -47,6 +50,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts
 static SETTLE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/settle.lua")));
 static YIELD: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/yield.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/renew.lua")));
+static INSPECT: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/inspect.lua")));
 
 /// Locks held by a majority of independent Redis nodes (Redlock), with fencing tokens that
 /// strictly increase across the quorum and FIFO handoff announced over each node's pub/sub.
@@ -89,6 +93,9 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/r
 /// Semaphores are refused: permits counted per node do not add up under majorities (three
 /// holders of a 2-permit semaphore can each hold a different majority of three nodes).
 /// Read-write locks are not offered on Redlock yet. Multi-locks (mutexes in a fixed order) work.
+///
+/// [`inspect`](crate::LockClient::inspect) asks every node: the holder is the claim holding a
+/// majority, waiters are the claims queued on any node, in priority order.
 ///
 /// # Examples
 ///
@@ -373,16 +380,20 @@ struct Keys {
 
 impl Keys {
     fn new(claim: &Claim, client_id: &str) -> Self {
-        let lock = format!("{}:{{{}}}", claim.namespace(), claim.key());
+        Self::named(claim.namespace(), claim.key(), client_id, claim.owner())
+    }
+
+    fn named(namespace: &str, key: &str, client_id: &str, claim_owner: &str) -> Self {
+        let lock = format!("{namespace}:{{{key}}}");
         let channels = format!("{lock}:c:");
         Self {
             queue: format!("{lock}:rq"),
             waiters: format!("{lock}:rw"),
             fence: format!("{lock}:fence"),
-            born: format!("{}:born", claim.namespace()),
+            born: format!("{namespace}:born"),
             channel: format!("{channels}{client_id}"),
             channels,
-            owner: owner_token(client_id, claim.owner()),
+            owner: owner_token(client_id, claim_owner),
             lock,
         }
     }
@@ -764,6 +775,34 @@ impl Backend for RedlockBackend {
 
     fn reconnects(&self) -> Option<watch::Receiver<u64>> {
         Some(self.inner.reconnects.subscribe())
+    }
+
+    async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
+        let keys = Keys::named(namespace, key, &self.inner.client_id, "");
+        let mut inv = INSPECT.prepare_invoke();
+        inv.key(&keys.lock).key(&keys.queue).key(&keys.waiters);
+        let calls = self.inner.nodes.iter().map(|node| {
+            let inv = &inv;
+            async move { node.call::<inspection::Reply>("inspect", inv).await }
+        });
+        let mut views = Vec::new();
+        let mut first_error = None;
+        for reply in join_all(calls).await {
+            match reply {
+                Ok((reply, sent)) => views.push((NodeView::parse(reply), sent)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if views.len() < self.inner.quorum {
+            let err = self.no_quorum(views.len(), "inspect");
+            return Err(match first_error {
+                Some(cause) => err.with_source(cause),
+                None => err,
+            });
+        }
+        Ok(inspection::merge(key, self.inner.quorum, views))
     }
 
     async fn acquire(&self, claim: &Claim, ticket: &RedlockTicket, wait: bool) -> Result<Attempt> {
