@@ -5,6 +5,7 @@
 //! cargo run --release --all-features --example chaos -- --backend redis --secs 600
 //! cargo run --release --all-features --example chaos -- --backend zookeeper --secs 600
 //! cargo run --release --all-features --example chaos -- --backend postgres --secs 600
+//! cargo run --release --all-features --example chaos -- --backend redlock --secs 600
 //! cargo run --release --all-features --example chaos -- --backend memory --secs 600
 //! ```
 //!
@@ -17,7 +18,10 @@
 //! new one); restart the lock server (Redis without its data, ZooKeeper and PostgreSQL on their
 //! data, PostgreSQL after a crash); blackhole
 //! a holder's connection past its lease; reset a holder's connection; on ZooKeeper, blackhole
-//! past the session timeout (the session expires). Memory: the holders are tasks of one
+//! past the session timeout (the session expires). Redlock: five `redis-server` nodes, each
+//! holder with a proxy to each; a restart is one node's (without its data, in turn), a
+//! blackhole or reset takes all of a holder's connections, and one more fault blackholes one
+//! node for every holder past the lease. Memory: the holders are tasks of one
 //! process; the faults pause a task past its lease between check and write (the analogue of
 //! SIGSTOP), abort a task, or shut a client down under its holder.
 //!
@@ -182,6 +186,14 @@ fn holder_main(args: HolderArgs, backend: &str) {
                     .await
                     .expect("postgres backend"),
             ),
+            // A node that lost its data sits out a TTL, as it must to keep the lock exclusive.
+            "redlock" => LockClient::builder(
+                distlock::backend::RedlockBackend::builder(args.lock_url.split(','))
+                    .rejoin_delay(TTL)
+                    .build()
+                    .await
+                    .expect("redlock backend"),
+            ),
             _ => LockClient::builder(
                 distlock::backend::ZkBackend::builder(&args.lock_url)
                     .session_timeout(TTL)
@@ -284,16 +296,23 @@ struct Fleet {
     resource_url: String,
     ns: String,
     holders: Vec<Option<Holder>>,
-    proxies: Vec<support::proxy::Proxy>,
+    /// Per holder, a proxy to each lock server node.
+    proxies: Vec<Vec<support::proxy::Proxy>>,
     log: Arc<StdMutex<Log>>,
     spawned: u64,
 }
 
 impl Fleet {
     fn lock_url(&self, i: usize) -> String {
-        let port = self.proxies[i].port();
+        let ports: Vec<u16> = self.proxies[i].iter().map(|p| p.port()).collect();
+        let port = ports[0];
         match self.backend.as_str() {
             "redis" => format!("redis://127.0.0.1:{port}/"),
+            "redlock" => ports
+                .iter()
+                .map(|p| format!("redis://127.0.0.1:{p}/"))
+                .collect::<Vec<_>>()
+                .join(","),
             "postgres" => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             _ => format!("127.0.0.1:{port}"),
         }
@@ -372,22 +391,36 @@ enum Server {
     Redis(support::RedisServer),
     Zk(support::ZkServer),
     Pg(support::PgServer),
+    /// Independent nodes, and the one restarted next.
+    Redlock(Vec<support::RedisServer>, usize),
 }
 
+/// Nodes of a Redlock run.
+const REDLOCK_NODES: usize = 5;
+
 impl Server {
-    fn port(&self) -> u16 {
+    fn ports(&self) -> Vec<u16> {
         match self {
-            Server::Redis(s) => s.port(),
-            Server::Zk(s) => s.port(),
-            Server::Pg(s) => s.port(),
+            Server::Redis(s) => vec![s.port()],
+            Server::Zk(s) => vec![s.port()],
+            Server::Pg(s) => vec![s.port()],
+            Server::Redlock(nodes, _) => nodes.iter().map(support::RedisServer::port).collect(),
         }
     }
 
     fn restart(&mut self) {
+        let pause = || std::thread::sleep(Duration::from_millis(100));
         match self {
-            Server::Redis(s) => s.restart_after(|| std::thread::sleep(Duration::from_millis(100))),
-            Server::Zk(s) => s.restart_after(|| std::thread::sleep(Duration::from_millis(100))),
-            Server::Pg(s) => s.restart_after(|| std::thread::sleep(Duration::from_millis(100))),
+            Server::Redis(s) => s.restart_after(pause),
+            Server::Zk(s) => s.restart_after(pause),
+            Server::Pg(s) => s.restart_after(pause),
+            Server::Redlock(nodes, next) => {
+                let n = nodes.len();
+                if let Some(node) = nodes.get_mut(*next % n) {
+                    node.restart_after(pause);
+                }
+                *next += 1;
+            }
         }
     }
 }
@@ -396,6 +429,12 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     let mut server = match args.backend.as_str() {
         "redis" => Server::Redis(support::RedisServer::start()),
         "postgres" => Server::Pg(support::PgServer::start()),
+        "redlock" => Server::Redlock(
+            (0..REDLOCK_NODES)
+                .map(|_| support::RedisServer::start())
+                .collect(),
+            0,
+        ),
         _ => Server::Zk(support::ZkServer::start()),
     };
     let resource = support::RedisServer::start();
@@ -407,7 +446,13 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         ns: ns.clone(),
         holders: (0..HOLDERS).map(|_| None).collect(),
         proxies: (0..HOLDERS)
-            .map(|_| support::proxy::Proxy::start(server.port()))
+            .map(|_| {
+                server
+                    .ports()
+                    .into_iter()
+                    .map(support::proxy::Proxy::start)
+                    .collect()
+            })
             .collect(),
         log: Arc::default(),
         spawned: 0,
@@ -419,6 +464,9 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     let mut kinds: Vec<&'static str> = vec!["stop", "kill", "restart", "blackhole", "reset"];
     if args.backend == "zookeeper" {
         kinds.push("expire");
+    }
+    if args.backend == "redlock" {
+        kinds.push("node");
     }
     counts.faults = inject_faults(args, &kinds, |kind, i| match kind {
         "stop" => {
@@ -440,19 +488,25 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         }
         "restart" => server.restart(),
         "blackhole" => {
-            fleet.proxies[i].blackhole();
+            fleet.proxies[i].iter().for_each(|p| p.blackhole());
             std::thread::sleep(TTL + Duration::from_millis(500));
-            fleet.proxies[i].heal();
+            fleet.proxies[i].iter().for_each(|p| p.heal());
         }
         "expire" => {
-            fleet.proxies[i].blackhole();
+            fleet.proxies[i].iter().for_each(|p| p.blackhole());
             std::thread::sleep(TTL * 2 + Duration::from_millis(500));
-            fleet.proxies[i].heal();
+            fleet.proxies[i].iter().for_each(|p| p.heal());
+        }
+        "node" => {
+            // Node `i` silent for every holder past the lease: a majority still answers.
+            fleet.proxies.iter().for_each(|p| p[i].blackhole());
+            std::thread::sleep(TTL + Duration::from_millis(500));
+            fleet.proxies.iter().for_each(|p| p[i].heal());
         }
         _ => {
-            fleet.proxies[i].cut();
+            fleet.proxies[i].iter().for_each(|p| p.cut());
             std::thread::sleep(Duration::from_millis(50));
-            fleet.proxies[i].pass();
+            fleet.proxies[i].iter().for_each(|p| p.pass());
         }
     });
     // Faults stop: every holder must get the lock (and write) within 3×TTL.
@@ -463,7 +517,11 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     // Locks and queue entries of holders that stopped cleanly are gone; those of killed ones
     // go with their lease (Redis, PostgreSQL) or session (ZooKeeper).
     std::thread::sleep(TTL * 2 + Duration::from_millis(500));
-    let left = leftovers(&args.backend, server.port(), &ns);
+    let left: Vec<String> = server
+        .ports()
+        .into_iter()
+        .flat_map(|port| leftovers(&args.backend, port, &ns))
+        .collect();
     if !left.is_empty() {
         problems.push(format!("left behind: {left:?}"));
     }
@@ -506,7 +564,7 @@ fn leftovers(backend: &str, port: u16, ns: &str) -> Vec<String> {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        if backend == "redis" {
+        if backend == "redis" || backend == "redlock" {
             let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
                 .expect("url")
                 .get_multiplexed_async_connection()
@@ -517,8 +575,9 @@ fn leftovers(backend: &str, port: u16, ns: &str) -> Vec<String> {
                 .query_async(&mut conn)
                 .await
                 .unwrap_or_default();
+            // Fencing counters carry a TTL; a Redlock node's `born` mark stays with its data.
             keys.into_iter()
-                .filter(|k| !k.ends_with(":fence"))
+                .filter(|k| !k.ends_with(":fence") && *k != format!("{ns}:born"))
                 .collect()
         } else if backend == "postgres" {
             // Rows whose lease or liveness ran out are dead; they go when the key is next used
@@ -797,8 +856,8 @@ fn main() {
     let started = Instant::now();
     let (counts, problems) = match args.backend.as_str() {
         "memory" => run_memory(&args),
-        "redis" | "zookeeper" | "postgres" => run_processes(&args),
-        other => panic!("unknown --backend {other}; memory, redis, zookeeper or postgres"),
+        "redis" | "zookeeper" | "postgres" | "redlock" => run_processes(&args),
+        other => panic!("unknown --backend {other}; memory, redis, redlock, zookeeper or postgres"),
     };
     let violations = counts.stale_believed + counts.token_regressions + problems.len() as u64;
     let mut faults: Vec<String> = counts

@@ -25,7 +25,7 @@ awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += 
 # The fault suite (examples/chaos.rs): holders looping on one key and writing to a fenced
 # resource while faults are injected; it exits non-zero on any violation. A bounded run per
 # backend here; run it for longer by hand (`--secs 600`, `--release`).
-for backend in memory redis zookeeper postgres; do
+for backend in memory redis redlock zookeeper postgres; do
   echo "== chaos --backend $backend"
   cargo run --locked --all-features --example chaos -- --backend "$backend" --secs "${DISTLOCK_CHAOS_SECS:-45}"
 done
