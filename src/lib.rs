@@ -26,9 +26,10 @@
 //! - [`RedisBackend`](backend::RedisBackend) (feature `redis`; `redis-deadpool` and `redis-bb8`
 //!   take a connection pool): a FIFO queue per key in Redis with direct handoff announced over
 //!   one shared pub/sub connection per client. Open it with `LockClient::redis(url)`.
-//! - [`RedlockBackend`](backend::RedlockBackend) (feature `redlock`): one mutex over a majority
-//!   of independent Redis nodes, with fencing tokens that increase across the quorum and FIFO
-//!   handoff over each node's pub/sub. Open it with `LockClient::redlock(urls)`.
+//! - [`RedlockBackend`](backend::RedlockBackend) (feature `redlock`): mutexes and read-write
+//!   locks over a majority of independent Redis nodes, with fencing tokens that increase across
+//!   the quorum and FIFO handoff over each node's pub/sub. Open it with
+//!   `LockClient::redlock(urls)`.
 //! - [`ZkBackend`](backend::ZkBackend) (feature `zookeeper`): Curator 5 compatible locks
 //!   (`InterProcessMutex`, `InterProcessReadWriteLock`, `InterProcessSemaphoreV2` layouts, one
 //!   watched node per waiter) on one session per client; a Java service using Curator on the

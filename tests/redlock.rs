@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use distlock::backend::RedlockBackend;
 use distlock::LockClient;
-use support::contract::{contend, torture};
+use futures::future::BoxFuture;
+use support::contract::{contend, take_write, torture, torture_with};
+use support::family::{rw_exclusion, rw_fifo};
 use support::redlock::shared_nodes;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -129,16 +131,122 @@ async fn renewal_keeps_a_lock_past_its_ttl() {
 }
 
 #[tokio::test]
-async fn semaphores_and_read_write_locks_are_refused_before_any_io() {
+async fn semaphores_are_refused_before_any_io() {
     let ns = test_namespace!();
     let c = shared_nodes().client(&ns).await;
     let err = c.semaphore("s", 2).acquire().await.unwrap_err();
     assert_eq!(err.kind(), distlock::ErrorKind::Unsupported, "{err}");
-    let err = c.rw_lock("rw").read().await.unwrap_err();
-    assert_eq!(err.kind(), distlock::ErrorKind::Unsupported, "{err}");
     // A multi-lock is mutexes: it works.
     let both = c.multi_lock(["x", "y"]).lock().await.unwrap();
     both.release().await.unwrap();
+    shared_nodes().until_clean(&ns).await;
+}
+
+/// A reader-writer plan: `true` is a writer.
+const PLAN: [bool; 8] = [false, false, true, false, false, true, true, false];
+
+fn queued(ns: &str, key: &str) -> impl Fn(usize) -> BoxFuture<'static, ()> + Sync {
+    let (ns, key) = (ns.to_owned(), key.to_owned());
+    move |n| {
+        let (ns, key) = (ns.clone(), key.clone());
+        Box::pin(async move { shared_nodes().until_queued(&ns, &key, n).await })
+    }
+}
+
+/// Readers together, writers alone, over a majority of nodes; write tokens increase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_exclusion_and_tokens() {
+    let ns = test_namespace!();
+    rw_exclusion(clients(&ns, 6).await, "rw", 15, 4).await;
+    shared_nodes().until_clean(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_fifo_with_readers_together() {
+    let ns = test_namespace!();
+    let c = clients(&ns, PLAN.len() + 1).await;
+    rw_fifo(c, "rw", &PLAN, &queued(&ns, "rw")).await;
+    shared_nodes().until_clean(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_keeps_queued_writers_out() {
+    let ns = test_namespace!();
+    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+    support::family::downgrade_keeps_queued_writers_out(c, "rw", &queued(&ns, "rw")).await;
+    shared_nodes().until_clean(&ns).await;
+}
+
+/// Write and read futures dropped at every await point leave nothing on any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_rw_acquisitions_leave_nothing_behind() {
+    let ns = test_namespace!();
+    torture_with(
+        take_write(),
+        clients(&ns, 3).await,
+        clients(&ns, 3).await,
+        "rw-torture",
+        10,
+        60,
+        Duration::from_micros(50),
+    )
+    .await;
+    shared_nodes().until_clean(&ns).await;
+}
+
+/// A key is a mutex or a read-write lock, not both, held or only waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutexes_and_rw_locks_do_not_mix() {
+    use distlock::backend::{Family, LockKind};
+
+    let ns = test_namespace!();
+    let [a, b, c]: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+    let m = a.mutex("m").lock().await.unwrap();
+    let r = a.rw_lock("r").read().await.unwrap();
+    let mismatch = |e: distlock::Error| assert!(e.is_kind_mismatch(), "{e:?}");
+    mismatch(b.rw_lock("m").try_read().await.unwrap_err());
+    mismatch(
+        b.rw_lock("m")
+            .write_timeout(Duration::from_secs(1))
+            .await
+            .unwrap_err(),
+    );
+    mismatch(b.mutex("r").try_lock().await.unwrap_err());
+    mismatch(
+        b.mutex("r")
+            .lock_timeout(Duration::from_secs(1))
+            .await
+            .unwrap_err(),
+    );
+    // Two readers hold, a writer waits: inspection sees all three, as what they are.
+    let r2 = b.rw_lock("r").read().await.unwrap();
+    let w = tokio::spawn({
+        let rw = c.rw_lock("r");
+        async move { rw.write().await }
+    });
+    shared_nodes().until_queued(&ns, "r", 1).await;
+    let seen = a.inspect("r").await.unwrap();
+    assert_eq!(seen.family, Some(Family::RwLock), "{seen:?}");
+    let mut tokens: Vec<Option<u64>> = seen.holders.iter().map(|h| h.fencing_token).collect();
+    tokens.sort();
+    let mut expected = vec![Some(r.fencing_token()), Some(r2.fencing_token())];
+    expected.sort();
+    assert_eq!(tokens, expected, "{seen:?}");
+    assert!(seen.holders.iter().all(|h| h.kind == LockKind::Read));
+    assert_eq!(seen.waiters.len(), 1, "{seen:?}");
+    assert_eq!(seen.waiters[0].kind, LockKind::Write);
+    // A mutex asked for while the writer waits (the queue alone says what the key is).
+    drop((r, r2));
+    let w = support::contract::granted(w, Duration::from_secs(10), "the writer").await;
+    mismatch(b.mutex("r").try_lock().await.unwrap_err());
+    drop((m, w));
+    // Once free, a key may become the other kind.
+    sleep(Duration::from_millis(100)).await;
+    drop(b.rw_lock("m").write().await.unwrap());
+    drop(b.mutex("r").lock().await.unwrap());
+    for client in [a, b, c] {
+        client.shutdown().await;
+    }
     shared_nodes().until_clean(&ns).await;
 }
 
@@ -283,6 +391,17 @@ async fn a_redlock_url_names_every_node() {
         .map(|p| format!("127.0.0.1:{}", p.port()))
         .collect();
     let url = format!("redlock://{}/", hosts.join(","));
+    // The URL client keeps the default rejoin delay (30 s): mark the nodes as serving this
+    // namespace since long ago, as a long-running deployment's nodes are.
+    for s in &nodes.servers {
+        let mut conn = support::redis::connection(&s.url()).await;
+        let _: () = redis::cmd("SET")
+            .arg(format!("{ns}:born"))
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
     let client = LockClient::builder_for(&url)
         .await
         .unwrap()

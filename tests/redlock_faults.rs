@@ -165,10 +165,72 @@ async fn connections_closed_mid_call_never_hang() {
 /// delay, so nobody is granted before the first holder is told it lost the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_without_its_data_lets_no_second_holder_in() {
-    restarted_node_scenario(Duration::from_secs(3)).await;
+    restarted_node_scenario(Duration::from_secs(3), Kind::Mutex).await;
 }
 
-async fn restarted_node_scenario(rejoin: Duration) {
+/// The same with a reader holding exactly a quorum and a writer trying: no writer beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_without_its_data_lets_no_writer_in_beside_a_reader() {
+    restarted_node_scenario(Duration::from_secs(3), Kind::ReadThenWrite).await;
+}
+
+/// What the first holder and the second contender take.
+#[derive(Clone, Copy)]
+enum Kind {
+    Mutex,
+    /// Writers only.
+    Write,
+    /// The first holder reads, the second contender writes.
+    ReadThenWrite,
+}
+
+/// Holds `key` as the first holder of `kind`.
+async fn take_first(c: &distlock::LockClient, kind: Kind) -> Box<dyn Guard> {
+    take(c, kind).await
+}
+
+/// Tries `key` as the second contender of `kind`.
+async fn try_second(c: &distlock::LockClient, kind: Kind) -> distlock::Result<Box<dyn Guard>> {
+    Ok(match kind {
+        Kind::Mutex => Box::new(c.mutex("k").try_lock().await?),
+        Kind::Write | Kind::ReadThenWrite => Box::new(c.rw_lock("k").try_write().await?),
+    })
+}
+
+/// What the scenario asks of a guard, whatever its kind.
+trait Guard: Send {
+    fn token(&self) -> u64;
+    fn lost(&self) -> bool;
+}
+
+impl Guard for distlock::MutexGuard {
+    fn token(&self) -> u64 {
+        self.fencing_token()
+    }
+    fn lost(&self) -> bool {
+        self.is_lost()
+    }
+}
+
+impl Guard for distlock::RwLockReadGuard {
+    fn token(&self) -> u64 {
+        self.fencing_token()
+    }
+    fn lost(&self) -> bool {
+        self.is_lost()
+    }
+}
+
+impl Guard for distlock::RwLockWriteGuard {
+    fn token(&self) -> u64 {
+        self.fencing_token()
+    }
+    fn lost(&self) -> bool {
+        self.is_lost()
+    }
+}
+
+async fn restarted_node_scenario(rejoin: Duration, kind: Kind) {
     let ns = test_namespace!();
     let mut nodes = Nodes::start(5);
     let ttl = Duration::from_millis(1500);
@@ -183,7 +245,7 @@ async fn restarted_node_scenario(rejoin: Duration) {
 
     nodes.proxies[3].blackhole();
     nodes.proxies[4].blackhole();
-    let held = h.mutex("k").lock().await.unwrap();
+    let held = take_first(&h, kind).await;
     nodes.proxies[3].heal();
     nodes.proxies[4].heal();
     nodes.proxies[2].blackhole();
@@ -192,10 +254,10 @@ async fn restarted_node_scenario(rejoin: Duration) {
     let started = Instant::now();
     let mut granted = None;
     while started.elapsed() < rejoin + ttl * 4 {
-        match w.mutex("k").try_lock().await {
+        match try_second(&w, kind).await {
             Ok(g) => {
                 assert!(
-                    held.is_lost(),
+                    held.lost(),
                     "a second holder was granted while the first still believed it held"
                 );
                 granted = Some(g);
@@ -206,9 +268,8 @@ async fn restarted_node_scenario(rejoin: Duration) {
         sleep(Duration::from_millis(20)).await;
     }
     let second = granted.expect("the lock never became available again");
-    assert!(second.fencing_token() > held.fencing_token());
-    drop(held);
-    second.release().await.unwrap();
+    assert!(second.token() > held.token());
+    drop((held, second));
     h.shutdown().await;
     w.shutdown().await;
 }
@@ -267,25 +328,41 @@ async fn tokens_keep_increasing_when_nodes_forget_their_counters() {
 /// handoff lease (5 s here) runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_split_between_waiters_is_resolved_at_once() {
+    split_scenario(Kind::Mutex).await;
+}
+
+/// The same with a writer releasing to three queued writers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_release_split_between_writers_is_resolved_at_once() {
+    split_scenario(Kind::Write).await;
+}
+
+/// Takes `k` as `kind`, waiting.
+async fn take(c: &distlock::LockClient, kind: Kind) -> Box<dyn Guard> {
+    match kind {
+        Kind::Mutex => Box::new(c.mutex("k").lock().await.unwrap()),
+        Kind::Write => Box::new(c.rw_lock("k").write().await.unwrap()),
+        Kind::ReadThenWrite => Box::new(c.rw_lock("k").read().await.unwrap()),
+    }
+}
+
+async fn split_scenario(kind: Kind) {
     let ns = test_namespace!();
     let nodes = Nodes::start(3);
     let handoff = Duration::from_secs(5);
     let ttl = Duration::from_secs(3);
     let holder = client_tuned(nodes.direct_urls(), &ns, ttl, Duration::ZERO, handoff).await;
-    let held = holder.mutex("k").lock().await.unwrap();
+    let held = take(&holder, kind).await;
     let served = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..3 {
         let c = client_tuned(nodes.direct_urls(), &ns, ttl, Duration::ZERO, handoff).await;
         let served = served.clone();
         tasks.push(tokio::spawn(async move {
-            let g = c.mutex("k").lock().await.unwrap();
-            served
-                .lock()
-                .unwrap()
-                .push((i, Instant::now(), g.fencing_token()));
+            let g = take(&c, kind).await;
+            served.lock().unwrap().push((i, Instant::now(), g.token()));
             sleep(Duration::from_millis(20)).await;
-            g.release().await.unwrap();
+            drop(g);
             c.shutdown().await;
         }));
         nodes.until_queued(&ns, "k", i + 1).await;
@@ -301,22 +378,24 @@ async fn a_release_split_between_waiters_is_resolved_at_once() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        for owner in first {
+        for entry in first {
+            // A mutex's entry is the owner; a read-write lock's `<r|w>:<owner>`.
+            let owner = entry.split_once(':').map_or(entry.as_str(), |(_, o)| o);
             let _: () = redis::pipe()
                 .cmd("ZREM")
                 .arg(&queue)
-                .arg(&owner)
+                .arg(&entry)
                 .cmd("ZREM")
                 .arg(format!("{ns}:{{k}}:rw"))
-                .arg(&owner)
+                .arg(owner)
                 .query_async(&mut conn)
                 .await
                 .unwrap();
         }
     }
     let released = Instant::now();
-    let first_token = held.fencing_token();
-    held.release().await.unwrap();
+    let first_token = held.token();
+    drop(held);
     for t in tasks {
         timeout(Duration::from_secs(20), t).await.unwrap().unwrap();
     }

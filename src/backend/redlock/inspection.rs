@@ -1,5 +1,5 @@
-//! What a lock looks like across the nodes: the claim holding a majority of them (if one does)
-//! and the claims queued on any of them, by priority.
+//! What a lock looks like across the nodes: the claims holding a majority of them and the
+//! claims queued on any of them, by priority.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -10,65 +10,95 @@ use super::quorum::held_until;
 use crate::backend::{Family, LockKind};
 use crate::inspect::{Holder, Inspection, Waiter};
 
+/// The inspect script's reply: the family (`''`, `mutex` or `rw`), holders as owner, kind,
+/// token, lease ms; waiters as queue entry, priority.
+pub(super) type Reply = (String, Vec<String>, Vec<String>);
+
 /// One node's answer to the inspect script.
 pub(super) struct NodeView {
-    /// Owner, fencing token and lease left, if somebody holds the lock there.
-    holder: Option<(String, u64, Duration)>,
-    /// Live waiters there: owner and priority (the waiter's clock in µs when it first asked).
-    waiting: Vec<(String, u64)>,
+    family: Option<Family>,
+    /// Owner, kind, fencing token and lease left of each live holder there.
+    holders: Vec<(String, LockKind, u64, Duration)>,
+    /// Live waiters there: owner, kind and priority (the waiter's clock in µs when it first
+    /// asked).
+    waiting: Vec<(String, LockKind, u64)>,
 }
 
-/// The inspect script's reply: holder fields, then waiters as owner, priority pairs.
-pub(super) type Reply = (Vec<String>, Vec<String>);
-
-impl NodeView {
-    pub(super) fn parse((holder, waiting): Reply) -> Self {
-        let holder = match holder.as_slice() {
-            [owner, fence, left] => Some((
-                owner.clone(),
-                fence.parse().unwrap_or(0),
-                Duration::from_millis(left.parse().unwrap_or(0)),
-            )),
-            _ => None,
-        };
-        let waiting = waiting
-            .chunks(2)
-            .filter_map(|pair| match pair {
-                // Scores come back as decimal numbers; priorities are integers below 2^53.
-                [owner, score] => score.parse::<f64>().ok().map(|p| (owner.clone(), p as u64)),
-                _ => None,
-            })
-            .collect();
-        Self { holder, waiting }
+fn kind_of(k: &str) -> LockKind {
+    match k {
+        "r" => LockKind::Read,
+        "w" => LockKind::Write,
+        _ => LockKind::Exclusive,
     }
 }
 
-/// Merges the views of the nodes that answered (each with when it was asked): the holder is
-/// the claim that holds at least `quorum` of them, with the largest token among them and the
+impl NodeView {
+    pub(super) fn parse((family, holders, waiting): Reply) -> Self {
+        let family = match family.as_str() {
+            "mutex" => Some(Family::Mutex),
+            "rw" => Some(Family::RwLock),
+            _ => None,
+        };
+        let holders = holders
+            .chunks(4)
+            .filter_map(|h| match h {
+                [owner, kind, fence, left] => Some((
+                    owner.clone(),
+                    kind_of(kind),
+                    fence.parse().unwrap_or(0),
+                    Duration::from_millis(left.parse().unwrap_or(0)),
+                )),
+                _ => None,
+            })
+            .collect();
+        let waiting = waiting
+            .chunks(2)
+            .filter_map(|pair| {
+                let [entry, score] = pair else { return None };
+                // Scores come back as decimal numbers; priorities are integers below 2^53.
+                let priority = score.parse::<f64>().ok()? as u64;
+                Some(match entry.split_once(':') {
+                    Some((kind, owner)) => (owner.to_owned(), kind_of(kind), priority),
+                    None => (entry.clone(), LockKind::Exclusive, priority),
+                })
+            })
+            .collect();
+        Self {
+            family,
+            holders,
+            waiting,
+        }
+    }
+}
+
+/// Merges the views of the nodes that answered (each with when it was asked): holders are the
+/// claims that hold at least `quorum` of them, each with the largest token among them and the
 /// lease its majority keeps; waiters are every live claim queued on any node, by priority.
 pub(super) fn merge(key: &str, quorum: usize, views: Vec<(NodeView, Instant)>) -> Inspection {
-    let mut holds: BTreeMap<String, (u64, Vec<Instant>)> = BTreeMap::new();
-    let mut waiting: BTreeMap<String, u64> = BTreeMap::new();
+    let mut holds: BTreeMap<String, (LockKind, u64, Vec<Instant>)> = BTreeMap::new();
+    let mut waiting: BTreeMap<String, (u64, LockKind)> = BTreeMap::new();
+    let mut family = None;
     for (view, sent) in views {
-        if let Some((owner, fence, left)) = view.holder {
-            let entry = holds.entry(owner).or_default();
-            entry.0 = entry.0.max(fence);
-            entry.1.push(sent + left);
+        family = family.or(view.family);
+        for (owner, kind, fence, left) in view.holders {
+            let entry = holds.entry(owner).or_insert((kind, 0, Vec::new()));
+            entry.1 = entry.1.max(fence);
+            entry.2.push(sent + left);
         }
-        for (owner, priority) in view.waiting {
-            let p = waiting.entry(owner).or_insert(priority);
-            *p = (*p).min(priority);
+        for (owner, kind, priority) in view.waiting {
+            let w = waiting.entry(owner).or_insert((priority, kind));
+            w.0 = w.0.min(priority);
         }
     }
     let mut seen = Inspection::free(key);
     let now = Instant::now();
-    for (owner, (fence, deadlines)) in holds {
+    for (owner, (kind, fence, deadlines)) in holds {
         let Some(until) = held_until(deadlines, quorum) else {
             continue;
         };
         waiting.remove(&owner);
         seen.holders.push(Holder {
-            kind: LockKind::Exclusive,
+            kind,
             fencing_token: Some(fence),
             lease_left: Some(until.saturating_duration_since(now)),
         });
@@ -76,16 +106,16 @@ pub(super) fn merge(key: &str, quorum: usize, views: Vec<(NodeView, Instant)>) -
     let wall_us = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    let mut queued: Vec<(u64, String)> = waiting.into_iter().map(|(o, p)| (p, o)).collect();
-    queued.sort();
-    for (priority, _) in queued {
+    let mut queued: Vec<(u64, LockKind)> = waiting.into_values().collect();
+    queued.sort_by_key(|(priority, _)| *priority);
+    for (priority, kind) in queued {
         seen.waiters.push(Waiter {
-            kind: LockKind::Exclusive,
+            kind,
             waited: Some(Duration::from_micros(wall_us.saturating_sub(priority))),
         });
     }
     if !seen.is_free() {
-        seen.family = Some(Family::Mutex);
+        seen.family = family;
     }
     seen
 }

@@ -19,8 +19,8 @@ use self::node::Node;
 pub use self::node::RedlockNode;
 use self::quorum::{held_until, quorum};
 use super::handoff::{
-    before, check_handoff_ttl, client_id, earliest, fence_of, next_in_line, owner_token, recheck,
-    Mailbox, ServerClock, Wake, DEFAULT_HANDOFF_TTL,
+    before, check_handoff_ttl, client_id, earliest, fence_of, kind_mismatch, next_in_line,
+    owner_token, recheck, Mailbox, ServerClock, Wake, DEFAULT_HANDOFF_TTL,
 };
 use super::redis::notify::Subscription;
 use super::redis::{millis, FENCE_TTL};
@@ -51,6 +51,23 @@ static SETTLE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/
 static YIELD: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/yield.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/renew.lua")));
 static INSPECT: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/inspect.lua")));
+static ACQUIRE_SHARED: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("scripts/acquire_shared.lua")));
+static YIELD_SHARED: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("scripts/yield_shared.lua")));
+// The single-node read-write lock scripts, gated by the node's rejoin delay.
+static RELEASE_SHARED: LazyLock<Script> = LazyLock::new(|| {
+    script(concat!(
+        include_str!("scripts/gated.lua"),
+        include_str!("../redis/scripts/release_shared.lua")
+    ))
+});
+static DOWNGRADE: LazyLock<Script> = LazyLock::new(|| {
+    script(concat!(
+        include_str!("scripts/gated.lua"),
+        include_str!("../redis/scripts/downgrade.lua")
+    ))
+});
 
 /// Locks held by a majority of independent Redis nodes (Redlock), with fencing tokens that
 /// strictly increase across the quorum and FIFO handoff announced over each node's pub/sub.
@@ -90,9 +107,16 @@ static INSPECT: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts
 /// clients whose clocks differ by `d` may be served up to `d` out of arrival order; nobody
 /// starves.
 ///
+/// **Read-write locks** keep the single-node layout on each node (holders with leases, readers
+/// together, one writer alone), queued by priority like mutexes. They are sound under
+/// majorities: a writer's majority and any other holder's majority share a node, where the two
+/// exclude each other. Readers granted together each hold their own majority, each with its
+/// own token; [`downgrade`](crate::RwLockWriteGuard::downgrade) turns the write hold into a
+/// read hold on every node and counts while a majority did.
+///
 /// Semaphores are refused: permits counted per node do not add up under majorities (three
 /// holders of a 2-permit semaphore can each hold a different majority of three nodes).
-/// Read-write locks are not offered on Redlock yet. Multi-locks (mutexes in a fixed order) work.
+/// Multi-locks (mutexes in a fixed order) work.
 ///
 /// [`inspect`](crate::LockClient::inspect) asks every node: the holder is the claim holding a
 /// majority, waiters are the claims queued on any node, in priority order.
@@ -369,6 +393,8 @@ impl RedlockBackendBuilder {
 /// One lock's key names, the same on every node, and the claim's owner token.
 struct Keys {
     lock: String,
+    /// Read-write locks: holder -> lease deadline.
+    holders: String,
     queue: String,
     waiters: String,
     fence: String,
@@ -387,6 +413,7 @@ impl Keys {
         let lock = format!("{namespace}:{{{key}}}");
         let channels = format!("{lock}:c:");
         Self {
+            holders: format!("{lock}:h"),
             queue: format!("{lock}:rq"),
             waiters: format!("{lock}:rw"),
             fence: format!("{lock}:fence"),
@@ -398,14 +425,36 @@ impl Keys {
         }
     }
 
-    fn invoke<'a>(&self, script: &'a Script) -> ScriptInvocation<'a> {
+    /// A call of `script` with the keys of a mutex (lock, queue, waiters, fence, born) or,
+    /// `shared`, of a read-write lock (lock, holders, queue, waiters, fence, born).
+    fn invoke<'a>(&self, script: &'a Script, shared: bool) -> ScriptInvocation<'a> {
         let mut inv = script.prepare_invoke();
-        inv.key(&self.lock)
-            .key(&self.queue)
+        inv.key(&self.lock);
+        if shared {
+            inv.key(&self.holders);
+        }
+        inv.key(&self.queue)
             .key(&self.waiters)
             .key(&self.fence)
             .key(&self.born);
         inv
+    }
+
+    /// The claim's queue entry: its owner for a mutex, `<r|w>:<owner>` for a read-write lock.
+    fn entry(&self, kind: LockKind) -> String {
+        match shared_kind(kind) {
+            Some(k) => format!("{k}:{}", self.owner),
+            None => self.owner.clone(),
+        }
+    }
+}
+
+/// `r` or `w` for a read-write lock claim, `None` for a mutex.
+fn shared_kind(kind: LockKind) -> Option<&'static str> {
+    match kind {
+        LockKind::Read => Some("r"),
+        LockKind::Write => Some("w"),
+        _ => None,
     }
 }
 
@@ -472,6 +521,8 @@ enum Reply {
     },
     /// Not ours there: look again at `until` (the holder's lease end) at the latest.
     Queued { until: Instant },
+    /// The key is in use as another kind of lock there (the family it is).
+    Mismatch(String),
     /// No usable answer in time.
     Failed(Error),
 }
@@ -506,7 +557,15 @@ impl RedlockBackend {
         keys: &Keys,
         wait: bool,
     ) -> Vec<Reply> {
-        let mut inv = keys.invoke(&ACQUIRE);
+        let shared = shared_kind(claim.kind());
+        let mut inv = keys.invoke(
+            if shared.is_some() {
+                &ACQUIRE_SHARED
+            } else {
+                &ACQUIRE
+            },
+            shared.is_some(),
+        );
         inv.arg(&keys.owner)
             .arg(millis(claim.ttl()))
             .arg(u8::from(wait))
@@ -515,24 +574,46 @@ impl RedlockBackend {
             .arg(millis(self.inner.handoff_ttl))
             .arg(&keys.channels)
             .arg(self.rejoin_ms());
+        if let Some(kind) = shared {
+            inv.arg(kind);
+        }
         let tickets = ticket.nodes(self.inner.nodes.len());
         let calls = self.inner.nodes.iter().zip(tickets).map(|(node, nt)| {
             let inv = &inv;
             async move {
-                match node.call::<(i64, i64, i64)>("acquire", inv).await {
-                    Ok(((1, fence, lease), sent)) => match fence_of("redis", fence) {
-                        Ok(fence) => Reply::Granted {
-                            fence,
-                            lease: Duration::from_millis(u64::try_from(lease).unwrap_or(0)),
-                            sent,
-                        },
-                        Err(e) => Reply::Failed(e),
-                    },
+                match node
+                    .call::<(i64, ::redis::Value, i64)>("acquire", inv)
+                    .await
+                {
+                    Ok(((-1, family, _), _)) => {
+                        Reply::Mismatch(::redis::from_redis_value_ref(&family).unwrap_or_default())
+                    }
+                    Ok(((1, fence, lease), sent)) => {
+                        let fence = ::redis::from_redis_value_ref::<i64>(&fence)
+                            .map_err(|e| {
+                                Error::new(ErrorKind::Backend, "redlock: unexpected acquire reply")
+                                    .with_source(e)
+                            })
+                            .and_then(|f| fence_of("redis", f));
+                        match fence {
+                            Ok(fence) => Reply::Granted {
+                                fence,
+                                lease: Duration::from_millis(u64::try_from(lease).unwrap_or(0)),
+                                sent,
+                            },
+                            Err(e) => Reply::Failed(e),
+                        }
+                    }
                     Ok(((_, wait_ms, server_ms), sent)) => {
+                        let wait_ms = ::redis::from_redis_value_ref::<i64>(&wait_ms).unwrap_or(-2);
                         nt.clock.pair(sent, server_ms);
+                        // A lease without expiry (-1) cannot be ours to wait out: look again
+                        // within a TTL; nobody holding it (-2): within the handoff lease.
                         let wait_for = match wait_ms {
                             -1 => claim.ttl(),
-                            ms => Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1)),
+                            ms => u64::try_from(ms).map_or(self.inner.handoff_ttl, |ms| {
+                                Duration::from_millis(ms.max(1))
+                            }),
                         };
                         Reply::Queued {
                             until: Instant::now() + wait_for,
@@ -550,6 +631,7 @@ impl RedlockBackend {
     /// unless a quorum of them was freshly granted at `T` already. `None` if fewer than a
     /// quorum could be settled.
     async fn settle(&self, claim: &Claim, keys: &Keys, held: &[Held]) -> Option<Grant> {
+        let shared = shared_kind(claim.kind()).is_some();
         let q = self.inner.quorum;
         let token = held.iter().map(|h| h.fence).max()?;
         let ready: Vec<Instant> = held
@@ -563,7 +645,9 @@ impl RedlockBackend {
                 valid_until,
             });
         }
-        let settled = self.settle_nodes(keys, held, claim.ttl(), token).await;
+        let settled = self
+            .settle_nodes(keys, held, claim.ttl(), token, shared)
+            .await;
         let valid_until = held_until(
             settled.into_iter().map(|sent| sent + claim.ttl()).collect(),
             q,
@@ -582,14 +666,17 @@ impl RedlockBackend {
         held: &[Held],
         px: Duration,
         token: u64,
+        shared: bool,
     ) -> Vec<Instant> {
         let mut inv = SETTLE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.fence)
+            .key(&keys.holders)
             .arg(&keys.owner)
             .arg(millis(px))
             .arg(token)
-            .arg(millis(FENCE_TTL));
+            .arg(millis(FENCE_TTL))
+            .arg(u8::from(shared));
         let calls = held.iter().map(|h| {
             let inv = &inv;
             async move {
@@ -616,13 +703,17 @@ impl RedlockBackend {
         keys: &Keys,
         held: &[Held],
     ) {
-        let mut inv = keys.invoke(&YIELD);
+        let shared = shared_kind(claim.kind()).is_some();
+        let mut inv = keys.invoke(if shared { &YIELD_SHARED } else { &YIELD }, shared);
         inv.arg(&keys.owner)
             .arg(ticket.priority())
             .arg(millis(claim.ttl()))
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
             .arg(&keys.channels);
+        if shared {
+            inv.arg(keys.entry(claim.kind()));
+        }
         let calls = held.iter().filter_map(|h| {
             let node = self.inner.nodes.get(h.node)?;
             let inv = &inv;
@@ -633,13 +724,17 @@ impl RedlockBackend {
 
     /// Releases the claim on every node; returns how many said it held the lock there, and how
     /// many could not be asked.
-    async fn release_on(&self, keys: &Keys) -> (usize, usize) {
-        let mut inv = keys.invoke(&RELEASE);
+    async fn release_on(&self, claim: &Claim, keys: &Keys) -> (usize, usize) {
+        let shared = shared_kind(claim.kind()).is_some();
+        let mut inv = keys.invoke(if shared { &RELEASE_SHARED } else { &RELEASE }, shared);
         inv.arg(&keys.owner)
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels)
-            .arg(self.rejoin_ms());
+            .arg(&keys.channels);
+        if shared {
+            inv.arg(keys.entry(claim.kind()));
+        }
+        inv.arg(self.rejoin_ms());
         let calls = self.inner.nodes.iter().map(|node| {
             let inv = &inv;
             async move { node.call::<i64>("release", inv).await }
@@ -667,6 +762,7 @@ impl RedlockBackend {
         let mut failed = 0;
         let mut recheck_at: Option<Instant> = None;
         let mut first_error = None;
+        let mut mismatch = None;
         for (node, reply) in replies.into_iter().enumerate() {
             match reply {
                 Reply::Granted { fence, lease, sent } => {
@@ -679,11 +775,19 @@ impl RedlockBackend {
                     });
                 }
                 Reply::Queued { until } => earliest(&mut recheck_at, until),
+                Reply::Mismatch(family) => {
+                    mismatch.get_or_insert(family);
+                }
                 Reply::Failed(e) => {
                     failed += 1;
                     first_error.get_or_insert(e);
                 }
             }
+        }
+        if let Some(family) = mismatch {
+            // Another kind of lock holds the key: nothing of ours may stay on any node.
+            self.release_on(claim, keys).await;
+            return Err(kind_mismatch(claim.key(), &family, claim.kind()));
         }
         let n = self.inner.nodes.len();
         if held.len() >= self.inner.quorum {
@@ -695,7 +799,7 @@ impl RedlockBackend {
         if !wait {
             // A try leaves nothing behind: release wherever we got it or could not tell.
             if !held.is_empty() || failed > 0 {
-                self.release_on(keys).await;
+                self.release_on(claim, keys).await;
             }
         } else if !held.is_empty() {
             // A minority: hand each on to a better-placed waiter queued there, or keep it only
@@ -766,7 +870,7 @@ impl Backend for RedlockBackend {
     const RENEWS_WAITERS: bool = true;
 
     fn supports(&self, kind: LockKind) -> bool {
-        matches!(kind, LockKind::Exclusive)
+        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write)
     }
 
     fn name(&self) -> &'static str {
@@ -780,7 +884,10 @@ impl Backend for RedlockBackend {
     async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
         let mut inv = INSPECT.prepare_invoke();
-        inv.key(&keys.lock).key(&keys.queue).key(&keys.waiters);
+        inv.key(&keys.lock)
+            .key(&keys.holders)
+            .key(&keys.queue)
+            .key(&keys.waiters);
         let calls = self.inner.nodes.iter().map(|node| {
             let inv = &inv;
             async move { node.call::<inspection::Reply>("inspect", inv).await }
@@ -887,7 +994,7 @@ impl Backend for RedlockBackend {
     async fn release(&self, claim: &Claim, ticket: &RedlockTicket) -> Result<bool> {
         ticket.unsubscribe();
         let keys = Keys::new(claim, &self.inner.client_id);
-        let (held, failed) = self.release_on(&keys).await;
+        let (held, failed) = self.release_on(claim, &keys).await;
         if failed == self.inner.nodes.len() {
             return Err(self.no_quorum(0, "release"));
         }
@@ -896,20 +1003,61 @@ impl Backend for RedlockBackend {
         Ok(held + failed >= self.inner.quorum)
     }
 
+    async fn downgrade(&self, claim: &Claim, _ticket: &RedlockTicket) -> Result<Grant> {
+        let keys = Keys::new(claim, &self.inner.client_id);
+        let mut inv = keys.invoke(&DOWNGRADE, true);
+        inv.arg(&keys.owner)
+            .arg(millis(claim.ttl()))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channels)
+            .arg(self.rejoin_ms());
+        let replies = join_all(self.inner.nodes.iter().map(|node| {
+            let inv = &inv;
+            async move { node.call::<(i64, i64)>("downgrade", inv).await }
+        }))
+        .await;
+        let (mut done, mut refused, mut fence) = (Vec::new(), 0, 0);
+        for reply in &replies {
+            match reply {
+                Ok(((1, f), sent)) => {
+                    done.push(*sent + claim.ttl());
+                    fence = fence.max(*f);
+                }
+                Ok(_) => refused += 1,
+                Err(_) => {}
+            }
+        }
+        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+        match held_until(done, q) {
+            // Each node keeps the token the grant settled there, the quorum's `T`.
+            Some(valid_until) => Ok(Grant {
+                fence: fence_of("redis", fence)?,
+                valid_until,
+            }),
+            None if refused > n - q => Err(Error::lost(claim.key())),
+            None => Err(self.no_quorum(n - refused, "downgrade")),
+        }
+    }
+
     async fn renew(&self, claims: &[(&Claim, &RedlockTicket)]) -> Vec<Renewal> {
         let n = self.inner.nodes.len();
         let q = self.inner.quorum;
         let mut inv = RENEW.prepare_invoke();
         for (claim, ticket) in claims {
             let keys = Keys::new(claim, &self.inner.client_id);
-            let mode = if ticket.held.load(Ordering::Acquire) {
-                "h"
-            } else {
-                "w"
+            let mode = match (
+                ticket.held.load(Ordering::Acquire),
+                shared_kind(claim.kind()),
+            ) {
+                (true, None) => "h",
+                (true, Some(_)) => "H",
+                (false, _) => "w",
             };
             inv.key(keys.lock)
                 .key(keys.waiters)
                 .key(keys.queue)
+                .key(keys.holders)
                 .arg(keys.owner)
                 .arg(millis(claim.ttl()))
                 .arg(mode);

@@ -57,9 +57,4 @@ else
   forget_if_idle(base, holders, queue)
 end
 -- Check again when the first holder's lease ends, should it not be renewed.
-local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
-local wait_ms = -2
-if first[2] then
-  wait_ms = tonumber(first[2]) - now
-end
-return {0, wait_ms, now}
+return {0, first_lease_end(holders, now), now}

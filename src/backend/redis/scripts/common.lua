@@ -5,10 +5,22 @@
 --                  fencing token, n:<owner> = each holder's permits (sem)
 --   holders  zset  owner -> lease deadline (server ms): read-write locks and semaphores
 --   queue    list  a mutex: owner tokens; the others: "<r|w|count>:<owner>", in arrival order
+--                  (Redlock: a zset of the same entries by priority, see `Q`)
 --   waiters  zset  owner token -> liveness deadline (server ms)
 --   fence    string counter, long TTL; restarts at server time in microseconds
 -- Owner tokens are "<client id>.<claim id>". Every time is the server's TIME; no client clock
 -- reaches a score.
+
+-- How the queue is kept and whether the node may grant: here a list in arrival order, always;
+-- Redlock replaces these (a zset by priority; a node that lost its data grants nothing for a
+-- while). Looked up when called, so a file included later can replace them.
+local Q = {
+  first = function(queue) return redis.call('LINDEX', queue, 0) end,
+  pop = function(queue) redis.call('LPOP', queue) end,
+  remove = function(queue, entry) redis.call('LREM', queue, 1, entry) end,
+  len = function(queue) return redis.call('LLEN', queue) end,
+  may_grant = function() return true end,
+}
 
 -- Server time in ms and in µs, read once per script and only if needed.
 local NOW, NOW_US
@@ -67,7 +79,7 @@ end
 -- ones are dropped.
 local function live_head(queue, waiters)
   while true do
-    local head = redis.call('LINDEX', queue, 0)
+    local head = Q.first(queue)
     if not head then
       return nil
     end
@@ -77,7 +89,7 @@ local function live_head(queue, waiters)
     if deadline and tonumber(deadline) > now then
       return head, owner
     end
-    redis.call('LPOP', queue)
+    Q.pop(queue)
     if deadline then
       redis.call('ZREM', waiters, owner)
     end
@@ -96,7 +108,7 @@ local function family_of(base, queue)
   elseif o then
     return 'mutex'
   end
-  local head = redis.call('LINDEX', queue, 0)
+  local head = Q.first(queue)
   if not head then
     return nil
   end
@@ -125,7 +137,7 @@ end
 -- ("<owner> <server ms> <px>"): if their owners died before confirming them, it takes over then
 -- instead of at the old holders' deadlines.
 local function hint_next(prefix, queue, px)
-  local next_in_line = redis.call('LINDEX', queue, 0)
+  local next_in_line = Q.first(queue)
   if next_in_line then
     local _, owner = parse_entry(next_in_line)
     redis.call('PUBLISH', channel_of(prefix, owner), owner .. ' ' .. int(clock()) .. ' ' .. px)
@@ -135,12 +147,15 @@ end
 -- Gives the free mutex to the live head of the queue, for a short unconfirmed lease, and
 -- announces it.
 local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  if not Q.may_grant() then
+    return
+  end
   local head, owner = live_head(queue, waiters)
   if not head or head ~= owner then
     -- Nobody waits, or this is another kind of lock's queue.
     return
   end
-  redis.call('LPOP', queue)
+  Q.pop(queue)
   redis.call('ZREM', waiters, head)
   local f = grant(lock, fence, head, handoff_ttl, fence_ttl)
   announce(prefix, head, f, handoff_ttl)
@@ -194,12 +209,18 @@ local function add_holder(base, holders, fence, fence_ttl, owner, kind, px)
     redis.call('HINCRBY', base, 'u', tonumber(kind))
   end
   redis.call('ZADD', holders, clock() + px, owner)
+  -- Never a key without expiry: if nobody confirms this hold, the bookkeeping goes with it.
+  keep(base, 2 * px)
+  keep(holders, 2 * px)
   return f
 end
 
 -- Grants the queue from its head while the head fits (readers queued together go together; a
 -- request that does not fit stops the pass, so nothing overtakes it) and announces each grant.
 local function grant_pass(base, holders, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  if not Q.may_grant() then
+    return
+  end
   local granted = false
   while true do
     local head, owner = live_head(queue, waiters)
@@ -210,7 +231,7 @@ local function grant_pass(base, holders, queue, waiters, fence, fence_ttl, hando
     if not fits(base, holders, kind) then
       break
     end
-    redis.call('LPOP', queue)
+    Q.pop(queue)
     redis.call('ZREM', waiters, owner)
     local f = add_holder(base, holders, fence, fence_ttl, owner, kind, handoff_ttl)
     announce(prefix, owner, f, handoff_ttl)
@@ -221,9 +242,18 @@ local function grant_pass(base, holders, queue, waiters, fence, fence_ttl, hando
   end
 end
 
+-- Ms from `now` until the first holder's lease ends; -2 if nobody holds the lock.
+local function first_lease_end(holders, now)
+  local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+  if first[2] then
+    return tonumber(first[2]) - now
+  end
+  return -2
+end
+
 -- A read-write lock or semaphore nobody holds or waits for keeps nothing but its fence counter.
 local function forget_if_idle(base, holders, queue)
-  if redis.call('ZCARD', holders) == 0 and redis.call('LLEN', queue) == 0 then
+  if redis.call('ZCARD', holders) == 0 and Q.len(queue) == 0 then
     redis.call('DEL', base, holders)
   end
 end

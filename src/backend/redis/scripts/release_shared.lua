@@ -12,7 +12,7 @@ if redis.call('HEXISTS', base, 't') == 0 then
   -- Not a read-write lock or semaphore (free now, or a mutex that refused this claim): only
   -- our own queue entry may be left, nothing else is ours to touch.
   if redis.call('ZREM', waiters, owner) == 1 then
-    redis.call('LREM', queue, 1, entry)
+    Q.remove(queue, entry)
   end
   return 0
 end
@@ -24,7 +24,7 @@ if deadline then
   end
   drop_holder(base, holders, owner)
 elseif redis.call('ZREM', waiters, owner) == 1 then
-  redis.call('LREM', queue, 1, entry)
+  Q.remove(queue, entry)
 end
 if redis.call('EXISTS', base) == 1 then
   purge(base, holders)

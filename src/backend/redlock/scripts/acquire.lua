@@ -5,15 +5,26 @@
 --       rejoin ms
 -- Returns {1, fence, lease ms} when the lock is ours here (a fresh grant has the full ttl; a
 -- lock handed to us, or granted earlier, what is left of its lease), otherwise
--- {0, ms until the holder's lease ends (or the node joins), server ms}.
+-- {0, ms until the holder's lease ends (or the node joins), server ms}, or {-1, family, 0} if
+-- the key is in use as a read-write lock.
 local lock, queue, waiters, fence, born = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, wait, priority = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local rejoin_ms = tonumber(ARGV[8])
 
-local holder = redis.call('HGET', lock, 'o')
+local holder, family = unpack(redis.call('HMGET', lock, 'o', 't'))
+if family then
+  return {-1, family_of(lock, queue), 0}
+end
 if holder == owner then
   return {1, tonumber(redis.call('HGET', lock, 'f')), redis.call('PTTL', lock)}
+end
+if not holder then
+  local head, head_owner = live_head(queue, waiters)
+  if head and head ~= head_owner then
+    -- A read-write lock's queue: not a mutex.
+    return {-1, family_of(lock, queue), 0}
+  end
 end
 local now = clock()
 if wait then

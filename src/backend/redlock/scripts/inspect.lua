@@ -1,24 +1,41 @@
 -- Reads one node's view of a lock without changing it.
--- KEYS: lock, queue, waiters
--- Returns {holder, waiting}: holder {owner, fence, lease ms} or {} if nobody holds it here;
--- waiting a flat list of owner, priority for the live waiters, in priority order.
-local lock, queue, waiters = KEYS[1], KEYS[2], KEYS[3]
+-- KEYS: lock, holders, queue, waiters
+-- Returns {family, holders, waiting}: family '' (free), 'mutex' or 'rw'; holders a flat list
+-- of owner, kind ('x', 'r' or 'w'), fence, lease ms for the live holders here; waiting a flat
+-- list of queue entry, priority for the live waiters, in priority order.
+local lock, holders, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = clock()
-local holder = {}
-local owner = redis.call('HGET', lock, 'o')
-if owner then
+local family = family_of(lock, queue) or ''
+local held = {}
+if family == 'mutex' then
+  local owner, f = unpack(redis.call('HMGET', lock, 'o', 'f'))
   local left = redis.call('PTTL', lock)
-  if left > 0 then
-    holder = {owner, redis.call('HGET', lock, 'f') or '0', left}
+  if owner and left > 0 then
+    held = {owner, 'x', f or '0', left}
+  end
+elseif family == 'rw' then
+  local writer = redis.call('HGET', lock, 'wr')
+  local live = redis.call('ZRANGEBYSCORE', holders, '(' .. int(now), '+inf', 'WITHSCORES')
+  for i = 1, #live, 2 do
+    local owner = live[i]
+    local kind = 'r'
+    if owner == writer then
+      kind = 'w'
+    end
+    for _, v in ipairs({owner, kind, redis.call('HGET', lock, 'f:' .. owner) or '0',
+        int(tonumber(live[i + 1]) - now)}) do
+      table.insert(held, v)
+    end
   end
 end
 local waiting = {}
 local queued = redis.call('ZRANGE', queue, 0, -1, 'WITHSCORES')
 for i = 1, #queued, 2 do
-  local deadline = redis.call('ZSCORE', waiters, queued[i])
+  local _, owner = parse_entry(queued[i])
+  local deadline = redis.call('ZSCORE', waiters, owner)
   if deadline and tonumber(deadline) > now then
     table.insert(waiting, queued[i])
     table.insert(waiting, queued[i + 1])
   end
 end
-return {holder, waiting}
+return {family, held, waiting}
