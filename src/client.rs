@@ -211,6 +211,7 @@ impl LockClient {
 
     /// A client for a URL naming the service: `memory:` (or an empty string) for the in-process
     /// backend, `redis://…` / `rediss://…` for Redis,
+    /// `redis+cluster://[user:password@]host:port,host:port` for a Redis Cluster (seed nodes),
     /// `redlock://[user:password@]host:port,host:port,host:port[/db]` for a Redlock over
     /// independent Redis nodes, `zk://host:port[,host:port][/chroot]` for
     /// ZooKeeper, `postgres://…` for PostgreSQL. Handy for a `DISTLOCK_URL` setting; each scheme needs its backend's feature.
@@ -274,6 +275,10 @@ impl LockClient {
             "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::builder(
                 crate::backend::RedisBackend::connect(url).await?,
             )),
+            #[cfg(feature = "redis-cluster")]
+            "redis+cluster" => Ok(Self::builder(
+                crate::backend::RedisBackend::connect(url).await?,
+            )),
             #[cfg(feature = "redlock")]
             "redlock" => Ok(Self::builder(
                 crate::backend::RedlockBackend::connect(
@@ -293,7 +298,7 @@ impl LockClient {
                 Ok(Self::builder(backend).ttl(ttl))
             }
             other => Err(Error::invalid_config(format_args!(
-                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, redlock://, zk://, postgres:// with features memory, redis, redis-tls, redlock, zookeeper, postgres)"
+                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, redis+cluster://, redlock://, zk://, postgres:// with features memory, redis, redis-tls, redis-cluster, redlock, zookeeper, postgres)"
             ))),
         }
     }

@@ -6,6 +6,8 @@
 //! server. So a server shared by every test of a binary (`shared_redis()`) never outlives it.
 #![allow(dead_code)]
 
+#[cfg(feature = "redis-cluster")]
+pub mod cluster;
 pub mod contract;
 pub mod curator;
 pub mod ensemble;

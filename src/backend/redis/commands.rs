@@ -20,6 +20,9 @@ const RETRIES: usize = 2;
 #[derive(Clone)]
 pub(crate) enum Commands {
     Own(ConnectionManager),
+    /// A Redis Cluster: each script goes to the primary of its keys' slot, following `MOVED`.
+    #[cfg(feature = "redis-cluster")]
+    Cluster(::redis::cluster_async::ClusterConnection),
     #[cfg(feature = "redis-deadpool")]
     Deadpool(deadpool_redis::Pool),
     #[cfg(feature = "redis-bb8")]
@@ -103,6 +106,11 @@ impl Commands {
     ) -> std::result::Result<T, Failure> {
         match self {
             Self::Own(conn) => inv
+                .invoke_async(&mut conn.clone())
+                .await
+                .map_err(Failure::Redis),
+            #[cfg(feature = "redis-cluster")]
+            Self::Cluster(conn) => inv
                 .invoke_async(&mut conn.clone())
                 .await
                 .map_err(Failure::Redis),

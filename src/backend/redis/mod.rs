@@ -20,6 +20,8 @@
 //! when the pub/sub connection comes back. Every name is under the key's hash tag, so each
 //! channel lives in the key's Cluster slot.
 
+#[cfg(feature = "redis-cluster")]
+mod cluster;
 pub(crate) mod commands;
 pub(crate) mod notify;
 
@@ -43,20 +45,42 @@ use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedW
 /// from server time in microseconds, which is larger than any token handed out before.
 pub(crate) const FENCE_TTL: Duration = Duration::from_secs(3600);
 
-fn script(body: &str) -> Script {
-    Script::new(&format!("{}\n{}", include_str!("scripts/common.lua"), body))
+/// The scripts the backend runs, as one server runs them or (with `sharded.lua` after the
+/// shared helpers) as a Cluster does.
+struct Scripts {
+    acquire: Script,
+    release: Script,
+    renew: Script,
+    inspect: Script,
+    acquire_shared: Script,
+    release_shared: Script,
+    downgrade: Script,
 }
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/acquire.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/release.lua")));
-static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/renew.lua")));
-static INSPECT: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/inspect.lua")));
-static ACQUIRE_SHARED: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/acquire_shared.lua")));
-static RELEASE_SHARED: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/release_shared.lua")));
-static DOWNGRADE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/downgrade.lua")));
+impl Scripts {
+    fn with(prelude: &str) -> Self {
+        let script = |body: &str| {
+            Script::new(&format!(
+                "{}\n{prelude}\n{body}",
+                include_str!("scripts/common.lua")
+            ))
+        };
+        Self {
+            acquire: script(include_str!("scripts/acquire.lua")),
+            release: script(include_str!("scripts/release.lua")),
+            renew: script(include_str!("scripts/renew.lua")),
+            inspect: script(include_str!("scripts/inspect.lua")),
+            acquire_shared: script(include_str!("scripts/acquire_shared.lua")),
+            release_shared: script(include_str!("scripts/release_shared.lua")),
+            downgrade: script(include_str!("scripts/downgrade.lua")),
+        }
+    }
+}
+
+static PLAIN: LazyLock<Scripts> = LazyLock::new(|| Scripts::with(""));
+#[cfg(feature = "redis-cluster")]
+static SHARDED: LazyLock<Scripts> =
+    LazyLock::new(|| Scripts::with(include_str!("scripts/sharded.lua")));
 
 /// Locks on a Redis server (or Valkey, KeyDB, Tair: the same scripts run there).
 ///
@@ -85,6 +109,9 @@ pub struct RedisBackend {
 
 struct Inner {
     commands: Commands,
+    scripts: &'static Scripts,
+    /// A Redis Cluster: renewals go one script call per slot.
+    cluster: bool,
     hub: Hub,
     handoff_ttl: Duration,
     /// This backend's part of every owner token, and of its channel names.
@@ -272,6 +299,10 @@ impl RedisBackendBuilder {
     /// ```
     pub async fn build(self) -> Result<RedisBackend> {
         check_handoff_ttl(self.handoff_ttl)?;
+        #[cfg(feature = "redis-cluster")]
+        if cluster::is_cluster_url(&self.url) {
+            return self.build_cluster().await;
+        }
         let client = self
             .client()
             .map_err(|e| Error::invalid_config("malformed redis url").with_source(e))?;
@@ -300,12 +331,70 @@ impl RedisBackendBuilder {
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 commands,
+                scripts: &PLAIN,
+                cluster: false,
                 hub: Hub::start(client),
                 handoff_ttl: self.handoff_ttl,
                 client_id: handoff::client_id(),
             }),
         })
     }
+
+    /// [`build`](Self::build) for a `redis+cluster://` URL.
+    #[cfg(feature = "redis-cluster")]
+    async fn build_cluster(self) -> Result<RedisBackend> {
+        let seeds = hosts_of(&self.url, cluster::SCHEME)?;
+        if seeds.is_empty() {
+            return Err(Error::invalid_config(
+                "a redis cluster url names at least one seed node",
+            ));
+        }
+        tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+        let commands =
+            match self.source {
+                Source::Own => Commands::Cluster(cluster::connect(&seeds).await?),
+                #[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]
+                _ => return Err(Error::invalid_config(
+                    "a redis cluster opens its own connections; a single-node pool cannot serve it",
+                )),
+            };
+        let probe = Script::new("return 1");
+        commands
+            .invoke::<i64>("connect", &probe.prepare_invoke())
+            .await?;
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                commands,
+                scripts: &SHARDED,
+                cluster: true,
+                hub: Hub::start_on(notify::Source::Cluster(seeds)),
+                handoff_ttl: self.handoff_ttl,
+                client_id: handoff::client_id(),
+            }),
+        })
+    }
+}
+
+/// The `redis://` URLs of the nodes of `<scheme>[user:password@]host:port,host:port[/db]`,
+/// each with the credentials and database.
+#[cfg(any(feature = "redis-cluster", feature = "redlock"))]
+pub(crate) fn hosts_of(url: &str, scheme: &str) -> Result<Vec<String>> {
+    let rest = url
+        .strip_prefix(scheme)
+        .ok_or_else(|| Error::invalid_config(format_args!("the url must start with `{scheme}`")))?;
+    let (auth, rest) = match rest.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), rest),
+    };
+    let (hosts, db) = match rest.split_once('/') {
+        Some((hosts, db)) => (hosts, format!("/{db}")),
+        None => (rest, "/".to_owned()),
+    };
+    Ok(hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{auth}{h}{db}"))
+        .collect())
 }
 
 /// The names of one lock's keys and channels, and a claim's owner token, as one client sees
@@ -386,6 +475,15 @@ impl RedisTicket {
     }
 }
 
+/// The Cluster hash slot of a key (its hash tag's, if it has one).
+#[cfg(feature = "redis-cluster")]
+fn key_slot(key: &str) -> ::redis::cluster_routing::Slot {
+    ::redis::cluster_routing::Slot::for_key(key)
+}
+
+#[cfg(not(feature = "redis-cluster"))]
+fn key_slot(_key: &str) {}
+
 /// A duration in whole milliseconds for a script argument, at least 1.
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -396,6 +494,79 @@ fn fence_of(raw: i64) -> Result<u64> {
 }
 
 impl RedisBackend {
+    /// The claims to renew in one script call each, by index: all of them on one server; on a
+    /// Cluster one group per slot (a script's keys must share a slot), sent together.
+    fn renewal_groups(&self, claims: &[(&Claim, &RedisTicket)]) -> Vec<Vec<usize>> {
+        if !self.inner.cluster {
+            return vec![(0..claims.len()).collect()];
+        }
+        let mut groups = Vec::new();
+        for (i, (claim, _)) in claims.iter().enumerate() {
+            let slot = key_slot(&Keys::new(claim, &self.inner.client_id).lock);
+            match groups
+                .iter_mut()
+                .find(|(s, _): &&mut (_, Vec<usize>)| *s == slot)
+            {
+                Some((_, group)) => group.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// Renews the claims at `group` (indices into `claims`) in one script call; a failed call
+    /// fails those claims only.
+    async fn renew_group(
+        &self,
+        claims: &[(&Claim, &RedisTicket)],
+        group: &[usize],
+    ) -> Vec<Renewal> {
+        let mut inv = self.inner.scripts.renew.prepare_invoke();
+        let members: Vec<&Claim> = group
+            .iter()
+            .filter_map(|&i| claims.get(i))
+            .map(|(c, _)| *c)
+            .collect();
+        for claim in &members {
+            let keys = Keys::new(claim, &self.inner.client_id);
+            inv.key(keys.lock)
+                .key(keys.holders)
+                .key(keys.waiters)
+                .key(keys.queue)
+                .arg(keys.owner)
+                .arg(millis(claim.ttl()));
+        }
+        match self
+            .inner
+            .commands
+            .invoke_timed::<Vec<i64>>("renew", &inv)
+            .await
+        {
+            Ok((results, sent)) if results.len() == members.len() => members
+                .iter()
+                .zip(results)
+                .map(|(claim, r)| match r {
+                    1 => Renewal::Extended(sent + claim.ttl()),
+                    2 => Renewal::Queued(sent + claim.ttl()),
+                    // 0: neither holder nor queued; -1: the lock's keys hold another Redis
+                    // type (overwritten behind our back), so this claim cannot own them.
+                    _ => Renewal::NotOwner,
+                })
+                .collect(),
+            Ok(_) => {
+                let err = Error::new(ErrorKind::Backend, "redis renew returned a malformed reply");
+                members
+                    .iter()
+                    .map(|_| Renewal::Failed(err.clone()))
+                    .collect()
+            }
+            Err(err) => members
+                .iter()
+                .map(|_| Renewal::Failed(err.clone()))
+                .collect(),
+        }
+    }
+
     async fn run_acquire(
         &self,
         claim: &Claim,
@@ -405,9 +576,9 @@ impl RedisBackend {
     ) -> Result<Attempt> {
         let shared = Shared::of(claim.kind());
         let script: &Script = if shared.is_some() {
-            &ACQUIRE_SHARED
+            &self.inner.scripts.acquire_shared
         } else {
-            &ACQUIRE
+            &self.inner.scripts.acquire
         };
         let mut inv = keys.invoke(script, shared.is_some());
         inv.arg(&keys.owner)
@@ -519,7 +690,7 @@ impl Backend for RedisBackend {
 
     async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
-        let mut inv = INSPECT.prepare_invoke();
+        let mut inv = self.inner.scripts.inspect.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.holders)
             .key(&keys.queue)
@@ -617,9 +788,9 @@ impl Backend for RedisBackend {
         let keys = Keys::new(claim, &self.inner.client_id);
         let shared = Shared::of(claim.kind());
         let script: &Script = if shared.is_some() {
-            &RELEASE_SHARED
+            &self.inner.scripts.release_shared
         } else {
-            &RELEASE
+            &self.inner.scripts.release
         };
         let mut inv = keys.invoke(script, shared.is_some());
         inv.arg(&keys.owner)
@@ -642,7 +813,7 @@ impl Backend for RedisBackend {
 
     async fn downgrade(&self, claim: &Claim, _ticket: &RedisTicket) -> Result<Grant> {
         let keys = Keys::new(claim, &self.inner.client_id);
-        let mut inv = keys.invoke(&DOWNGRADE, true);
+        let mut inv = keys.invoke(&self.inner.scripts.downgrade, true);
         inv.arg(&keys.owner)
             .arg(millis(claim.ttl()))
             .arg(millis(FENCE_TTL))
@@ -660,44 +831,24 @@ impl Backend for RedisBackend {
     }
 
     async fn renew(&self, claims: &[(&Claim, &RedisTicket)]) -> Vec<Renewal> {
-        let mut inv = RENEW.prepare_invoke();
-        for (claim, _) in claims {
-            let keys = Keys::new(claim, &self.inner.client_id);
-            inv.key(keys.lock)
-                .key(keys.holders)
-                .key(keys.waiters)
-                .key(keys.queue)
-                .arg(keys.owner)
-                .arg(millis(claim.ttl()));
-        }
-        match self
-            .inner
-            .commands
-            .invoke_timed::<Vec<i64>>("renew", &inv)
-            .await
-        {
-            Ok((results, sent)) if results.len() == claims.len() => claims
-                .iter()
-                .zip(results)
-                .map(|((claim, _), r)| match r {
-                    1 => Renewal::Extended(sent + claim.ttl()),
-                    2 => Renewal::Queued(sent + claim.ttl()),
-                    // 0: neither holder nor queued; -1: the lock's keys hold another Redis
-                    // type (overwritten behind our back), so this claim cannot own them.
-                    _ => Renewal::NotOwner,
-                })
-                .collect(),
-            Ok(_) => {
-                let err = Error::new(ErrorKind::Backend, "redis renew returned a malformed reply");
-                claims
-                    .iter()
-                    .map(|_| Renewal::Failed(err.clone()))
-                    .collect()
+        let mut out: Vec<Option<Renewal>> = vec![None; claims.len()];
+        let groups = self.renewal_groups(claims);
+        let answers =
+            futures::future::join_all(groups.iter().map(|group| self.renew_group(claims, group)))
+                .await;
+        for (group, answer) in groups.iter().zip(answers) {
+            for (&i, renewal) in group.iter().zip(answer) {
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = Some(renewal);
+                }
             }
-            Err(err) => claims
-                .iter()
-                .map(|_| Renewal::Failed(err.clone()))
-                .collect(),
         }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Renewal::Failed(Error::new(ErrorKind::Backend, "redis renew lost a claim"))
+                })
+            })
+            .collect()
     }
 }

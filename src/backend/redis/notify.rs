@@ -10,13 +10,22 @@
 //! connection would otherwise swallow every grant silently. When the connection drops or a PING
 //! goes unanswered for [`PING_DEADLINE`], the hub reconnects, resubscribes and tells every
 //! mailbox to re-check, since messages may have been missed meanwhile.
+//!
+//! On a Redis Cluster the channels are shard channels (`SSUBSCRIBE`), over one RESP3 cluster
+//! connection that keeps a connection per shard, routes each channel to the shard serving its
+//! slot, and resubscribes after its own reconnects and topology changes. The hub tells every
+//! mailbox to re-check when one of those connections drops, and subscribes again (and tells
+//! that channel's mailboxes to re-check) when a server ends a subscription itself, as it does
+//! when the channel's slot moves to another shard.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
+use std::pin::Pin;
+
 use ::redis::aio::PubSubSink;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
 use crate::backend::handoff::{parse, poll_some, Mailbox, Wake};
@@ -41,9 +50,125 @@ struct Channel {
     idle_since: Option<tokio::time::Instant>,
 }
 
+/// Where the hub's connection comes from.
+pub(crate) enum Source {
+    /// One server: a pub/sub connection the hub reconnects itself.
+    Single(Box<::redis::Client>),
+    /// A Redis Cluster, from these seed node URLs.
+    #[cfg(feature = "redis-cluster")]
+    Cluster(Vec<String>),
+}
+
+/// Sends (un)subscriptions and PINGs.
+#[derive(Clone)]
+enum Sink {
+    Single(PubSubSink),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(::redis::cluster_async::ClusterConnection),
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channel: &str) -> ::redis::RedisResult<()> {
+        match self {
+            Self::Single(sink) => sink.subscribe(channel).await,
+            #[cfg(feature = "redis-cluster")]
+            Self::Cluster(conn) => conn.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> ::redis::RedisResult<()> {
+        match self {
+            Self::Single(sink) => sink.unsubscribe(channel).await,
+            #[cfg(feature = "redis-cluster")]
+            Self::Cluster(conn) => conn.sunsubscribe(channel).await,
+        }
+    }
+
+    /// Whether the connection answers a PING within [`PING_DEADLINE`].
+    async fn ping(mut self) -> bool {
+        let ping = async {
+            match &mut self {
+                Self::Single(sink) => sink.ping::<::redis::Value>().await.is_ok(),
+                #[cfg(feature = "redis-cluster")]
+                Self::Cluster(conn) => ::redis::cmd("PING")
+                    .query_async::<::redis::Value>(conn)
+                    .await
+                    .is_ok(),
+            }
+        };
+        matches!(tokio::time::timeout(PING_DEADLINE, ping).await, Ok(true))
+    }
+}
+
+/// What the connection reports.
+#[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
+enum Event {
+    /// A message on a channel.
+    Message { channel: String, payload: String },
+    /// One of a cluster connection's node connections dropped (it reconnects and resubscribes
+    /// by itself): messages may have been missed.
+    Dropped,
+    /// The server ended our subscription to this channel (its slot moved to another shard).
+    Unsubscribed(String),
+}
+
+type Events = Pin<Box<dyn Stream<Item = Event> + Send>>;
+
+/// Connects, returning the sink and the events; the events end when the connection drops.
+async fn connect(source: &Source) -> ::redis::RedisResult<(Sink, Events)> {
+    match source {
+        Source::Single(client) => {
+            let (sink, stream) = client.get_async_pubsub().await?.split();
+            let events = stream.filter_map(|msg| {
+                let event = msg
+                    .get_payload::<String>()
+                    .ok()
+                    .map(|payload| Event::Message {
+                        channel: msg.get_channel_name().to_owned(),
+                        payload,
+                    });
+                futures::future::ready(event)
+            });
+            Ok((Sink::Single(sink), Box::pin(events)))
+        }
+        #[cfg(feature = "redis-cluster")]
+        Source::Cluster(seeds) => {
+            let (tx, rx) = mpsc::unbounded_channel::<::redis::PushInfo>();
+            let conn = ::redis::cluster::ClusterClientBuilder::new(seeds.clone())
+                .use_protocol(::redis::ProtocolVersion::RESP3)
+                .push_sender(tx)
+                .connection_timeout(CONNECT_WAIT)
+                .response_timeout(CONNECT_WAIT)
+                .build()?
+                .get_async_connection()
+                .await?;
+            let pushes = futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|push| (push, rx))
+            });
+            let events = pushes.filter_map(|push| futures::future::ready(cluster_event(push)));
+            Ok((Sink::Cluster(conn), Box::pin(events)))
+        }
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+fn cluster_event(push: ::redis::PushInfo) -> Option<Event> {
+    let text =
+        |i: usize| -> Option<String> { ::redis::from_redis_value_ref(push.data.get(i)?).ok() };
+    match push.kind {
+        ::redis::PushKind::SMessage => Some(Event::Message {
+            channel: text(0)?,
+            payload: text(1)?,
+        }),
+        ::redis::PushKind::Disconnection => Some(Event::Dropped),
+        ::redis::PushKind::SUnsubscribe => Some(Event::Unsubscribed(text(0)?)),
+        _ => None,
+    }
+}
+
 struct HubInner {
     channels: StdMutex<HashMap<Arc<str>, Channel>>,
-    sink: watch::Sender<Option<PubSubSink>>,
+    sink: watch::Sender<Option<Sink>>,
     cmd: mpsc::UnboundedSender<Arc<str>>,
     /// Moves on every reconnect after the first connect. The pub/sub connection is always
     /// open, so it is the first to see a server go and come back.
@@ -84,6 +209,11 @@ impl Drop for Subscription {
 impl Hub {
     /// Starts the hub task on the current runtime. The connection is made in the background.
     pub(crate) fn start(client: ::redis::Client) -> Self {
+        Self::start_on(Source::Single(Box::new(client)))
+    }
+
+    /// Starts the hub task for `source` on the current runtime, connecting in the background.
+    pub(crate) fn start_on(source: Source) -> Self {
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(HubInner {
             channels: StdMutex::new(HashMap::new()),
@@ -91,7 +221,7 @@ impl Hub {
             cmd: cmd_tx,
             reconnects: watch::Sender::new(0),
         });
-        tokio::spawn(run(client, Arc::downgrade(&inner), cmd_rx));
+        tokio::spawn(run(source, Arc::downgrade(&inner), cmd_rx));
         Self { inner }
     }
 
@@ -145,7 +275,7 @@ impl Hub {
         };
         if !subscribed {
             let mut sink = self.sink().await?;
-            sink.subscribe(&*channel).await.map_err(|e| {
+            sink.subscribe(&channel).await.map_err(|e| {
                 Error::new(ErrorKind::Backend, "redis subscribe failed").with_source(e)
             })?;
             let mut channels = self
@@ -160,7 +290,7 @@ impl Hub {
         Ok(sub)
     }
 
-    async fn sink(&self) -> Result<PubSubSink> {
+    async fn sink(&self) -> Result<Sink> {
         let mut rx = self.inner.sink.subscribe();
         let ready = tokio::time::timeout(CONNECT_WAIT, rx.wait_for(Option::is_some)).await;
         match ready {
@@ -177,6 +307,14 @@ fn unreachable_err() -> Error {
     )
 }
 
+/// Tells every mailbox to re-check: messages may have been missed.
+fn recheck_all(inner: &HubInner) {
+    let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+    for c in channels.values() {
+        c.mailboxes.values().for_each(|m| m.put(Wake::Recheck));
+    }
+}
+
 /// Whether any waiter has a mailbox (only then is the connection worth checking).
 fn anyone_waits(inner: &HubInner) -> bool {
     inner
@@ -187,23 +325,19 @@ fn anyone_waits(inner: &HubInner) -> bool {
         .any(|c| !c.mailboxes.is_empty())
 }
 
-async fn run(
-    client: ::redis::Client,
-    hub: Weak<HubInner>,
-    mut cmd: mpsc::UnboundedReceiver<Arc<str>>,
-) {
+async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiver<Arc<str>>) {
     let mut backoff = RECONNECT_MIN;
     let mut first = true;
     loop {
-        let pubsub = tokio::select! {
-            r = client.get_async_pubsub() => r,
+        let connected = tokio::select! {
+            r = connect(&source) => r,
             c = cmd.recv() => {
                 if c.is_none() { return; }
                 continue;
             }
         };
-        let (mut sink, mut stream) = match pubsub {
-            Ok(p) => p.split(),
+        let (mut sink, mut events) = match connected {
+            Ok(c) => c,
             Err(err) => {
                 tracing::debug!(error = %err, "redis pub/sub connect failed; retrying");
                 tokio::time::sleep(backoff).await;
@@ -224,7 +358,7 @@ async fn run(
         };
         let mut ok = true;
         for ch in &wanted {
-            if sink.subscribe(&**ch).await.is_err() {
+            if sink.subscribe(ch).await.is_err() {
                 ok = false;
                 break;
             }
@@ -239,11 +373,9 @@ async fn run(
                     c.subscribed = true;
                 }
             }
-            if !first {
-                for c in channels.values() {
-                    c.mailboxes.values().for_each(|m| m.put(Wake::Recheck));
-                }
-            }
+        }
+        if !first {
+            recheck_all(&inner);
         }
         if !first {
             // Holders: renew now, in case the server lost their locks while we were away.
@@ -264,13 +396,7 @@ async fn run(
                     ping_at = tokio::time::Instant::now() + PING_EVERY;
                     let Some(inner) = hub.upgrade() else { return };
                     if anyone_waits(&inner) {
-                        let mut pinger = sink.clone();
-                        ping = Some(Box::pin(async move {
-                            matches!(
-                                tokio::time::timeout(PING_DEADLINE, pinger.ping::<::redis::Value>()).await,
-                                Ok(Ok(_))
-                            )
-                        }));
+                        ping = Some(Box::pin(sink.clone().ping()));
                     }
                 }
                 alive = poll_some(&mut ping), if ping.is_some() => {
@@ -298,23 +424,42 @@ async fn run(
                         inner.channels.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&channel)
                     };
                     if expired(&inner) {
-                        let _ = sink.unsubscribe(&*channel).await;
+                        let _ = sink.unsubscribe(&channel).await;
                         // A waiter may have subscribed while the UNSUBSCRIBE was in flight and
                         // been overtaken by it: subscribe again for it.
                         if in_use(&inner) {
-                            let _ = sink.subscribe(&*channel).await;
+                            let _ = sink.subscribe(&channel).await;
                         }
                     }
                 }
-                msg = stream.next() => {
-                    let Some(msg) = msg else { break };
+                event = events.next() => {
+                    let Some(event) = event else { break };
                     let Some(inner) = hub.upgrade() else { return };
-                    let channel = msg.get_channel_name().to_owned();
-                    let Ok(payload) = msg.get_payload::<String>() else { continue };
-                    let Some((owner, wake)) = parse(&payload) else { continue };
-                    let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some(mailbox) = channels.get(channel.as_str()).and_then(|c| c.mailboxes.get(owner)) {
-                        mailbox.put(wake);
+                    match event {
+                        Event::Message { channel, payload } => {
+                            let Some((owner, wake)) = parse(&payload) else { continue };
+                            let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                            if let Some(mailbox) = channels.get(channel.as_str()).and_then(|c| c.mailboxes.get(owner)) {
+                                mailbox.put(wake);
+                            }
+                        }
+                        Event::Dropped => {
+                            tracing::debug!("a redis cluster pub/sub connection dropped; waiters re-check");
+                            recheck_all(&inner);
+                            inner.reconnects.send_modify(|n| *n += 1);
+                        }
+                        Event::Unsubscribed(channel) => {
+                            // Ours to end only once nobody uses it (then it left the map first).
+                            let in_use = inner.channels.lock().unwrap_or_else(|p| p.into_inner()).contains_key(channel.as_str());
+                            if in_use {
+                                tracing::debug!(channel, "redis ended a subscription; subscribing again");
+                                let _ = sink.subscribe(&channel).await;
+                                let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                                if let Some(c) = channels.get(channel.as_str()) {
+                                    c.mailboxes.values().for_each(|m| m.put(Wake::Recheck));
+                                }
+                            }
+                        }
                     }
                 }
                 c = cmd.recv() => {

@@ -248,23 +248,7 @@ impl RedlockBackend {
     /// The nodes of a `redlock://[user:password@]host:port,host:port,host:port[/db]` URL, as
     /// `redis://` URLs.
     pub(crate) fn urls_of(url: &str) -> Result<Vec<String>> {
-        let rest = url
-            .strip_prefix("redlock://")
-            .ok_or_else(|| Error::invalid_config("a redlock URL starts with `redlock://`"))?;
-        let (auth, rest) = match rest.rsplit_once('@') {
-            Some((auth, hosts)) => (format!("{auth}@"), hosts),
-            None => (String::new(), rest),
-        };
-        let (hosts, db) = match rest.split_once('/') {
-            Some((hosts, db)) => (hosts, format!("/{db}")),
-            None => (rest, "/".to_owned()),
-        };
-        let urls: Vec<String> = hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| format!("redis://{auth}{h}{db}"))
-            .collect();
-        Ok(urls)
+        super::redis::hosts_of(url, "redlock://")
     }
 }
 

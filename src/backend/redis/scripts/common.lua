@@ -11,15 +11,19 @@
 -- Owner tokens are "<client id>.<claim id>". Every time is the server's TIME; no client clock
 -- reaches a score.
 
--- How the queue is kept and whether the node may grant: here a list in arrival order, always;
--- Redlock replaces these (a zset by priority; a node that lost its data grants nothing for a
--- while). Looked up when called, so a file included later can replace them.
+-- How the queue is kept, whether the node may grant, how grants are announced and whether
+-- tokens stay above the server's clock. Here: a list in arrival order, always, PUBLISH, no.
+-- Redlock replaces the first two (a zset by priority; a node that lost its data grants
+-- nothing for a while), Redis Cluster the last two (sharded.lua). Looked up when called, so a
+-- file included later can replace them.
 local Q = {
   first = function(queue) return redis.call('LINDEX', queue, 0) end,
   pop = function(queue) redis.call('LPOP', queue) end,
   remove = function(queue, entry) redis.call('LREM', queue, 1, entry) end,
   len = function(queue) return redis.call('LLEN', queue) end,
   may_grant = function() return true end,
+  publish = function(channel, message) redis.call('PUBLISH', channel, message) end,
+  fence_floor = false,
 }
 
 -- Server time in ms and in µs, read once per script and only if needed.
@@ -47,13 +51,17 @@ end
 -- The next fencing token: one more than the last; a new counter (the old one expired, which
 -- it does `fence_ttl` after it was created) starts at server time in microseconds. Grants come
 -- far less often than once a microsecond, so that is above every token handed out before, and
--- the counter itself cannot leak.
+-- the counter itself cannot leak. With `Q.fence_floor` no token is below server time in µs at
+-- all, so a counter that a failover set back (its last increments never reached the promoted
+-- replica) still restarts above every token issued before.
 local function next_fence(fence, fence_ttl)
   local f = redis.call('INCR', fence)
-  if f == 1 then
+  if f == 1 or Q.fence_floor then
     local _, now_us = clock()
-    f = now_us
-    redis.call('SET', fence, int(f), 'PX', fence_ttl)
+    if f < now_us then
+      f = now_us
+      redis.call('SET', fence, int(f), 'PX', fence_ttl)
+    end
   end
   return f
 end
@@ -129,7 +137,7 @@ end
 
 -- Tells `owner` the lock is its, under a provisional lease: "<owner> <fence> <server ms> <px>".
 local function announce(prefix, owner, f, px)
-  redis.call('PUBLISH', channel_of(prefix, owner),
+  Q.publish(channel_of(prefix, owner),
     owner .. ' ' .. int(f) .. ' ' .. int(clock()) .. ' ' .. px)
 end
 
@@ -140,7 +148,7 @@ local function hint_next(prefix, queue, px)
   local next_in_line = Q.first(queue)
   if next_in_line then
     local _, owner = parse_entry(next_in_line)
-    redis.call('PUBLISH', channel_of(prefix, owner), owner .. ' ' .. int(clock()) .. ' ' .. px)
+    Q.publish(channel_of(prefix, owner), owner .. ' ' .. int(clock()) .. ' ' .. px)
   end
 end
 

@@ -1,0 +1,294 @@
+//! The lock contract on a real Redis Cluster (three primaries with a replica each, shared by
+//! this binary, a namespace per test): scripts routed by slot, grants announced on sharded
+//! pub/sub, renewals batched per slot, keys spread over every shard.
+#![cfg(feature = "redis-cluster")]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use distlock::LockClient;
+use futures::future::{join_all, BoxFuture};
+use support::cluster::shared_cluster;
+use support::contract::{contend, torture, torture_family};
+use support::family::{self, kinds_do_not_mix, rw_exclusion, rw_fifo, semaphore_bound};
+use tokio::time::{sleep, timeout};
+
+/// A reader-writer plan: `true` is a writer.
+const PLAN: [bool; 8] = [false, false, true, false, false, true, true, false];
+
+async fn client(ns: &str) -> LockClient {
+    LockClient::builder_for(&shared_cluster().url())
+        .await
+        .unwrap()
+        .namespace(ns)
+        .ttl(Duration::from_secs(3))
+        .build()
+        .unwrap()
+}
+
+async fn clients(ns: &str, n: usize) -> Vec<LockClient> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(client(ns).await);
+    }
+    out
+}
+
+/// `n` keys whose slots are served by `n` different primaries (n ≤ 3).
+fn spread_keys(prefix: &str, n: usize) -> Vec<String> {
+    let cluster = shared_cluster();
+    let mut seen = BTreeSet::new();
+    let mut keys = Vec::new();
+    for i in 0.. {
+        let key = format!("{prefix}{i}");
+        if seen.insert(cluster.primary_for(&key, 0)) {
+            keys.push(key);
+            if keys.len() == n {
+                break;
+            }
+        }
+    }
+    keys
+}
+
+/// How many claims wait on `key`: the length of its queue on the primary serving it.
+async fn queued_on(ns: &str, key: &str) -> usize {
+    let cluster = shared_cluster();
+    let port = cluster.nodes[cluster.primary_for(key, 0)].port();
+    let mut conn = support::redis::connection(&format!("redis://127.0.0.1:{port}/")).await;
+    redis::cmd("LLEN")
+        .arg(format!("{ns}:{{{key}}}:q"))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or(0)
+}
+
+fn queued(ns: &str, key: &str) -> impl Fn(usize) -> BoxFuture<'static, ()> + Sync {
+    let (ns, key) = (ns.to_owned(), key.to_owned());
+    move |n| {
+        let (ns, key) = (ns.clone(), key.clone());
+        Box::pin(async move {
+            timeout(Duration::from_secs(10), async {
+                while queued_on(&ns, &key).await != n {
+                    sleep(Duration::from_millis(2)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("expected {n} queued on `{key}`"));
+        })
+    }
+}
+
+/// Contention on three keys at once, one on each shard: exclusive, tokens increasing per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_on_every_shard() {
+    let ns = test_namespace!();
+    let keys = spread_keys("hot", 3);
+    let mut runs = Vec::new();
+    for key in &keys {
+        let c = clients(&ns, 4).await;
+        runs.push(async move { contend(c, key, 15, Duration::from_micros(300)).await });
+    }
+    join_all(runs).await;
+    shared_cluster().until_clean(&ns);
+}
+
+/// Waiters queued one after another are served in that order, woken over sharded pub/sub
+/// (the channel is a shard channel of the key's primary, not a classic one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_in_order_over_sharded_pub_sub() {
+    let ns = test_namespace!();
+    let key = "fifo";
+    let holder = client(&ns).await;
+    let first = holder.mutex(key).lock().await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let c = client(&ns).await;
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = c.mutex(key).lock().await.unwrap();
+            order.lock().unwrap().push((i, g.fencing_token()));
+            g.release().await.unwrap();
+            c.shutdown().await;
+        }));
+        queued(&ns, key)(i + 1).await;
+    }
+    let cluster = shared_cluster();
+    let port = cluster.nodes[cluster.primary_for(key, 0)].port();
+    let mut conn = support::redis::connection(&format!("redis://127.0.0.1:{port}/")).await;
+    let shard: Vec<String> = redis::cmd("PUBSUB")
+        .arg("SHARDCHANNELS")
+        .arg(format!("{ns}:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!shard.is_empty(), "no shard channel on the key's primary");
+    let classic: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("{ns}:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(classic.is_empty(), "classic channels: {classic:?}");
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(30), t).await.unwrap().unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let served: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(served, (0..6).collect::<Vec<_>>());
+    let mut last = token;
+    for (_, f) in order {
+        assert!(f > last);
+        last = f;
+    }
+    holder.shutdown().await;
+    cluster.until_clean(&ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquisitions_leave_nothing_behind() {
+    let ns = test_namespace!();
+    torture(
+        clients(&ns, 3).await,
+        clients(&ns, 3).await,
+        "torture",
+        25,
+        80,
+        Duration::from_micros(50),
+    )
+    .await;
+    shared_cluster().until_clean(&ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_family_futures_leave_nothing_behind() {
+    let ns = test_namespace!();
+    torture_family(|n| clients(&ns, n), 15, 60).await;
+    shared_cluster().until_clean(&ns);
+}
+
+/// Many locks over every slot range held through several TTLs: renewal, one script call per
+/// slot, keeps every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_per_slot_keeps_locks_on_every_shard() {
+    let ns = test_namespace!();
+    let c = LockClient::builder_for(&shared_cluster().url())
+        .await
+        .unwrap()
+        .namespace(ns.as_str())
+        .ttl(Duration::from_millis(900))
+        .build()
+        .unwrap();
+    let mut guards = Vec::new();
+    for i in 0..60 {
+        guards.push(c.mutex(format!("held{i}")).lock().await.unwrap());
+    }
+    sleep(Duration::from_millis(3000)).await;
+    assert!(guards.iter().all(|g| !g.is_lost()), "a lock was lost");
+    let other = client(&ns).await;
+    for i in [0, 17, 59] {
+        assert!(other
+            .mutex(format!("held{i}"))
+            .try_lock()
+            .await
+            .unwrap_err()
+            .is_would_block());
+    }
+    drop(guards);
+    c.shutdown().await;
+    other.shutdown().await;
+    shared_cluster().until_clean(&ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_exclusion_and_tokens() {
+    let ns = test_namespace!();
+    rw_exclusion(clients(&ns, 6).await, "rw", 15, 4).await;
+    shared_cluster().until_clean(&ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_fifo_with_readers_together() {
+    let ns = test_namespace!();
+    let c = clients(&ns, PLAN.len() + 1).await;
+    rw_fifo(c, "rw", &PLAN, &queued(&ns, "rw")).await;
+    shared_cluster().until_clean(&ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_never_exceeds_its_permits() {
+    let ns = test_namespace!();
+    semaphore_bound(clients(&ns, 6).await, "sem", 3, 15).await;
+    shared_cluster().until_clean(&ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_head_is_not_overtaken() {
+    let ns = test_namespace!();
+    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+    family::semaphore_head_is_not_overtaken(c, "sem", &queued(&ns, "sem")).await;
+    shared_cluster().until_clean(&ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_keeps_queued_writers_out() {
+    let ns = test_namespace!();
+    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+    family::downgrade_keeps_queued_writers_out(c, "rw", &queued(&ns, "rw")).await;
+    shared_cluster().until_clean(&ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_sees_the_family() {
+    let ns = test_namespace!();
+    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+    let (q_rw, q_sem) = (queued(&ns, "k:rw"), queued(&ns, "k:sem"));
+    family::inspect_sees_the_family(c, "k", true, &q_rw, &q_sem).await;
+    shared_cluster().until_clean(&ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinds_do_not_mix_on_a_cluster() {
+    let ns = test_namespace!();
+    let c: [LockClient; 2] = clients(&ns, 2).await.try_into().unwrap();
+    kinds_do_not_mix(c, "k", true).await;
+    shared_cluster().until_clean(&ns);
+}
+
+/// A multi-lock over keys on different shards takes them all, in order, and frees them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_locks_span_shards() {
+    let ns = test_namespace!();
+    let keys = spread_keys("multi", 3);
+    let a = client(&ns).await;
+    let b = client(&ns).await;
+    let all = a.multi_lock(keys.clone()).lock().await.unwrap();
+    for k in &keys {
+        assert!(b.mutex(k).try_lock().await.unwrap_err().is_would_block());
+    }
+    drop(all);
+    let again = timeout(Duration::from_secs(5), b.multi_lock(keys).lock())
+        .await
+        .unwrap()
+        .unwrap();
+    drop(again);
+    a.shutdown().await;
+    b.shutdown().await;
+    shared_cluster().until_clean(&ns);
+}
+
+#[tokio::test]
+async fn bad_cluster_urls_are_clear_errors() {
+    let err = LockClient::connect("redis+cluster://").await.unwrap_err();
+    assert!(err.is_invalid_config(), "{err}");
+    let dead = format!("redis+cluster://127.0.0.1:{}", support::free_port());
+    let started = std::time::Instant::now();
+    let err = LockClient::connect(&dead).await.unwrap_err();
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+}

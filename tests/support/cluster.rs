@@ -1,0 +1,260 @@
+//! A Redis Cluster on loopback: three primaries, each with one replica, every node a real
+//! `redis-server --cluster-enabled yes`, joined by `redis-cli --cluster create`.
+
+use std::time::{Duration, Instant};
+
+use super::{free_port, require_binary, RedisServer};
+
+/// How long a node may wait for a silent peer before it counts as failing (kept short so a
+/// killed primary's replica takes over within a couple of seconds).
+const NODE_TIMEOUT_MS: &str = "1000";
+
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+/// One line of `CLUSTER NODES`, as far as the tests need it.
+#[derive(Debug, Clone)]
+pub struct NodeLine {
+    pub id: String,
+    pub port: u16,
+    pub primary: bool,
+    pub failed: bool,
+    /// The primary this node replicates, if it is a replica.
+    pub replicates: Option<String>,
+    /// Slot ranges served, for a primary.
+    pub slots: Vec<(u16, u16)>,
+}
+
+fn query<T: redis::FromRedisValue>(port: u16, cmd: &mut redis::Cmd) -> redis::RedisResult<T> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    cmd.query(&mut conn)
+}
+
+impl RedisCluster {
+    /// Starts six nodes and joins them into a cluster; returns once every slot is served and
+    /// every replica is in sync with its primary.
+    pub fn start() -> Self {
+        let cli = require_binary("redis-cli");
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| {
+                let bus = free_port().to_string();
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    NODE_TIMEOUT_MS,
+                    "--cluster-port",
+                    &bus,
+                    // A replica may take over at once, however long ago it heard its primary.
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = std::process::Command::new(cli)
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = Self { nodes };
+        cluster.until_settled(Duration::from_secs(60));
+        cluster
+    }
+
+    /// Seed URL for `LockClient::connect` (the three first nodes).
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .take(3)
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// `CLUSTER NODES` as node `i` sees it.
+    pub fn view(&self, i: usize) -> Vec<NodeLine> {
+        let text: String =
+            query(self.nodes[i].port(), redis::cmd("CLUSTER").arg("NODES")).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let port = f
+                    .get(1)?
+                    .split('@')
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                let flags = f.get(2)?;
+                let slots = f
+                    .iter()
+                    .skip(8)
+                    .filter(|s| !s.starts_with('['))
+                    .filter_map(|s| {
+                        let (a, b) = s.split_once('-').unwrap_or((s, s));
+                        Some((a.parse().ok()?, b.parse().ok()?))
+                    })
+                    .collect();
+                Some(NodeLine {
+                    id: f.first()?.to_string(),
+                    port,
+                    primary: flags.contains("master"),
+                    failed: flags.contains("fail"),
+                    replicates: f.get(3).filter(|m| **m != "-").map(|m| m.to_string()),
+                    slots,
+                })
+            })
+            .collect()
+    }
+
+    fn index_of_port(&self, port: u16) -> Option<usize> {
+        self.nodes.iter().position(|n| n.port() == port)
+    }
+
+    /// The node serving `key`'s slot, as node `from` sees it.
+    pub fn primary_for(&self, key: &str, from: usize) -> usize {
+        let slot: u16 = query(
+            self.nodes[from].port(),
+            redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+        )
+        .expect("CLUSTER KEYSLOT");
+        let view = self.view(from);
+        let line = view
+            .iter()
+            .find(|n| {
+                n.primary && !n.failed && n.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot))
+            })
+            .unwrap_or_else(|| panic!("no primary serves slot {slot}: {view:?}"));
+        self.index_of_port(line.port).expect("a node of ours")
+    }
+
+    /// A replica of the primary at index `primary`.
+    pub fn replica_of(&self, primary: usize) -> usize {
+        let view = self.view(primary);
+        let id = &view
+            .iter()
+            .find(|n| n.port == self.nodes[primary].port())
+            .expect("the node itself")
+            .id;
+        let replica = view
+            .iter()
+            .find(|n| n.replicates.as_deref() == Some(id) && !n.failed)
+            .unwrap_or_else(|| panic!("no replica of node {primary}: {view:?}"));
+        self.index_of_port(replica.port).expect("a node of ours")
+    }
+
+    /// Waits until every live node says the cluster is ok, every slot is served by a primary
+    /// that is not failing, and every primary has a replica in sync.
+    pub fn until_settled(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.settled() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not settle: {:?}",
+                self.view(0)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn settled(&self) -> bool {
+        for (i, node) in self.nodes.iter().enumerate() {
+            let info: String = match query(node.port(), redis::cmd("CLUSTER").arg("INFO")) {
+                Ok(info) => info,
+                Err(_) => return false,
+            };
+            if !info.contains("cluster_state:ok") || !info.contains("cluster_slots_ok:16384") {
+                return false;
+            }
+            let view = self.view(i);
+            if view.iter().any(|n| n.failed) {
+                return false;
+            }
+            let repl: String = match query(node.port(), redis::cmd("INFO").arg("replication")) {
+                Ok(r) => r,
+                Err(_) => return false,
+            };
+            if repl.contains("role:slave") && !repl.contains("master_link_status:up") {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// `CLUSTER FAILOVER` on the replica at index `replica`: it and its primary swap roles
+    /// without losing a write. Returns once the cluster agrees.
+    pub fn failover(&self, replica: usize) {
+        let _: () = query(
+            self.nodes[replica].port(),
+            redis::cmd("CLUSTER").arg("FAILOVER"),
+        )
+        .expect("CLUSTER FAILOVER");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let me = self.view(replica);
+            let promoted = me
+                .iter()
+                .any(|n| n.port == self.nodes[replica].port() && n.primary);
+            if promoted && self.settled() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "failover did not finish: {me:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Keys of namespace `ns` on every primary, except fencing counters.
+    pub fn leftovers(&self, ns: &str) -> Vec<String> {
+        let mut left = Vec::new();
+        for node in &self.nodes {
+            let keys: Vec<String> =
+                query(node.port(), redis::cmd("KEYS").arg(format!("{ns}:*"))).unwrap_or_default();
+            let role: String =
+                query(node.port(), redis::cmd("INFO").arg("replication")).unwrap_or_default();
+            if role.contains("role:master") {
+                left.extend(keys.into_iter().filter(|k| !k.ends_with(":fence")));
+            }
+        }
+        left
+    }
+
+    /// Waits until the namespace holds nothing but fencing counters on any primary.
+    pub fn until_clean(&self, ns: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = self.leftovers(ns);
+            if left.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "keys left behind: {left:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// One cluster shared by every test of a binary; tests keep apart by namespace.
+pub fn shared_cluster() -> &'static RedisCluster {
+    static CLUSTER: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
