@@ -224,6 +224,114 @@ impl RedisCluster {
         }
     }
 
+    /// SIGKILLs the primary at index `primary` (its unreplicated writes are lost with it),
+    /// waits until its replica at index `replica` has taken over, then starts the killed node
+    /// again on its old config (it rejoins as a replica) and waits until the cluster settles.
+    pub fn kill_primary(&mut self, primary: usize, replica: usize) {
+        let port = self.nodes[replica].port();
+        self.nodes[primary].restart_after(|| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let text: String =
+                    query(port, redis::cmd("CLUSTER").arg("NODES")).unwrap_or_default();
+                if text
+                    .lines()
+                    .any(|l| l.contains("myself") && l.contains("master"))
+                {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the replica never took over:\n{text}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        self.until_settled(Duration::from_secs(60));
+    }
+
+    /// Moves `key`'s slot from the primary serving it to another primary (the `redis-cli
+    /// --cluster reshard` steps: IMPORTING, MIGRATING, MIGRATE of every key, then NODE).
+    /// Returns the index of the new owner.
+    pub fn migrate_slot_of(&self, key: &str) -> usize {
+        let from = self.primary_for(key, 0);
+        let view = self.view(0);
+        let id_of = |i: usize| {
+            view.iter()
+                .find(|n| n.port == self.nodes[i].port())
+                .expect("a node of ours")
+                .id
+                .clone()
+        };
+        let to = view
+            .iter()
+            .filter(|n| n.primary && !n.failed && n.port != self.nodes[from].port())
+            .find_map(|n| self.index_of_port(n.port))
+            .expect("another primary");
+        let slot: u16 = query(
+            self.nodes[from].port(),
+            redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+        )
+        .expect("CLUSTER KEYSLOT");
+        let (from_id, to_id) = (id_of(from), id_of(to));
+        let setslot = |node: usize, how: &str, id: &str| {
+            let _: () = query(
+                self.nodes[node].port(),
+                redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg(how)
+                    .arg(id),
+            )
+            .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {how} on node {node}: {e}"));
+        };
+        setslot(to, "IMPORTING", &from_id);
+        setslot(from, "MIGRATING", &to_id);
+        loop {
+            let keys: Vec<String> = query(
+                self.nodes[from].port(),
+                redis::cmd("CLUSTER")
+                    .arg("GETKEYSINSLOT")
+                    .arg(slot)
+                    .arg(100),
+            )
+            .expect("CLUSTER GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            let _: redis::Value = query(
+                self.nodes[from].port(),
+                redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(self.nodes[to].port())
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("REPLACE")
+                    .arg("KEYS")
+                    .arg(&keys),
+            )
+            .expect("MIGRATE");
+        }
+        for node in [to, from] {
+            setslot(node, "NODE", &to_id);
+        }
+        for i in 0..self.nodes.len() {
+            if i != to && i != from {
+                let _: redis::RedisResult<()> = query(
+                    self.nodes[i].port(),
+                    redis::cmd("CLUSTER")
+                        .arg("SETSLOT")
+                        .arg(slot)
+                        .arg("NODE")
+                        .arg(&to_id),
+                );
+            }
+        }
+        self.until_settled(Duration::from_secs(60));
+        to
+    }
+
     /// Keys of namespace `ns` on every primary, except fencing counters.
     pub fn leftovers(&self, ns: &str) -> Vec<String> {
         let mut left = Vec::new();

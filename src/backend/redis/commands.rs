@@ -1,8 +1,9 @@
-//! Where commands go: our own auto-reconnecting connection, or a pool the application already
-//! has. Every call has a deadline. A call that failed on the connection is sent again at once,
-//! which is safe because every script is idempotent: the retry waits on the connection
-//! manager's reconnect (or the pool's checkout), not on a timer of ours. A longer outage is
-//! reported as a transient error to the layer above.
+//! Where commands go: our own auto-reconnecting connection, a Cluster connection, or a pool the
+//! application already has. Every call has a deadline. A call that failed on the connection is
+//! sent again at once, which is safe because every script is idempotent: the retry waits on the
+//! connection manager's reconnect (or the pool's checkout), not on a timer of ours. A call the
+//! server refused for now (a Cluster slot moving or without a primary) is sent again after a
+//! short back-off. A longer outage is reported as a transient error to the layer above.
 
 use std::time::Duration;
 
@@ -16,6 +17,11 @@ use crate::error::{Error, ErrorKind, Result};
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many times a call that failed on the connection is sent again.
 const RETRIES: usize = 2;
+/// A call the server answered with "not now" (see [`passing`]) is sent again after this pause,
+/// doubling up to [`PASSING_PAUSE_MAX`] (about 0.8 s in all: a slot migration's moment); then
+/// the error goes up, marked transient, for the layer above to ride out a longer failover.
+const PASSING_PAUSE_MIN: Duration = Duration::from_millis(25);
+const PASSING_PAUSE_MAX: Duration = Duration::from_millis(400);
 
 #[derive(Clone)]
 pub(crate) enum Commands {
@@ -72,6 +78,7 @@ impl Commands {
     ) -> Result<(T, bool, Instant)> {
         let mut retries = RETRIES;
         let mut in_doubt = false;
+        let mut pause = PASSING_PAUSE_MIN;
         loop {
             let sent = Instant::now();
             let failure = match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
@@ -92,6 +99,16 @@ impl Commands {
                 }
                 Failure::Pool(_) => true,
             };
+            if !retry && passing(&failure) {
+                // A script stopped at a key that migrated may have written before it.
+                in_doubt |= matches!(&failure, Failure::Redis(e) if e.to_string().contains("non local key"));
+                if pause <= PASSING_PAUSE_MAX {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                    continue;
+                }
+                return Err(describe(what, failure).transient());
+            }
             match retries.checked_sub(1) {
                 Some(left) if retry => retries = left,
                 _ if retry => return Err(describe(what, failure).transient()),
@@ -136,6 +153,37 @@ impl Commands {
             }
         }
     }
+}
+
+/// A server's answer that says "not now" rather than "no": a cluster without a primary for the
+/// slot (a failover in progress), a slot in migration or moved more often than the cluster
+/// connection follows in one call (or a script that met a key already migrated), a replica
+/// that lost its primary, a server loading its data, or a primary just turned replica. Waiters and renewals ride it out.
+fn passing(failure: &Failure) -> bool {
+    use ::redis::{ErrorKind as K, ServerErrorKind as S};
+    let Failure::Redis(e) = failure else {
+        return false;
+    };
+    // A script that touched a key of a slot in migration that already left this node (the
+    // call is idempotent: asked again, it runs where the slot now is).
+    if e.to_string().contains("non local key") {
+        return true;
+    }
+    matches!(
+        failure,
+        Failure::Redis(e) if matches!(
+            e.kind(),
+            K::Server(
+                S::ClusterDown
+                    | S::TryAgain
+                    | S::Moved
+                    | S::Ask
+                    | S::MasterDown
+                    | S::BusyLoading
+                    | S::ReadOnly
+            )
+        )
+    )
 }
 
 fn describe(what: &str, failure: Failure) -> Error {
