@@ -212,6 +212,8 @@ impl LockClient {
     /// A client for a URL naming the service: `memory:` (or an empty string) for the in-process
     /// backend, `redis://…` / `rediss://…` for Redis,
     /// `redis+cluster://[user:password@]host:port,host:port` for a Redis Cluster (seed nodes),
+    /// `redis+sentinel://[user:password@]host:port,host:port/<master>[/<db>]` for the primary
+    /// the sentinels at those addresses name,
     /// `redlock://[user:password@]host:port,host:port,host:port[/db]` for a Redlock over
     /// independent Redis nodes, `zk://host:port[,host:port][/chroot]` for
     /// ZooKeeper, `postgres://…` for PostgreSQL. Handy for a `DISTLOCK_URL` setting; each scheme needs its backend's feature.
@@ -265,6 +267,8 @@ impl LockClient {
     /// # }
     /// ```
     pub async fn builder_for(url: &str) -> Result<LockClientBuilder> {
+        // Each backend's connect is boxed: their futures are large and deep, and one frame
+        // holding them all side by side is more than the compiler lays out by default.
         let scheme = url
             .split_once("://")
             .map_or(url.trim_end_matches(':'), |(s, _)| s);
@@ -273,32 +277,36 @@ impl LockClient {
             "" | "memory" => Ok(Self::builder(crate::backend::MemoryBackend::new())),
             #[cfg(feature = "redis")]
             "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::builder(
-                crate::backend::RedisBackend::connect(url).await?,
+                Box::pin(crate::backend::RedisBackend::connect(url)).await?,
             )),
             #[cfg(feature = "redis-cluster")]
             "redis+cluster" => Ok(Self::builder(
-                crate::backend::RedisBackend::connect(url).await?,
+                Box::pin(crate::backend::RedisBackend::connect(url)).await?,
+            )),
+            #[cfg(feature = "redis-sentinel")]
+            "redis+sentinel" => Ok(Self::builder(
+                Box::pin(crate::backend::RedisBackend::connect(url)).await?,
             )),
             #[cfg(feature = "redlock")]
             "redlock" => Ok(Self::builder(
-                crate::backend::RedlockBackend::connect(
+                Box::pin(crate::backend::RedlockBackend::connect(
                     crate::backend::RedlockBackend::urls_of(url)?,
-                )
+                ))
                 .await?,
             )),
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => Ok(Self::builder(
-                crate::backend::PgBackend::connect(url).await?,
+                Box::pin(crate::backend::PgBackend::connect(url)).await?,
             )),
             #[cfg(feature = "zookeeper")]
             "zk" | "zookeeper" => {
                 let rest = url.split_once("://").map_or("", |(_, r)| r);
-                let backend = crate::backend::ZkBackend::connect(rest).await?;
+                let backend = Box::pin(crate::backend::ZkBackend::connect(rest)).await?;
                 let ttl = backend.session_timeout();
                 Ok(Self::builder(backend).ttl(ttl))
             }
             other => Err(Error::invalid_config(format_args!(
-                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, redis+cluster://, redlock://, zk://, postgres:// with features memory, redis, redis-tls, redis-cluster, redlock, zookeeper, postgres)"
+                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://, zk://, postgres:// with features memory, redis, redis-tls, redis-cluster, redis-sentinel, redlock, zookeeper, postgres)"
             ))),
         }
     }

@@ -26,11 +26,7 @@ pub struct NodeLine {
     pub slots: Vec<(u16, u16)>,
 }
 
-fn query<T: redis::FromRedisValue>(port: u16, cmd: &mut redis::Cmd) -> redis::RedisResult<T> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
-    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
-    cmd.query(&mut conn)
-}
+use super::query_port as query;
 
 impl RedisCluster {
     /// Starts six nodes and joins them into a cluster; returns once every slot is served and

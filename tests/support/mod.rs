@@ -21,6 +21,8 @@ pub mod proxy;
 pub mod redis;
 #[cfg(feature = "redlock")]
 pub mod redlock;
+#[cfg(feature = "redis-sentinel")]
+pub mod sentinel;
 #[cfg(feature = "zookeeper")]
 pub mod zk;
 
@@ -41,6 +43,17 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port on loopback");
     listener.local_addr().expect("local addr").port()
+}
+
+/// Runs one command on the Redis server (or sentinel) at `port`, with a short timeout.
+#[cfg(feature = "redis")]
+pub fn query_port<T: ::redis::FromRedisValue>(
+    port: u16,
+    cmd: &mut ::redis::Cmd,
+) -> ::redis::RedisResult<T> {
+    let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    cmd.query(&mut conn)
 }
 
 /// Finds an executable on PATH, or fails the test naming the install script.
@@ -269,6 +282,11 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// SIGKILLs the server (every key it held is gone with it); it stays down.
+    pub fn kill(&mut self) {
+        self.process.stop();
     }
 
     pub fn url(&self) -> String {

@@ -29,6 +29,9 @@ pub(crate) enum Commands {
     /// A Redis Cluster: each script goes to the primary of its keys' slot, following `MOVED`.
     #[cfg(feature = "redis-cluster")]
     Cluster(::redis::cluster_async::ClusterConnection),
+    /// The primary the sentinels name, followed across failovers.
+    #[cfg(feature = "redis-sentinel")]
+    Sentinel(std::sync::Arc<super::sentinel::Sentinel>),
     #[cfg(feature = "redis-deadpool")]
     Deadpool(deadpool_redis::Pool),
     #[cfg(feature = "redis-bb8")]
@@ -131,6 +134,17 @@ impl Commands {
                 .invoke_async(&mut conn.clone())
                 .await
                 .map_err(Failure::Redis),
+            #[cfg(feature = "redis-sentinel")]
+            Self::Sentinel(sentinel) => {
+                let mut conn = sentinel.connection().await.map_err(Failure::Redis)?;
+                let reply = inv.invoke_async(&mut conn).await;
+                if let Err(e) = &reply {
+                    if super::sentinel::stale(e) {
+                        sentinel.forget();
+                    }
+                }
+                reply.map_err(Failure::Redis)
+            }
             #[cfg(feature = "redis-deadpool")]
             Self::Deadpool(pool) => {
                 let mut conn = pool.get().await.map_err(|e| {

@@ -24,6 +24,8 @@
 mod cluster;
 pub(crate) mod commands;
 pub(crate) mod notify;
+#[cfg(feature = "redis-sentinel")]
+mod sentinel;
 
 use std::sync::{Arc, LazyLock, Mutex as StdMutex};
 use std::time::Duration;
@@ -79,8 +81,15 @@ impl Scripts {
 
 static PLAIN: LazyLock<Scripts> = LazyLock::new(|| Scripts::with(""));
 #[cfg(feature = "redis-cluster")]
-static SHARDED: LazyLock<Scripts> =
-    LazyLock::new(|| Scripts::with(include_str!("scripts/sharded.lua")));
+static SHARDED: LazyLock<Scripts> = LazyLock::new(|| {
+    Scripts::with(concat!(
+        include_str!("scripts/failover.lua"),
+        include_str!("scripts/sharded.lua")
+    ))
+});
+#[cfg(feature = "redis-sentinel")]
+static FAILOVER: LazyLock<Scripts> =
+    LazyLock::new(|| Scripts::with(include_str!("scripts/failover.lua")));
 
 /// Locks on a Redis server (or Valkey, KeyDB, Tair: the same scripts run there).
 ///
@@ -111,6 +120,7 @@ struct Inner {
     commands: Commands,
     scripts: &'static Scripts,
     /// A Redis Cluster: renewals go one script call per slot.
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     cluster: bool,
     hub: Hub,
     handoff_ttl: Duration,
@@ -303,6 +313,10 @@ impl RedisBackendBuilder {
         if cluster::is_cluster_url(&self.url) {
             return self.build_cluster().await;
         }
+        #[cfg(feature = "redis-sentinel")]
+        if sentinel::is_sentinel_url(&self.url) {
+            return self.build_sentinel().await;
+        }
         let client = self
             .client()
             .map_err(|e| Error::invalid_config("malformed redis url").with_source(e))?;
@@ -334,6 +348,36 @@ impl RedisBackendBuilder {
                 scripts: &PLAIN,
                 cluster: false,
                 hub: Hub::start(client),
+                handoff_ttl: self.handoff_ttl,
+                client_id: handoff::client_id(),
+            }),
+        })
+    }
+
+    /// [`build`](Self::build) for a `redis+sentinel://` URL.
+    #[cfg(feature = "redis-sentinel")]
+    async fn build_sentinel(self) -> Result<RedisBackend> {
+        let sentinel = Arc::new(sentinel::Sentinel::from_url(&self.url)?);
+        tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+        let commands = match self.source {
+            Source::Own => Commands::Sentinel(sentinel.clone()),
+            #[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]
+            _ => {
+                return Err(Error::invalid_config(
+                    "a sentinel-managed primary is followed by the backend's own connection; a pool cannot follow it",
+                ))
+            }
+        };
+        let probe = Script::new("return 1");
+        commands
+            .invoke::<i64>("connect", &probe.prepare_invoke())
+            .await?;
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                commands,
+                scripts: &FAILOVER,
+                cluster: false,
+                hub: Hub::start_on(notify::Source::Sentinel(sentinel)),
                 handoff_ttl: self.handoff_ttl,
                 client_id: handoff::client_id(),
             }),
@@ -475,15 +519,6 @@ impl RedisTicket {
     }
 }
 
-/// The Cluster hash slot of a key (its hash tag's, if it has one).
-#[cfg(feature = "redis-cluster")]
-fn key_slot(key: &str) -> ::redis::cluster_routing::Slot {
-    ::redis::cluster_routing::Slot::for_key(key)
-}
-
-#[cfg(not(feature = "redis-cluster"))]
-fn key_slot(_key: &str) {}
-
 /// A duration in whole milliseconds for a script argument, at least 1.
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -497,21 +532,20 @@ impl RedisBackend {
     /// The claims to renew in one script call each, by index: all of them on one server; on a
     /// Cluster one group per slot (a script's keys must share a slot), sent together.
     fn renewal_groups(&self, claims: &[(&Claim, &RedisTicket)]) -> Vec<Vec<usize>> {
-        if !self.inner.cluster {
-            return vec![(0..claims.len()).collect()];
-        }
-        let mut groups = Vec::new();
-        for (i, (claim, _)) in claims.iter().enumerate() {
-            let slot = key_slot(&Keys::new(claim, &self.inner.client_id).lock);
-            match groups
-                .iter_mut()
-                .find(|(s, _): &&mut (_, Vec<usize>)| *s == slot)
-            {
-                Some((_, group)) => group.push(i),
-                None => groups.push((slot, vec![i])),
+        #[cfg(feature = "redis-cluster")]
+        if self.inner.cluster {
+            let mut groups: Vec<(::redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+            for (i, (claim, _)) in claims.iter().enumerate() {
+                let lock = Keys::new(claim, &self.inner.client_id).lock;
+                let slot = ::redis::cluster_routing::Slot::for_key(&lock);
+                match groups.iter_mut().find(|(s, _)| *s == slot) {
+                    Some((_, group)) => group.push(i),
+                    None => groups.push((slot, vec![i])),
+                }
             }
+            return groups.into_iter().map(|(_, group)| group).collect();
         }
-        groups.into_iter().map(|(_, group)| group).collect()
+        vec![(0..claims.len()).collect()]
     }
 
     /// Renews the claims at `group` (indices into `claims`) in one script call; a failed call

@@ -57,6 +57,9 @@ pub(crate) enum Source {
     /// A Redis Cluster, from these seed node URLs.
     #[cfg(feature = "redis-cluster")]
     Cluster(Vec<String>),
+    /// The primary the sentinels name, asked again at every reconnect.
+    #[cfg(feature = "redis-sentinel")]
+    Sentinel(Arc<super::sentinel::Sentinel>),
 }
 
 /// Sends (un)subscriptions and PINGs.
@@ -119,17 +122,12 @@ async fn connect(source: &Source) -> ::redis::RedisResult<(Sink, Events)> {
     match source {
         Source::Single(client) => {
             let (sink, stream) = client.get_async_pubsub().await?.split();
-            let events = stream.filter_map(|msg| {
-                let event = msg
-                    .get_payload::<String>()
-                    .ok()
-                    .map(|payload| Event::Message {
-                        channel: msg.get_channel_name().to_owned(),
-                        payload,
-                    });
-                futures::future::ready(event)
-            });
-            Ok((Sink::Single(sink), Box::pin(events)))
+            Ok((Sink::Single(sink), Box::pin(single_events(stream))))
+        }
+        #[cfg(feature = "redis-sentinel")]
+        Source::Sentinel(sentinel) => {
+            let (sink, stream) = sentinel.pubsub().await?.split();
+            Ok((Sink::Single(sink), Box::pin(single_events(stream))))
         }
         #[cfg(feature = "redis-cluster")]
         Source::Cluster(seeds) => {
@@ -149,6 +147,22 @@ async fn connect(source: &Source) -> ::redis::RedisResult<(Sink, Events)> {
             Ok((Sink::Cluster(conn), Box::pin(events)))
         }
     }
+}
+
+/// The messages of a one-server pub/sub connection; they end when it drops.
+fn single_events(
+    stream: impl Stream<Item = ::redis::Msg> + Send + 'static,
+) -> impl Stream<Item = Event> + Send + 'static {
+    stream.filter_map(|msg| {
+        let event = msg
+            .get_payload::<String>()
+            .ok()
+            .map(|payload| Event::Message {
+                channel: msg.get_channel_name().to_owned(),
+                payload,
+            });
+        futures::future::ready(event)
+    })
 }
 
 #[cfg(feature = "redis-cluster")]

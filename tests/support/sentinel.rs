@@ -1,0 +1,133 @@
+//! A Sentinel-managed primary on loopback: one primary, one replica, three sentinels
+//! (`redis-server <conf> --sentinel`) that promote the replica when the primary goes down.
+
+use std::time::{Duration, Instant};
+
+use super::{launch, query_port, require_binary, RedisServer, Supervised};
+
+/// The master name the sentinels monitor.
+pub const MASTER: &str = "distlock";
+
+pub struct SentinelSetup {
+    pub primary: RedisServer,
+    pub replica: RedisServer,
+    sentinels: Vec<(Supervised, u16, tempfile::TempDir)>,
+}
+
+impl SentinelSetup {
+    pub fn start() -> Self {
+        let primary = RedisServer::start();
+        let replica =
+            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+        let bin = require_binary("redis-server");
+        let sentinels = (0..3)
+            .map(|_| {
+                launch(
+                    "redis sentinel",
+                    &["sentinel.log", "stdout.log"],
+                    |port, dir| {
+                        let conf = dir.join("sentinel.conf");
+                        let text = format!(
+                            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nlogfile {log}\n\
+                             sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
+                             sentinel down-after-milliseconds {MASTER} 1000\n\
+                             sentinel failover-timeout {MASTER} 5000\n\
+                             sentinel parallel-syncs {MASTER} 1\n",
+                            dir = dir.display(),
+                            log = dir.join("sentinel.log").display(),
+                            primary = primary.port(),
+                        );
+                        std::fs::write(&conf, text).expect("write sentinel.conf");
+                        (
+                            bin.clone(),
+                            vec![conf.display().to_string(), "--sentinel".into()],
+                        )
+                    },
+                    |port| query_port::<String>(port, &mut redis::cmd("PING")).is_ok(),
+                )
+            })
+            .collect();
+        let setup = Self {
+            primary,
+            replica,
+            sentinels,
+        };
+        setup.until_ready(Duration::from_secs(60));
+        setup
+    }
+
+    /// `redis+sentinel://…/distlock` naming the three sentinels.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(_, port, _)| format!("127.0.0.1:{port}"))
+            .collect();
+        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+    }
+
+    /// The primary's port, as each sentinel answers (`None` where one does not).
+    pub fn primary_port_seen(&self) -> Vec<Option<u16>> {
+        self.sentinels
+            .iter()
+            .map(|(_, port, _)| {
+                let addr: Vec<String> = query_port(
+                    *port,
+                    redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(MASTER),
+                )
+                .ok()?;
+                addr.get(1)?.parse().ok()
+            })
+            .collect()
+    }
+
+    /// Waits until the replica is in sync and every sentinel knows it and the two others.
+    fn until_ready(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let repl: String =
+                query_port(self.replica.port(), redis::cmd("INFO").arg("replication"))
+                    .unwrap_or_default();
+            let synced = repl.contains("master_link_status:up");
+            let known = self.sentinels.iter().all(|(_, port, _)| {
+                let replicas: Vec<redis::Value> =
+                    query_port(*port, redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER))
+                        .unwrap_or_default();
+                let others: Vec<redis::Value> =
+                    query_port(*port, redis::cmd("SENTINEL").arg("SENTINELS").arg(MASTER))
+                        .unwrap_or_default();
+                replicas.len() == 1 && others.len() == 2
+            });
+            if synced && known {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels did not settle (replica synced: {synced})"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGKILLs the primary and waits until every sentinel names the replica instead.
+    pub fn kill_primary(&mut self) {
+        self.primary.kill();
+        let replica = self.replica.port();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let seen = self.primary_port_seen();
+            let role: String =
+                query_port(replica, redis::cmd("INFO").arg("replication")).unwrap_or_default();
+            if seen.iter().all(|p| *p == Some(replica)) && role.contains("role:master") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels did not promote the replica: {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
