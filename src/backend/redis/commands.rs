@@ -120,6 +120,46 @@ impl Commands {
         }
     }
 
+    /// `WAIT replicas timeout` on the connection that ran the last script for `key` (the
+    /// primary serving it): how many replicas acknowledged every write made over it so far.
+    /// Only the backend's own connections can say (a pool's next connection is another).
+    pub(crate) async fn acked_by(&self, key: &str, replicas: u32, within: Duration) -> Result<i64> {
+        let mut wait = ::redis::cmd("WAIT");
+        wait.arg(replicas)
+            .arg(u64::try_from(within.as_millis()).unwrap_or(u64::MAX));
+        let _ = key;
+        let asked = async {
+            match self {
+                Self::Own(conn) => wait.query_async::<i64>(&mut conn.clone()).await,
+                #[cfg(feature = "redis-cluster")]
+                Self::Cluster(conn) => {
+                    use ::redis::cluster_routing::{
+                        Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+                    };
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                        Route::with_key(key, SlotAddr::Master),
+                    ));
+                    let value = conn.clone().route_command(wait, route).await?;
+                    ::redis::from_redis_value(value).map_err(Into::into)
+                }
+                #[cfg(feature = "redis-sentinel")]
+                Self::Sentinel(sentinel) => {
+                    let mut conn = sentinel.connection().await?;
+                    wait.query_async::<i64>(&mut conn).await
+                }
+                #[cfg(feature = "redis-deadpool")]
+                Self::Deadpool(_) => Err(not_own()),
+                #[cfg(feature = "redis-bb8")]
+                Self::Bb8(_) => Err(not_own()),
+            }
+        };
+        match tokio::time::timeout(within + CALL_TIMEOUT, asked).await {
+            Ok(Ok(acks)) => Ok(acks),
+            Ok(Err(e)) => Err(redis_error("wait", e).transient()),
+            Err(_) => Err(Error::new(ErrorKind::Backend, "redis wait timed out").transient()),
+        }
+    }
+
     async fn invoke_once<T: FromRedisValue>(
         &self,
         inv: &ScriptInvocation<'_>,
@@ -198,6 +238,14 @@ fn passing(failure: &Failure) -> bool {
             )
         )
     )
+}
+
+#[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]
+fn not_own() -> RedisError {
+    RedisError::from((
+        ::redis::ErrorKind::InvalidClientConfig,
+        "replica acknowledgements need the backend's own connection",
+    ))
 }
 
 fn describe(what: &str, failure: Failure) -> Error {

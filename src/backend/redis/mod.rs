@@ -116,7 +116,15 @@ pub struct RedisBackend {
     inner: Arc<Inner>,
 }
 
+/// How many replicas must acknowledge a grant or a renewal, and how long to wait for them.
+#[derive(Debug, Clone, Copy)]
+struct Ack {
+    replicas: u32,
+    within: Duration,
+}
+
 struct Inner {
+    replicas_ack: Option<Ack>,
     commands: Commands,
     scripts: &'static Scripts,
     /// A Redis Cluster: renewals go one script call per slot.
@@ -150,6 +158,7 @@ pub struct RedisBackendBuilder {
     url: String,
     source: Source,
     handoff_ttl: Duration,
+    replicas_ack: Option<Ack>,
     #[cfg(feature = "redis-tls")]
     root_certificate: Option<Vec<u8>>,
 }
@@ -183,6 +192,7 @@ impl RedisBackend {
         RedisBackendBuilder {
             url: url.into(),
             source: Source::Own,
+            replicas_ack: None,
             #[cfg(feature = "redis-tls")]
             root_certificate: None,
             handoff_ttl: DEFAULT_HANDOFF_TTL,
@@ -229,6 +239,45 @@ impl RedisBackendBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "redis-bb8")))]
     pub fn bb8(mut self, pool: bb8::Pool<bb8_redis::RedisConnectionManager>) -> Self {
         self.source = Source::Bb8(pool);
+        self
+    }
+
+    /// Makes every grant and every lease renewal wait (`WAIT`) until `replicas` replicas of the
+    /// primary have it, for at most `within`. A grant not acknowledged in time is released at
+    /// once and reported as a [`Backend`](crate::ErrorKind::Backend) error; a renewal not
+    /// acknowledged counts as failed (retried until the lease runs out, then the lock is lost).
+    ///
+    /// What it buys: Redis replicates asynchronously, so without it a primary that dies right
+    /// after a grant may be replaced by a replica that never saw the grant, and a second client
+    /// is granted the same lock at once. With it, a grant (or a lease extension) you were given
+    /// is on `replicas` replicas, and a failover that promotes one of those keeps it.
+    ///
+    /// What it does not buy: the promoted replica must be one that acknowledged (Sentinel and
+    /// Cluster pick the most up-to-date replica, but with more replicas than `replicas` it may
+    /// be another); replicas acknowledge receipt, not an fsync; and a grant is still visible
+    /// on the primary before it is acknowledged (a reader of the lock's keys sees it). Fencing
+    /// tokens are what protect your storage across a failover: on Cluster and Sentinel they
+    /// never fall below the server's clock in µs, so they keep increasing even when the
+    /// counter's last increments were lost. Not available through a pool (`WAIT` must go over
+    /// the connection that wrote), nor on a single server without replicas (every grant would
+    /// fail).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// use std::time::Duration;
+    /// let backend = distlock::backend::RedisBackend::builder("redis+sentinel://10.0.0.5:26379,10.0.0.6:26379/locks")
+    ///     .replicas_ack(1, Duration::from_millis(100))
+    ///     .build()
+    ///     .await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn replicas_ack(mut self, replicas: u32, within: Duration) -> Self {
+        self.replicas_ack = Some(Ack { replicas, within });
         self
     }
 
@@ -309,6 +358,18 @@ impl RedisBackendBuilder {
     /// ```
     pub async fn build(self) -> Result<RedisBackend> {
         check_handoff_ttl(self.handoff_ttl)?;
+        if let Some(ack) = self.replicas_ack {
+            if ack.replicas == 0 || ack.within.is_zero() {
+                return Err(Error::invalid_config(
+                    "replicas_ack needs at least one replica and a non-zero wait",
+                ));
+            }
+            if !matches!(self.source, Source::Own) {
+                return Err(Error::invalid_config(
+                    "replicas_ack needs the backend's own connection, not a pool (WAIT must go over the connection that wrote)",
+                ));
+            }
+        }
         #[cfg(feature = "redis-cluster")]
         if cluster::is_cluster_url(&self.url) {
             return self.build_cluster().await;
@@ -344,6 +405,7 @@ impl RedisBackendBuilder {
             .await?;
         Ok(RedisBackend {
             inner: Arc::new(Inner {
+                replicas_ack: self.replicas_ack,
                 commands,
                 scripts: &PLAIN,
                 cluster: false,
@@ -374,6 +436,7 @@ impl RedisBackendBuilder {
             .await?;
         Ok(RedisBackend {
             inner: Arc::new(Inner {
+                replicas_ack: self.replicas_ack,
                 commands,
                 scripts: &FAILOVER,
                 cluster: false,
@@ -408,6 +471,7 @@ impl RedisBackendBuilder {
             .await?;
         Ok(RedisBackend {
             inner: Arc::new(Inner {
+                replicas_ack: self.replicas_ack,
                 commands,
                 scripts: &SHARDED,
                 cluster: true,
@@ -576,17 +640,25 @@ impl RedisBackend {
             .invoke_timed::<Vec<i64>>("renew", &inv)
             .await
         {
-            Ok((results, sent)) if results.len() == members.len() => members
-                .iter()
-                .zip(results)
-                .map(|(claim, r)| match r {
-                    1 => Renewal::Extended(sent + claim.ttl()),
-                    2 => Renewal::Queued(sent + claim.ttl()),
-                    // 0: neither holder nor queued; -1: the lock's keys hold another Redis
-                    // type (overwritten behind our back), so this claim cannot own them.
-                    _ => Renewal::NotOwner,
-                })
-                .collect(),
+            Ok((results, sent)) if results.len() == members.len() => {
+                if let Err(err) = self.renewal_acknowledged(&members).await {
+                    return members
+                        .iter()
+                        .map(|_| Renewal::Failed(err.clone()))
+                        .collect();
+                }
+                members
+                    .iter()
+                    .zip(results)
+                    .map(|(claim, r)| match r {
+                        1 => Renewal::Extended(sent + claim.ttl()),
+                        2 => Renewal::Queued(sent + claim.ttl()),
+                        // 0: neither holder nor queued; -1: the lock's keys hold another Redis
+                        // type (overwritten behind our back), so this claim cannot own them.
+                        _ => Renewal::NotOwner,
+                    })
+                    .collect()
+            }
             Ok(_) => {
                 let err = Error::new(ErrorKind::Backend, "redis renew returned a malformed reply");
                 members
@@ -598,6 +670,100 @@ impl RedisBackend {
                 .iter()
                 .map(|_| Renewal::Failed(err.clone()))
                 .collect(),
+        }
+    }
+
+    /// With `replicas_ack`, waits until the replicas have a renewal round's extensions; a
+    /// round they did not acknowledge in time counts as failed.
+    async fn renewal_acknowledged(&self, members: &[&Claim]) -> Result<()> {
+        let (Some(ack), Some(first)) = (self.inner.replicas_ack, members.first()) else {
+            return Ok(());
+        };
+        let key = Keys::new(first, &self.inner.client_id).lock;
+        let n = self
+            .inner
+            .commands
+            .acked_by(&key, ack.replicas, ack.within)
+            .await?;
+        if n >= i64::from(ack.replicas) {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "redis: a renewal reached {n} of {} replicas within {:?}",
+                    ack.replicas, ack.within
+                ),
+            )
+            .transient())
+        }
+    }
+
+    /// Takes the lock, or joins or keeps the claim's place in its queue (see
+    /// [`Backend::acquire`]), without the replicas' acknowledgement.
+    async fn acquire_here(
+        &self,
+        claim: &Claim,
+        ticket: &RedisTicket,
+        wait: bool,
+    ) -> Result<Attempt> {
+        let keys = Keys::new(claim, &self.inner.client_id);
+        if wait && !ticket.subscribed() {
+            // A claim subscribes before it queues, so no handoff to it is published unheard.
+            // On a channel this client already listens to that costs nothing; otherwise look
+            // first without queueing, so a free lock costs one round trip, and subscribe only
+            // if we must wait.
+            if let Some(sub) = self
+                .inner
+                .hub
+                .subscribe_if_ready(&keys.channel, &keys.owner)
+            {
+                ticket.set_sub(Some(sub));
+            } else {
+                let first = self.run_acquire(claim, ticket, &keys, false).await?;
+                if matches!(first, Attempt::Granted(_)) {
+                    return Ok(first);
+                }
+                let sub = self.inner.hub.subscribe(&keys.channel, &keys.owner).await?;
+                ticket.set_sub(Some(sub));
+            }
+        }
+        let attempt = self.run_acquire(claim, ticket, &keys, wait).await?;
+        if matches!(attempt, Attempt::Granted(_)) {
+            ticket.set_sub(None);
+        }
+        Ok(attempt)
+    }
+
+    /// Waits until `ack.replicas` replicas have every write this backend made to the claim's
+    /// key (its grant among them). If they do not in time, releases the grant: it could vanish
+    /// in a failover, so nobody may rely on it.
+    async fn acknowledged(&self, claim: &Claim, ticket: &RedisTicket, ack: Ack) -> Result<()> {
+        let keys = Keys::new(claim, &self.inner.client_id);
+        let acked = self
+            .inner
+            .commands
+            .acked_by(&keys.lock, ack.replicas, ack.within)
+            .await;
+        match acked {
+            Ok(n) if n >= i64::from(ack.replicas) => Ok(()),
+            answer => {
+                let _ = Backend::release(self, claim, ticket).await;
+                let seen = answer.as_ref().map_or(0, |n| *n);
+                let err = Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "redis: the grant of `{}` reached {seen} of {} replicas within {:?}; released",
+                        claim.key(),
+                        ack.replicas,
+                        ack.within
+                    ),
+                );
+                Err(match answer {
+                    Err(cause) => err.with_source(cause),
+                    Ok(_) => err,
+                })
+            }
         }
     }
 
@@ -776,32 +942,14 @@ impl Backend for RedisBackend {
     }
 
     async fn acquire(&self, claim: &Claim, ticket: &RedisTicket, wait: bool) -> Result<Attempt> {
-        let keys = Keys::new(claim, &self.inner.client_id);
-        if wait && !ticket.subscribed() {
-            // A claim subscribes before it queues, so no handoff to it is published unheard.
-            // On a channel this client already listens to that costs nothing; otherwise look
-            // first without queueing, so a free lock costs one round trip, and subscribe only
-            // if we must wait.
-            if let Some(sub) = self
-                .inner
-                .hub
-                .subscribe_if_ready(&keys.channel, &keys.owner)
-            {
-                ticket.set_sub(Some(sub));
-            } else {
-                let first = self.run_acquire(claim, ticket, &keys, false).await?;
-                if matches!(first, Attempt::Granted(_)) {
-                    return Ok(first);
-                }
-                let sub = self.inner.hub.subscribe(&keys.channel, &keys.owner).await?;
-                ticket.set_sub(Some(sub));
+        let attempt = self.acquire_here(claim, ticket, wait).await?;
+        match (&attempt, self.inner.replicas_ack) {
+            (Attempt::Granted(_), Some(ack)) => {
+                self.acknowledged(claim, ticket, ack).await?;
+                Ok(attempt)
             }
+            _ => Ok(attempt),
         }
-        let attempt = self.run_acquire(claim, ticket, &keys, wait).await?;
-        if matches!(attempt, Attempt::Granted(_)) {
-            ticket.set_sub(None);
-        }
-        Ok(attempt)
     }
 
     async fn wait(
@@ -811,10 +959,13 @@ impl Backend for RedisBackend {
         recheck_at: Option<Instant>,
     ) -> Result<Option<Grant>> {
         let mailbox = ticket.mailbox();
-        wait_for_handoff(mailbox.as_deref(), &ticket.clock, recheck_at, || {
+        let heard = wait_for_handoff(mailbox.as_deref(), &ticket.clock, recheck_at, || {
             ticket.set_sub(None);
         })
-        .await
+        .await?;
+        // A handoff must be acknowledged like any grant: `acquire` confirms it (a write of
+        // ours, replicated after the handoff) and waits for the replicas.
+        Ok(heard.filter(|_| self.inner.replicas_ack.is_none()))
     }
 
     async fn release(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {

@@ -73,13 +73,9 @@ impl Sentinel {
         let info = SentinelNodeConnectionInfo::default().set_redis_connection_info(node);
         // A `String`: what `build` takes without TLS (with TLS, anything `AsRef<str>`).
         let master: String = master.into();
-        let client = SentinelClient::build(
-            sentinels,
-            master,
-            Some(info),
-            SentinelServerType::Master,
-        )
-        .map_err(|e| bad("refused by the client").with_source(e))?;
+        let client =
+            SentinelClient::build(sentinels, master, Some(info), SentinelServerType::Master)
+                .map_err(|e| bad("refused by the client").with_source(e))?;
         Ok(Self {
             client: tokio::sync::Mutex::new(client),
             conn: StdMutex::new(None),
