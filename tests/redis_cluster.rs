@@ -292,3 +292,35 @@ async fn bad_cluster_urls_are_clear_errors() {
     assert!(err.is_backend(), "{err}");
     assert!(started.elapsed() < Duration::from_secs(20));
 }
+
+/// Commands through a `deadpool-redis` cluster pool exclude clients on their own connections,
+/// and the pool carried them.
+#[cfg(feature = "redis-deadpool")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadpool_cluster_pool_carries_the_commands() {
+    let ns = test_namespace!();
+    let cluster = shared_cluster();
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .take(3)
+        .map(|n| format!("redis://127.0.0.1:{}", n.port()))
+        .collect();
+    let pool = deadpool_redis::cluster::Config::from_urls(seeds)
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let backend = distlock::backend::RedisBackend::builder(cluster.url())
+        .deadpool_cluster(pool.clone())
+        .build()
+        .await
+        .unwrap();
+    let pooled = LockClient::builder(backend)
+        .namespace(ns.as_str())
+        .build()
+        .unwrap();
+    let mut cs = clients(&ns, 2).await;
+    cs.push(pooled);
+    contend(cs, "pooled", 15, Duration::from_micros(300)).await;
+    assert!(pool.status().size >= 1, "the pool was never used");
+    cluster.until_clean(&ns);
+}

@@ -29,7 +29,10 @@ fn pair() -> (RedisServer, RedisServer) {
         if info.contains("master_link_status:up") {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the replica never synced");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never synced"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     (primary, replica)
@@ -77,7 +80,10 @@ async fn grants_and_renewals_wait_for_the_replicas() {
     assert!(err.is_backend(), "{err}");
     assert!(err.to_string().contains("1 of 2 replicas"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(2));
-    assert!(leftovers(&url, &ns).await.is_empty(), "an undone grant left keys");
+    assert!(
+        leftovers(&url, &ns).await.is_empty(),
+        "an undone grant left keys"
+    );
 
     // The replica stalls (DEBUG SLEEP): a grant it cannot acknowledge is undone; after, fine.
     let c = client(&url, &ns, 1, Duration::from_secs(2)).await;

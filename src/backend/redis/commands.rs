@@ -29,6 +29,9 @@ pub(crate) enum Commands {
     /// A Redis Cluster: each script goes to the primary of its keys' slot, following `MOVED`.
     #[cfg(feature = "redis-cluster")]
     Cluster(::redis::cluster_async::ClusterConnection),
+    /// A Cluster through a `deadpool-redis` cluster pool.
+    #[cfg(all(feature = "redis-deadpool", feature = "redis-cluster"))]
+    DeadpoolCluster(deadpool_redis::cluster::Pool),
     /// The primary the sentinels name, followed across failovers.
     #[cfg(feature = "redis-sentinel")]
     Sentinel(std::sync::Arc<super::sentinel::Sentinel>),
@@ -151,6 +154,8 @@ impl Commands {
                 Self::Deadpool(_) => Err(not_own()),
                 #[cfg(feature = "redis-bb8")]
                 Self::Bb8(_) => Err(not_own()),
+                #[cfg(all(feature = "redis-deadpool", feature = "redis-cluster"))]
+                Self::DeadpoolCluster(_) => Err(not_own()),
             }
         };
         match tokio::time::timeout(within + CALL_TIMEOUT, asked).await {
@@ -191,6 +196,19 @@ impl Commands {
                     Failure::Pool(
                         Error::new(ErrorKind::Backend, "no connection from the deadpool pool")
                             .with_source(e),
+                    )
+                })?;
+                inv.invoke_async(&mut conn).await.map_err(Failure::Redis)
+            }
+            #[cfg(all(feature = "redis-deadpool", feature = "redis-cluster"))]
+            Self::DeadpoolCluster(pool) => {
+                let mut conn = pool.get().await.map_err(|e| {
+                    Failure::Pool(
+                        Error::new(
+                            ErrorKind::Backend,
+                            "no connection from the deadpool cluster pool",
+                        )
+                        .with_source(e),
                     )
                 })?;
                 inv.invoke_async(&mut conn).await.map_err(Failure::Redis)

@@ -150,6 +150,8 @@ enum Source {
     Deadpool(deadpool_redis::Pool),
     #[cfg(feature = "redis-bb8")]
     Bb8(bb8::Pool<bb8_redis::RedisConnectionManager>),
+    #[cfg(all(feature = "redis-deadpool", feature = "redis-cluster"))]
+    DeadpoolCluster(deadpool_redis::cluster::Pool),
 }
 
 /// Builds a [`RedisBackend`]. Created by [`RedisBackend::builder`].
@@ -239,6 +241,35 @@ impl RedisBackendBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "redis-bb8")))]
     pub fn bb8(mut self, pool: bb8::Pool<bb8_redis::RedisConnectionManager>) -> Self {
         self.source = Source::Bb8(pool);
+        self
+    }
+
+    /// Sends a Cluster's commands through a `deadpool-redis` cluster pool instead of an own
+    /// cluster connection. The builder's `redis+cluster://` URL still names the seeds for
+    /// pub/sub.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = deadpool_redis::cluster::Config::from_urls(vec!["redis://10.0.0.1:7000".into()])
+    ///     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+    /// let backend = distlock::backend::RedisBackend::builder("redis+cluster://10.0.0.1:7000")
+    ///     .deadpool_cluster(pool)
+    ///     .build()
+    ///     .await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(all(feature = "redis-deadpool", feature = "redis-cluster"))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(all(feature = "redis-deadpool", feature = "redis-cluster")))
+    )]
+    pub fn deadpool_cluster(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
+        self.source = Source::DeadpoolCluster(pool);
         self
     }
 
@@ -397,6 +428,10 @@ impl RedisBackendBuilder {
             Source::Deadpool(pool) => Commands::Deadpool(pool),
             #[cfg(feature = "redis-bb8")]
             Source::Bb8(pool) => Commands::Bb8(pool),
+            #[cfg(all(feature = "redis-deadpool", feature = "redis-cluster"))]
+            Source::DeadpoolCluster(_) => return Err(Error::invalid_config(
+                "a deadpool cluster pool needs a redis+cluster:// url (its seeds serve pub/sub)",
+            )),
         };
         // One round trip proves the server answers with these credentials.
         let probe = Script::new("return 1");
@@ -460,6 +495,8 @@ impl RedisBackendBuilder {
         let commands =
             match self.source {
                 Source::Own => Commands::Cluster(cluster::connect(&seeds).await?),
+                #[cfg(feature = "redis-deadpool")]
+                Source::DeadpoolCluster(pool) => Commands::DeadpoolCluster(pool),
                 #[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]
                 _ => return Err(Error::invalid_config(
                     "a redis cluster opens its own connections; a single-node pool cannot serve it",
