@@ -401,13 +401,14 @@ impl RedisBackendBuilder {
                 ));
             }
         }
+        // Boxed: each way of connecting is a large future of its own.
         #[cfg(feature = "redis-cluster")]
         if cluster::is_cluster_url(&self.url) {
-            return self.build_cluster().await;
+            return Box::pin(self.build_cluster()).await;
         }
         #[cfg(feature = "redis-sentinel")]
         if sentinel::is_sentinel_url(&self.url) {
-            return self.build_sentinel().await;
+            return Box::pin(self.build_sentinel()).await;
         }
         let client = self
             .client()
