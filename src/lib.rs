@@ -26,6 +26,9 @@
 //! - [`RedisBackend`](backend::RedisBackend) (feature `redis`; `redis-deadpool` and `redis-bb8`
 //!   take a connection pool): a FIFO queue per key in Redis with direct handoff announced over
 //!   one shared pub/sub connection per client. Open it with `LockClient::redis(url)`.
+//!   A Redis Cluster (`redis+cluster://`, feature `redis-cluster`: sharded pub/sub, renewal per
+//!   slot) and a Sentinel-managed primary (`redis+sentinel://`, feature `redis-sentinel`) use
+//!   the same backend.
 //! - [`RedlockBackend`](backend::RedlockBackend) (feature `redlock`): mutexes and read-write
 //!   locks over a majority of independent Redis nodes, with fencing tokens that increase across
 //!   the quorum and FIFO handoff over each node's pub/sub. Open it with
@@ -196,6 +199,8 @@ pub mod __private {
 #[cfg(all(
     doctest,
     feature = "redis",
+    feature = "redis-cluster",
+    feature = "redis-sentinel",
     feature = "redlock",
     feature = "zookeeper",
     feature = "postgres",

@@ -97,6 +97,13 @@ static FAILOVER: LazyLock<Scripts> =
 /// `bb8-redis` pool the application already has. Waiters share one dedicated pub/sub
 /// connection per backend. `RedisBackend` is a cheap `Clone` handle.
 ///
+/// On a Redis Cluster (feature `redis-cluster`) scripts go to the primary of their key's slot,
+/// grants are announced on the lock's shard channel (`SPUBLISH`/`SSUBSCRIBE`) and renewals go one
+/// script call per slot. With Sentinel (feature `redis-sentinel`) commands and pub/sub follow
+/// the primary the sentinels name. On both, fencing tokens never fall below the server's clock
+/// in µs, so they keep increasing across a failover that lost the counter's last increments;
+/// [`replicas_ack`](RedisBackendBuilder::replicas_ack) makes grants wait for replicas.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -176,7 +183,10 @@ impl std::fmt::Debug for RedisBackendBuilder {
 impl RedisBackend {
     /// Starts building a backend for the server at `url` (`redis://[user:password@]host:port/db`,
     /// or `rediss://` with the `redis-tls` feature). The URL is used for the pub/sub connection,
-    /// and for commands unless a pool is given.
+    /// and for commands unless a pool is given. With the `redis-cluster` feature,
+    /// `redis+cluster://[user:password@]host:port,host:port` names a Cluster by seed nodes;
+    /// with `redis-sentinel`, `redis+sentinel://[user:password@]host:port,host:port/<master>[/db]`
+    /// names the primary those sentinels monitor.
     ///
     /// # Examples
     ///
