@@ -171,10 +171,10 @@ impl Locker {
     /// Takes the lock, runs `section`, releases it; returns how long the lock took.
     async fn cycle(
         &self,
+        key: &str,
         hold: Hold,
         section: impl std::future::Future<Output = ()> + Send,
     ) -> Duration {
-        const KEY: &str = "bench:contention";
         let asked = Instant::now();
         match self {
             Self::Distlock(client, prim) => {
@@ -189,16 +189,16 @@ impl Locker {
                     }};
                 }
                 match (prim, hold) {
-                    (Prim::RwLock, Hold::Read) => cycle!(client.rw_lock(KEY).read()),
-                    (Prim::RwLock, _) => cycle!(client.rw_lock(KEY).write()),
-                    (Prim::Semaphore(n), _) => cycle!(client.semaphore(KEY, *n).acquire()),
-                    (Prim::Mutex, _) => cycle!(client.mutex(KEY).lock()),
+                    (Prim::RwLock, Hold::Read) => cycle!(client.rw_lock(key).read()),
+                    (Prim::RwLock, _) => cycle!(client.rw_lock(key).write()),
+                    (Prim::Semaphore(n), _) => cycle!(client.semaphore(key, *n).acquire()),
+                    (Prim::Mutex, _) => cycle!(client.mutex(key).lock()),
                 }
             }
             #[cfg(feature = "redis")]
             Self::Rslock(manager) => {
                 let lock = manager
-                    .acquire_no_guard(KEY, Duration::from_secs(30))
+                    .acquire_no_guard(key, Duration::from_secs(30))
                     .await
                     .expect("rslock");
                 let waited = asked.elapsed();
@@ -216,23 +216,32 @@ impl Locker {
     }
 }
 
-/// Runs W workers, one client each, on one key for `secs`.
+/// The key of a one-key run.
+const KEY: &str = "bench:contention";
+
+/// Runs the workers, one client each, on one key for `secs`.
 async fn contend(lockers: Vec<Locker>, cs: Duration, secs: f64) -> Outcome {
+    contend_on(lockers, &[KEY.to_owned()], cs, secs).await
+}
+
+/// Runs the workers, one client each, for `secs`; worker `w` takes `keys[w % keys.len()]`.
+async fn contend_on(lockers: Vec<Locker>, keys: &[String], cs: Duration, secs: f64) -> Outcome {
     let stop = Arc::new(AtomicBool::new(false));
-    let inside = Arc::new(Inside::default());
+    let insides: Arc<Vec<Inside>> = Arc::new(keys.iter().map(|_| Inside::default()).collect());
     let start = Instant::now();
     let mut tasks = Vec::new();
     for (w, locker) in lockers.into_iter().enumerate() {
-        let (stop, inside) = (stop.clone(), inside.clone());
+        let (stop, insides) = (stop.clone(), insides.clone());
+        let key = keys[w % keys.len()].clone();
         tasks.push(tokio::spawn(async move {
             let mut waits = Vec::new();
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
                 let hold = locker.hold(w, i);
                 i += 1;
-                let inside = &inside;
+                let inside = &insides[w % insides.len()];
                 let waited = locker
-                    .cycle(hold, async move {
+                    .cycle(&key, hold, async move {
                         inside.enter(hold);
                         if cs.is_zero() {
                             tokio::task::yield_now().await;
@@ -260,7 +269,10 @@ async fn contend(lockers: Vec<Locker>, cs: Duration, secs: f64) -> Outcome {
     Outcome {
         waits,
         per_worker,
-        overlaps: inside.overlaps.load(Ordering::SeqCst),
+        overlaps: insides
+            .iter()
+            .map(|i| i.overlaps.load(Ordering::SeqCst))
+            .sum(),
         elapsed: start.elapsed(),
     }
 }
@@ -308,9 +320,15 @@ fn report(name: &str, workers: usize, cs_ms: f64, mut o: Outcome, ops: Option<Op
         o.overlaps,
     );
     if let Some(o) = ops.filter(|o| o.top_level.is_some()) {
+        // rslock's lock is a top-level SET; ours happen inside scripts.
+        let sets = if name.starts_with("rslock") {
+            o.sets
+        } else {
+            0
+        };
         println!(
             "# {name} workers={workers} cs_ms={cs_ms} round_trips_per_acq={:.2} server_cpu_us_per_acq={:.1} out_bytes_per_acq={:.0} (round trips: top-level commands; server_ops counts script-internal calls too)",
-            per_acq(o.top_level.unwrap_or(0)),
+            per_acq(o.top_level.unwrap_or(0) + sets),
             o.cpu_us / total.max(1) as f64,
             per_acq(o.out_bytes),
         );
@@ -324,9 +342,11 @@ struct Ops {
     /// `mntr` `zk_packets_received` (pings included). PostgreSQL: transactions (one per call,
     /// renewals included).
     total: u64,
-    /// Redis only: commands only a client sends: scripts, (un)subscribes, and SET for rslock
-    /// (our scripts call SET only when a fence counter restarts, once per key and run).
+    /// Redis only: commands only a client sends: scripts and (un)subscribes.
     top_level: Option<u64>,
+    /// Redis only: SET calls, top-level for rslock (its lock is a SET NX), inside our scripts
+    /// for distlock (a fence counter restarting, or kept at the clock on Cluster/Sentinel).
+    sets: u64,
     /// Redis only: CPU time the server used (INFO `used_cpu_sys` + `used_cpu_user`), in µs.
     cpu_us: f64,
     /// Redis only: bytes the server wrote to clients (INFO `total_net_output_bytes`), replies
@@ -339,6 +359,7 @@ impl Ops {
         Ops {
             total: self.total - before.total,
             top_level: self.top_level.zip(before.top_level).map(|(a, b)| a - b),
+            sets: self.sets - before.sets,
             cpu_us: self.cpu_us - before.cpu_us,
             out_bytes: self.out_bytes - before.out_bytes,
         }
@@ -383,14 +404,31 @@ async fn server_ops(url: &str) -> Ops {
             let calls: u64 = rest.split(',').next()?.parse().ok()?;
             matches!(
                 name,
-                "evalsha" | "eval" | "subscribe" | "unsubscribe" | "set" | "script|load"
+                "evalsha"
+                    | "eval"
+                    | "subscribe"
+                    | "unsubscribe"
+                    | "ssubscribe"
+                    | "sunsubscribe"
+                    | "script|load"
             )
             .then_some(calls)
         })
         .sum();
+    let sets = commands
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("cmdstat_set:calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
     Ops {
         total,
         top_level: Some(top_level),
+        sets,
         cpu_us,
         out_bytes,
     }
@@ -442,10 +480,44 @@ async fn server_ops_all(urls: &[String]) -> Ops {
         let ops = server_ops(url).await;
         sum.total += ops.total;
         sum.top_level = sum.top_level.zip(ops.top_level).map(|(a, b)| a + b);
+        sum.sets += ops.sets;
         sum.cpu_us += ops.cpu_us;
         sum.out_bytes += ops.out_bytes;
     }
     sum
+}
+
+/// The Cluster of this process's `redis-cluster` runs (started once): its URL, `n` keys over
+/// its shards (every shard before any twice), and its primaries' URLs.
+#[cfg(feature = "redis-cluster")]
+fn cluster_setup(n: usize) -> (String, Vec<String>, Vec<String>) {
+    let cluster = support::cluster::shared_cluster();
+    let mut keys: Vec<(usize, String)> = Vec::new();
+    for i in 0.. {
+        if keys.len() == n {
+            break;
+        }
+        let key = format!("bench:contention:{i}");
+        let shard = cluster.primary_for(&key, 0);
+        let fresh = !keys.iter().any(|(s, _)| *s == shard);
+        let shards = keys
+            .iter()
+            .map(|(s, _)| *s)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        if fresh || shards == 3 {
+            keys.push((shard, key));
+        }
+    }
+    (
+        cluster.url(),
+        keys.into_iter().map(|(_, k)| k).collect(),
+        cluster
+            .primaries()
+            .into_iter()
+            .map(|i| cluster.nodes[i].url())
+            .collect(),
+    )
 }
 
 /// One `redis-server` for every Redis run of this process.
@@ -586,6 +658,21 @@ fn main() {
                             };
                             report(&label, workers, cs_ms, outcome, Some(ops));
                         }
+                        #[cfg(feature = "redis-cluster")]
+                        "redis-cluster" => {
+                            // Four keys over the three shards, `workers` workers on each.
+                            let (url, keys, primaries) = cluster_setup(4);
+                            let mut lockers = Vec::new();
+                            for _ in 0..workers * keys.len() {
+                                let client = LockClient::connect(&url).await.expect("cluster");
+                                lockers.push(Locker::Distlock(client, prim));
+                            }
+                            let before = server_ops_all(&primaries).await;
+                            let outcome = contend_on(lockers, &keys, cs, args.secs).await;
+                            let ops = server_ops_all(&primaries).await.since(before);
+                            let label = format!("distlock-redis-cluster-{}keys{}", keys.len(), prim.label());
+                            report(&label, workers, cs_ms, outcome, Some(ops));
+                        }
                         #[cfg(feature = "postgres")]
                         "postgres" => {
                             let url = support::shared_postgres().url();
@@ -662,7 +749,7 @@ fn main() {
                             );
                         }
                         other => eprintln!(
-                            "unknown --impl {other}; known: memory, redis, rslock, redlock3, redlock5, rslock-redlock3, rslock-redlock5, zookeeper, curator, zookeeper-ensemble, curator-ensemble, postgres"
+                            "unknown --impl {other}; known: memory, redis, rslock, redis-cluster, redlock3, redlock5, rslock-redlock3, rslock-redlock5, zookeeper, curator, zookeeper-ensemble, curator-ensemble, postgres"
                         ),
                     }
                 }

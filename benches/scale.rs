@@ -1,7 +1,7 @@
 //! Scale in one process: many waiters and many held locks through one client.
 //!
 //! ```text
-//! cargo bench --all-features --bench scale [-- --impl redis,postgres --waiters 10000 --keys 100 --held 10000]
+//! cargo bench --all-features --bench scale [-- --impl redis,redis-cluster,postgres --waiters 10000 --keys 100 --held 10000]
 //! ```
 //!
 //! Two lines per service:
@@ -15,8 +15,13 @@
 //!   of arrival order per key (`fifo_violations`, 0 is the target) and the handoff rate.
 //! - `<impl>-renewal`: `--held` locks on distinct keys held through one client with a 3 s TTL
 //!   (renewed every second) for 6 s. Prints renewal calls per round (one per second; the
-//!   engine batches every lease due together) and the p99 duration of one renewal call, from
-//!   the `distlock_renewal_seconds` histogram, and how many leases were lost (0).
+//!   engine batches every lease due together), the script calls per round on Redis (one; on a
+//!   Cluster one per slot the keys fall in, sent together), the p99 duration of one renewal
+//!   call, from the `distlock_renewal_seconds` histogram, and how many leases were lost (0).
+//!
+//! `redis-cluster` runs both on a 3-primary/3-replica Cluster (feature `redis-cluster`);
+//! message connections are then summed over the primaries (one per shard the waiters' keys
+//! fall in, all from the one client's pub/sub connection).
 
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_macros)]
@@ -88,6 +93,9 @@ fn cpu_time() -> Duration {
 enum Service {
     Redis(String),
     Postgres(String),
+    /// A 3-primary/3-replica Redis Cluster (feature `redis-cluster`).
+    #[cfg(feature = "redis-cluster")]
+    Cluster(&'static support::cluster::RedisCluster),
 }
 
 impl Service {
@@ -95,6 +103,8 @@ impl Service {
         match name {
             "redis" => Some(Service::Redis(support::shared_redis().url())),
             "postgres" => Some(Service::Postgres(support::shared_postgres().url())),
+            #[cfg(feature = "redis-cluster")]
+            "redis-cluster" => Some(Service::Cluster(support::cluster::shared_cluster())),
             _ => None,
         }
     }
@@ -111,27 +121,55 @@ impl Service {
                     .await
                     .expect("postgres backend"),
             ),
+            #[cfg(feature = "redis-cluster")]
+            Service::Cluster(cluster) => LockClient::builder_for(&cluster.url())
+                .await
+                .expect("redis cluster backend"),
         };
         builder.namespace(ns).ttl(ttl).build().expect("client")
     }
 
-    /// Server connections that subscribe to messages (Redis: `sub` > 0 in CLIENT LIST;
-    /// PostgreSQL: LISTEN connections).
+    /// The Redis servers that hold the locks (the primaries of a Cluster).
+    fn redis_urls(&self) -> Vec<String> {
+        match self {
+            Service::Redis(url) => vec![url.clone()],
+            Service::Postgres(_) => Vec::new(),
+            #[cfg(feature = "redis-cluster")]
+            Service::Cluster(cluster) => cluster
+                .primaries()
+                .into_iter()
+                .map(|i| cluster.nodes[i].url())
+                .collect(),
+        }
+    }
+
+    /// Script calls (EVALSHA) the Redis servers have run so far.
+    async fn script_calls(&self) -> u64 {
+        let mut calls = 0;
+        for url in self.redis_urls() {
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut support::redis::connection(&url).await)
+                .await
+                .expect("info");
+            calls += stats
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("cmdstat_evalsha:calls=")?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .unwrap_or(0);
+        }
+        calls
+    }
+
+    /// Server connections that subscribe to messages (Redis: `sub` or `ssub` > 0 in CLIENT
+    /// LIST, summed over a Cluster's primaries; PostgreSQL: LISTEN connections).
     async fn message_connections(&self) -> usize {
         match self {
-            Service::Redis(url) => {
-                let list: String = redis::cmd("CLIENT")
-                    .arg("LIST")
-                    .query_async(&mut support::redis::connection(url).await)
-                    .await
-                    .expect("client list");
-                list.lines()
-                    .filter(|l| {
-                        l.split(' ')
-                            .any(|f| f.strip_prefix("sub=").is_some_and(|n| n != "0"))
-                    })
-                    .count()
-            }
             Service::Postgres(url) => {
                 let c = support::pg::connection(url).await;
                 let n: i64 = c
@@ -144,12 +182,47 @@ impl Service {
                     .get(0);
                 usize::try_from(n).unwrap_or(0)
             }
+            _ => {
+                let mut n = 0;
+                for url in self.redis_urls() {
+                    let list: String = redis::cmd("CLIENT")
+                        .arg("LIST")
+                        .query_async(&mut support::redis::connection(&url).await)
+                        .await
+                        .expect("client list");
+                    n += list
+                        .lines()
+                        .filter(|l| {
+                            l.split(' ').any(|f| {
+                                f.strip_prefix("sub=")
+                                    .or_else(|| f.strip_prefix("ssub="))
+                                    .is_some_and(|n| n != "0")
+                            })
+                        })
+                        .count();
+                }
+                n
+            }
         }
     }
 
     /// How many claims are queued on `key`.
     async fn queued(&self, ns: &str, keys: &[String]) -> Vec<usize> {
         match self {
+            #[cfg(feature = "redis-cluster")]
+            Service::Cluster(cluster) => {
+                let mut out = Vec::new();
+                for k in keys {
+                    let url = cluster.nodes[cluster.primary_for(k, 0)].url();
+                    let n: usize = redis::cmd("LLEN")
+                        .arg(format!("{ns}:{{{k}}}:q"))
+                        .query_async(&mut support::redis::connection(&url).await)
+                        .await
+                        .expect("llen");
+                    out.push(n);
+                }
+                out
+            }
             Service::Redis(url) => {
                 let mut conn = support::redis::connection(url).await;
                 let mut pipe = redis::pipe();
@@ -259,8 +332,10 @@ async fn renewal_line(name: &str, service: &Service, held: usize, snapshotter: &
     }
     // Drain what taking the locks recorded, then watch two renewal periods... six seconds.
     drop(snapshotter.snapshot());
+    let scripts_before = service.script_calls().await;
     let window = Duration::from_secs(6);
     tokio::time::sleep(window).await;
+    let scripts = service.script_calls().await - scripts_before;
     let mut samples: Vec<f64> = snapshotter
         .snapshot()
         .into_vec()
@@ -277,8 +352,14 @@ async fn renewal_line(name: &str, service: &Service, held: usize, snapshotter: &
         .get(((samples.len() as f64 - 1.0) * 0.99).round().max(0.0) as usize)
         .map_or(f64::NAN, |s| s * 1e3);
     let lost = guards.iter().filter(|g| g.is_lost()).count();
+    // Script calls per round on Redis (one per slot group on a Cluster); n/a elsewhere.
+    let scripts_field = if service.redis_urls().is_empty() {
+        "n/a".to_owned()
+    } else {
+        format!("{:.1}", scripts as f64 / rounds)
+    };
     println!(
-        "{name}-renewal held={held} ttl_ms={} renewal_calls_per_round={:.2} renewal_p99_ms={p99:.1} lost={lost}",
+        "{name}-renewal held={held} ttl_ms={} renewal_calls_per_round={:.2} script_calls_per_round={scripts_field} renewal_p99_ms={p99:.1} lost={lost}",
         ttl.as_millis(),
         samples.len() as f64 / rounds,
     );
@@ -298,7 +379,7 @@ fn main() {
     rt.block_on(async {
         for name in &args.impls {
             let Some(service) = Service::of(name) else {
-                eprintln!("unknown --impl {name}; known: redis, postgres");
+                eprintln!("unknown --impl {name}; known: redis, redis-cluster, postgres");
                 continue;
             };
             let label = format!("distlock-{name}");

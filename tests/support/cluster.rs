@@ -121,6 +121,15 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The indices of the nodes serving slots now.
+    pub fn primaries(&self) -> Vec<usize> {
+        self.view(0)
+            .iter()
+            .filter(|n| n.primary && !n.failed && !n.slots.is_empty())
+            .filter_map(|n| self.index_of_port(n.port))
+            .collect()
+    }
+
     fn index_of_port(&self, port: u16) -> Option<usize> {
         self.nodes.iter().position(|n| n.port() == port)
     }
