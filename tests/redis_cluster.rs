@@ -265,7 +265,21 @@ async fn kinds_do_not_mix_on_a_cluster() {
 async fn multi_locks_span_shards() {
     let ns = test_namespace!();
     let keys = spread_keys("multi", 3);
-    let a = client(&ns).await;
+    // Built from seed nodes (`RedisBackend::cluster`) rather than the URL.
+    let seeds: Vec<String> = shared_cluster()
+        .nodes
+        .iter()
+        .skip(3)
+        .map(|n| format!("127.0.0.1:{}", n.port()))
+        .collect();
+    let backend = distlock::backend::RedisBackend::cluster(&seeds)
+        .build()
+        .await
+        .unwrap();
+    let a = LockClient::builder(backend)
+        .namespace(ns.as_str())
+        .build()
+        .unwrap();
     let b = client(&ns).await;
     let all = a.multi_lock(keys.clone()).lock().await.unwrap();
     for k in &keys {

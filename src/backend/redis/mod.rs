@@ -211,6 +211,42 @@ impl RedisBackend {
         }
     }
 
+    /// Starts building a backend for the Redis Cluster that the seed nodes `seeds` belong to
+    /// (`host:port` each; a few are enough, the rest of the cluster is learned from them).
+    /// The same as [`builder`](Self::builder) with `redis+cluster://host:port,host:port`; use
+    /// that form for credentials.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let backend = distlock::backend::RedisBackend::cluster(["10.0.0.1:7000", "10.0.0.2:7000"])
+    ///     .build()
+    ///     .await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub fn cluster<I, S>(seeds: I) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let hosts: Vec<String> = seeds
+            .into_iter()
+            .map(|s| {
+                s.as_ref()
+                    .trim_start_matches("redis://")
+                    .trim_end_matches('/')
+                    .to_owned()
+            })
+            .collect();
+        Self::builder(format!("{}{}", cluster::SCHEME, hosts.join(",")))
+    }
+
     /// Connects to the server at `url` with its own connections.
     ///
     /// # Errors
