@@ -5,22 +5,16 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use distlock::{LockClient, MutexGuard};
+use distlock::LockClient;
 use support::contract::{contend, torture};
+use support::failover::{client_for, held_across_a_failover};
 use support::sentinel::SentinelSetup;
 use tokio::time::{sleep, timeout, Instant};
 
 async fn client(setup: &SentinelSetup, ns: &str, ttl: Duration) -> LockClient {
-    LockClient::builder_for(&setup.url())
-        .await
-        .unwrap()
-        .namespace(ns)
-        .ttl(ttl)
-        .build()
-        .unwrap()
+    client_for(&setup.url(), ns, ttl).await
 }
 
 /// Keys of `ns` on the server at `port`, except fencing counters.
@@ -67,82 +61,34 @@ async fn the_contract_holds_and_a_killed_primary_is_followed() {
         sleep(Duration::from_millis(20)).await;
     }
 
-    // A lease longer than the takeover (1 s to notice, then a vote and the promotion).
+    // The shared failover scenario (tests/support/failover.rs), with a lease longer than the
+    // takeover (1 s to notice, then a vote and the promotion); once the replica is promoted,
+    // new locks work at once.
     let ttl = Duration::from_secs(12);
-    let holder = client(&setup, &ns, ttl).await;
-    let first = holder.mutex("k").lock().await.unwrap();
-    let first_token = first.fencing_token();
-    let held: Arc<StdMutex<Option<MutexGuard>>> = Arc::new(StdMutex::new(Some(first)));
-    let grants = Arc::new(StdMutex::new(vec![(usize::MAX, first_token)]));
-    let mut tasks = Vec::new();
-    for i in 0..3 {
-        let c = client(&setup, &ns, ttl).await;
-        let (held, grants) = (held.clone(), grants.clone());
-        tasks.push(tokio::spawn(async move {
-            let g = c.mutex("k").lock().await.unwrap();
-            let stale = held.lock().unwrap().as_ref().is_some_and(|h| !h.is_lost());
-            assert!(
-                !stale,
-                "waiter {i} granted while the holder still believed it held"
-            );
-            grants.lock().unwrap().push((i, g.fencing_token()));
-            sleep(Duration::from_millis(50)).await;
-            drop(g);
-            c.shutdown().await;
-        }));
-        sleep(Duration::from_millis(100)).await;
-    }
-    sleep(Duration::from_millis(300)).await;
-    tokio::task::block_in_place(|| setup.kill_primary());
-    // New locks work against the promoted replica.
-    let other = client(&setup, &ns, Duration::from_secs(2)).await;
-    let fresh = timeout(Duration::from_secs(10), other.mutex("fresh").lock())
-        .await
-        .expect("no new lock after the failover")
-        .unwrap();
-    drop(fresh);
-    sleep(Duration::from_secs(2)).await;
-    let first = held.lock().unwrap().take().unwrap();
-    let kept = !first.is_lost();
-    let released = Instant::now();
-    let _ = first.release().await;
-    for t in tasks {
-        timeout(Duration::from_secs(30), t)
+    let url = setup.url();
+    let replica_url = setup.replica.url();
+    let connect = || {
+        let (url, ns) = (url.clone(), ns.clone());
+        async move { client_for(&url, &ns, ttl).await }
+    };
+    let new_locks_work = || async {
+        let other = connect().await;
+        let fresh = timeout(Duration::from_secs(10), other.mutex("fresh").lock())
             .await
-            .expect("a waiter was never served")
+            .expect("no new lock after the failover")
             .unwrap();
-    }
-    let grants = grants.lock().unwrap().clone();
-    assert_eq!(grants.len(), 4, "{grants:?}");
-    assert!(
-        grants.windows(2).all(|w| w[0].1 < w[1].1),
-        "tokens do not increase: {grants:?}"
-    );
-    // Replication had long caught up with the grant: the holder kept its lock through the
-    // takeover, and the waiters were served in order, by messages from the new primary.
-    assert!(kept, "the holder lost its lock across the failover");
-    let order: Vec<usize> = grants.iter().skip(1).map(|g| g.0).collect();
-    assert_eq!(order, vec![0, 1, 2]);
-    assert!(
-        released.elapsed() < Duration::from_secs(3),
-        "waiters took {:?}",
-        released.elapsed()
-    );
-
-    // The counter set back, as a failover that lost its last increments would leave it.
-    let mut conn = support::redis::connection(&setup.replica.url()).await;
-    let _: () = redis::cmd("SET")
-        .arg(format!("{ns}:{{k}}:fence"))
-        .arg(5)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let again = holder.mutex("k").lock().await.unwrap();
-    let last = grants.iter().map(|g| g.1).max().unwrap();
-    assert!(again.fencing_token() > last);
-    drop(again);
-    holder.shutdown().await;
-    other.shutdown().await;
+        drop(fresh);
+        other.shutdown().await;
+    };
+    held_across_a_failover(
+        &ns,
+        connect,
+        ttl / 2,
+        || setup.kill_primary(),
+        new_locks_work,
+        || replica_url,
+    )
+    .await;
 }
 
 #[tokio::test]

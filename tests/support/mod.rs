@@ -11,6 +11,8 @@ pub mod cluster;
 pub mod contract;
 pub mod curator;
 pub mod ensemble;
+#[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
+pub mod failover;
 pub mod family;
 pub mod faults;
 pub mod holder;

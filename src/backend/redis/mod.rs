@@ -433,7 +433,7 @@ impl RedisBackendBuilder {
     /// assert!(err.is_invalid_config());
     /// # }
     /// ```
-    pub async fn build(self) -> Result<RedisBackend> {
+    pub async fn build(mut self) -> Result<RedisBackend> {
         check_handoff_ttl(self.handoff_ttl)?;
         if let Some(ack) = self.replicas_ack {
             if ack.replicas == 0 || ack.within.is_zero() {
@@ -460,7 +460,7 @@ impl RedisBackendBuilder {
             .client()
             .map_err(|e| Error::invalid_config("malformed redis url").with_source(e))?;
         tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
-        let commands = match self.source {
+        let commands = match std::mem::replace(&mut self.source, Source::Own) {
             Source::Own => {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(CALL_TIMEOUT))
@@ -480,7 +480,19 @@ impl RedisBackendBuilder {
                 "a deadpool cluster pool needs a redis+cluster:// url (its seeds serve pub/sub)",
             )),
         };
-        // One round trip proves the server answers with these credentials.
+        self.finish(commands, &PLAIN, false, Hub::start(client))
+            .await
+    }
+
+    /// Proves the server answers with these credentials (one round trip) and makes the
+    /// backend.
+    async fn finish(
+        self,
+        commands: Commands,
+        scripts: &'static Scripts,
+        cluster: bool,
+        hub: Hub,
+    ) -> Result<RedisBackend> {
         let probe = Script::new("return 1");
         commands
             .invoke::<i64>("connect", &probe.prepare_invoke())
@@ -489,9 +501,9 @@ impl RedisBackendBuilder {
             inner: Arc::new(Inner {
                 replicas_ack: self.replicas_ack,
                 commands,
-                scripts: &PLAIN,
-                cluster: false,
-                hub: Hub::start(client),
+                scripts,
+                cluster,
+                hub,
                 handoff_ttl: self.handoff_ttl,
                 client_id: handoff::client_id(),
             }),
@@ -500,10 +512,10 @@ impl RedisBackendBuilder {
 
     /// [`build`](Self::build) for a `redis+sentinel://` URL.
     #[cfg(feature = "redis-sentinel")]
-    async fn build_sentinel(self) -> Result<RedisBackend> {
+    async fn build_sentinel(mut self) -> Result<RedisBackend> {
         let sentinel = Arc::new(sentinel::Sentinel::from_url(&self.url)?);
         tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
-        let commands = match self.source {
+        let commands = match std::mem::replace(&mut self.source, Source::Own) {
             Source::Own => Commands::Sentinel(sentinel.clone()),
             #[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]
             _ => {
@@ -512,26 +524,13 @@ impl RedisBackendBuilder {
                 ))
             }
         };
-        let probe = Script::new("return 1");
-        commands
-            .invoke::<i64>("connect", &probe.prepare_invoke())
-            .await?;
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                replicas_ack: self.replicas_ack,
-                commands,
-                scripts: &FAILOVER,
-                cluster: false,
-                hub: Hub::start_on(notify::Source::Sentinel(sentinel)),
-                handoff_ttl: self.handoff_ttl,
-                client_id: handoff::client_id(),
-            }),
-        })
+        let hub = Hub::start_on(notify::Source::Sentinel(sentinel));
+        self.finish(commands, &FAILOVER, false, hub).await
     }
 
     /// [`build`](Self::build) for a `redis+cluster://` URL.
     #[cfg(feature = "redis-cluster")]
-    async fn build_cluster(self) -> Result<RedisBackend> {
+    async fn build_cluster(mut self) -> Result<RedisBackend> {
         let seeds = hosts_of(&self.url, cluster::SCHEME)?;
         if seeds.is_empty() {
             return Err(Error::invalid_config(
@@ -540,7 +539,7 @@ impl RedisBackendBuilder {
         }
         tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
         let commands =
-            match self.source {
+            match std::mem::replace(&mut self.source, Source::Own) {
                 Source::Own => Commands::Cluster(cluster::connect(&seeds).await?),
                 #[cfg(feature = "redis-deadpool")]
                 Source::DeadpoolCluster(pool) => Commands::DeadpoolCluster(pool),
@@ -549,21 +548,8 @@ impl RedisBackendBuilder {
                     "a redis cluster opens its own connections; a single-node pool cannot serve it",
                 )),
             };
-        let probe = Script::new("return 1");
-        commands
-            .invoke::<i64>("connect", &probe.prepare_invoke())
-            .await?;
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                replicas_ack: self.replicas_ack,
-                commands,
-                scripts: &SHARDED,
-                cluster: true,
-                hub: Hub::start_on(notify::Source::Cluster(seeds)),
-                handoff_ttl: self.handoff_ttl,
-                client_id: handoff::client_id(),
-            }),
-        })
+        let hub = Hub::start_on(notify::Source::Cluster(seeds));
+        self.finish(commands, &SHARDED, true, hub).await
     }
 }
 
