@@ -82,9 +82,10 @@ impl Sentinel {
         })
     }
 
-    /// The current primary, as the sentinels say.
-    async fn primary(&self) -> RedisResult<::redis::Client> {
-        self.client.lock().await.async_get_client().await
+    /// The current primary, as the sentinels say. Boxed: the sentinel client's future is
+    /// large and deep, and every command's future would otherwise carry it inline.
+    fn primary(&self) -> futures::future::BoxFuture<'_, RedisResult<::redis::Client>> {
+        Box::pin(async move { self.client.lock().await.async_get_client().await })
     }
 
     /// The command connection to the current primary, made if there is none.
@@ -92,16 +93,19 @@ impl Sentinel {
         if let Some(conn) = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Ok(conn);
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CALL_TIMEOUT))
-            .set_response_timeout(Some(CALL_TIMEOUT));
-        let conn = self
-            .primary()
-            .await?
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
-        Ok(conn)
+        Box::pin(async move {
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(CALL_TIMEOUT))
+                .set_response_timeout(Some(CALL_TIMEOUT));
+            let conn = self
+                .primary()
+                .await?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
+            Ok(conn)
+        })
+        .await
     }
 
     /// Drops the command connection: the next call asks the sentinels again.
