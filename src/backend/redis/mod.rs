@@ -576,20 +576,20 @@ pub(crate) fn hosts_of(url: &str, scheme: &str) -> Result<Vec<String>> {
 }
 
 /// The names of one lock's keys and channels, and a claim's owner token, as one client sees
-/// them.
-struct Keys {
-    lock: String,
+/// them (on one server, a Cluster, and each Redlock node alike).
+pub(crate) struct Keys {
+    pub(crate) lock: String,
     /// Read-write locks and semaphores: holder -> lease deadline.
-    holders: String,
-    queue: String,
-    waiters: String,
-    fence: String,
+    pub(crate) holders: String,
+    pub(crate) queue: String,
+    pub(crate) waiters: String,
+    pub(crate) fence: String,
     /// Every client's channel for this lock starts with this; the client id follows.
-    channels: String,
+    pub(crate) channels: String,
     /// This client's channel for this lock.
-    channel: String,
+    pub(crate) channel: String,
     /// The claim's owner token: `<client id>.<claim owner>`.
-    owner: String,
+    pub(crate) owner: String,
 }
 
 impl Keys {
@@ -598,15 +598,28 @@ impl Keys {
     }
 
     fn named(namespace: &str, key: &str, client_id: &str, claim_owner: &str) -> Self {
+        Self::layout(namespace, key, client_id, claim_owner, "q", "w")
+    }
+
+    /// The names, with the queue and waiters keys ending in `queue` and `waiters` (Redlock
+    /// keeps its queues, zsets by priority, under names of their own).
+    pub(crate) fn layout(
+        namespace: &str,
+        key: &str,
+        client_id: &str,
+        claim_owner: &str,
+        queue: &str,
+        waiters: &str,
+    ) -> Self {
         // Namespaces hold no braces or colons, so `<ns>:{` starts every name, and every name
         // of one key shares its hash tag. Suffixes end in distinct letters, and lock names end
         // in `}`, so no two keys' names can coincide.
-        let lock = format!("{namespace}:{{{key}}}");
+        let lock = lock_name(namespace, key);
         let channels = format!("{lock}:c:");
         Self {
             holders: format!("{lock}:h"),
-            queue: format!("{lock}:q"),
-            waiters: format!("{lock}:w"),
+            queue: format!("{lock}:{queue}"),
+            waiters: format!("{lock}:{waiters}"),
             fence: format!("{lock}:fence"),
             channel: format!("{channels}{client_id}"),
             channels,
@@ -614,6 +627,22 @@ impl Keys {
             lock,
         }
     }
+
+    /// Adds this claim to a renewal call: its four keys (base, holders, waiters, queue) and
+    /// its owner and TTL, as `renew.lua` takes them.
+    pub(crate) fn add_renewal(&self, inv: &mut ScriptInvocation<'_>, ttl: Duration) {
+        inv.key(&self.lock)
+            .key(&self.holders)
+            .key(&self.waiters)
+            .key(&self.queue)
+            .arg(&self.owner)
+            .arg(millis(ttl));
+    }
+}
+
+/// The name of a lock's main key, `<ns>:{<key>}`: every other name of the lock starts with it.
+fn lock_name(namespace: &str, key: &str) -> String {
+    format!("{namespace}:{{{key}}}")
 }
 
 /// What one claim keeps between calls: its subscription while it waits, and the pairing of
@@ -668,16 +697,14 @@ impl RedisBackend {
     fn renewal_groups(&self, claims: &[(&Claim, &RedisTicket)]) -> Vec<Vec<usize>> {
         #[cfg(feature = "redis-cluster")]
         if self.inner.cluster {
-            let mut groups: Vec<(::redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+            let mut groups: std::collections::HashMap<_, Vec<usize>> =
+                std::collections::HashMap::new();
             for (i, (claim, _)) in claims.iter().enumerate() {
-                let lock = Keys::new(claim, &self.inner.client_id).lock;
+                let lock = lock_name(claim.namespace(), claim.key());
                 let slot = ::redis::cluster_routing::Slot::for_key(&lock);
-                match groups.iter_mut().find(|(s, _)| *s == slot) {
-                    Some((_, group)) => group.push(i),
-                    None => groups.push((slot, vec![i])),
-                }
+                groups.entry(slot).or_default().push(i);
             }
-            return groups.into_iter().map(|(_, group)| group).collect();
+            return groups.into_values().collect();
         }
         vec![(0..claims.len()).collect()]
     }
@@ -696,13 +723,7 @@ impl RedisBackend {
             .map(|(c, _)| *c)
             .collect();
         for claim in &members {
-            let keys = Keys::new(claim, &self.inner.client_id);
-            inv.key(keys.lock)
-                .key(keys.holders)
-                .key(keys.waiters)
-                .key(keys.queue)
-                .arg(keys.owner)
-                .arg(millis(claim.ttl()));
+            Keys::new(claim, &self.inner.client_id).add_renewal(&mut inv, claim.ttl());
         }
         match self
             .inner
@@ -749,7 +770,7 @@ impl RedisBackend {
         let (Some(ack), Some(first)) = (self.inner.replicas_ack, members.first()) else {
             return Ok(());
         };
-        let key = Keys::new(first, &self.inner.client_id).lock;
+        let key = lock_name(first.namespace(), first.key());
         let n = self
             .inner
             .commands
@@ -809,11 +830,14 @@ impl RedisBackend {
     /// key (its grant among them). If they do not in time, releases the grant: it could vanish
     /// in a failover, so nobody may rely on it.
     async fn acknowledged(&self, claim: &Claim, ticket: &RedisTicket, ack: Ack) -> Result<()> {
-        let keys = Keys::new(claim, &self.inner.client_id);
         let acked = self
             .inner
             .commands
-            .acked_by(&keys.lock, ack.replicas, ack.within)
+            .acked_by(
+                &lock_name(claim.namespace(), claim.key()),
+                ack.replicas,
+                ack.within,
+            )
             .await;
         match acked {
             Ok(n) if n >= i64::from(ack.replicas) => Ok(()),
@@ -887,7 +911,7 @@ impl Keys {
     /// A call of `script` with this lock's keys in the order the scripts take them: the mutex
     /// scripts' (lock, queue, waiters, fence), or with `shared` the read-write lock and semaphore
     /// scripts' (base, holders, queue, waiters, fence).
-    fn invoke<'a>(&self, script: &'a Script, shared: bool) -> ScriptInvocation<'a> {
+    pub(crate) fn invoke<'a>(&self, script: &'a Script, shared: bool) -> ScriptInvocation<'a> {
         let mut inv = script.prepare_invoke();
         inv.key(&self.lock);
         if shared {

@@ -19,10 +19,11 @@ use self::node::Node;
 pub use self::node::RedlockNode;
 use self::quorum::{held_until, quorum};
 use super::handoff::{
-    before, check_handoff_ttl, client_id, earliest, fence_of, kind_mismatch, next_in_line,
-    owner_token, recheck, Mailbox, ServerClock, Wake, DEFAULT_HANDOFF_TTL,
+    before, check_handoff_ttl, client_id, earliest, fence_of, kind_mismatch, next_in_line, recheck,
+    Mailbox, ServerClock, Wake, DEFAULT_HANDOFF_TTL,
 };
 use super::redis::notify::Subscription;
+use super::redis::Keys as RedisKeys;
 use super::redis::{millis, FENCE_TTL};
 use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal, MIN_RENEW_CALL};
 use crate::error::{Error, ErrorKind, Result};
@@ -374,18 +375,20 @@ impl RedlockBackendBuilder {
     }
 }
 
-/// One lock's key names, the same on every node, and the claim's owner token.
+/// One lock's key names, the same on every node, and the claim's owner token: the single-node
+/// names (queues under names of their own, `:rq` and `:rw`, since here they are zsets by
+/// priority), and the node's `born` mark.
 struct Keys {
-    lock: String,
-    /// Read-write locks: holder -> lease deadline.
-    holders: String,
-    queue: String,
-    waiters: String,
-    fence: String,
+    names: RedisKeys,
     born: String,
-    channels: String,
-    channel: String,
-    owner: String,
+}
+
+impl std::ops::Deref for Keys {
+    type Target = RedisKeys;
+
+    fn deref(&self) -> &RedisKeys {
+        &self.names
+    }
 }
 
 impl Keys {
@@ -394,33 +397,17 @@ impl Keys {
     }
 
     fn named(namespace: &str, key: &str, client_id: &str, claim_owner: &str) -> Self {
-        let lock = format!("{namespace}:{{{key}}}");
-        let channels = format!("{lock}:c:");
         Self {
-            holders: format!("{lock}:h"),
-            queue: format!("{lock}:rq"),
-            waiters: format!("{lock}:rw"),
-            fence: format!("{lock}:fence"),
+            names: RedisKeys::layout(namespace, key, client_id, claim_owner, "rq", "rw"),
             born: format!("{namespace}:born"),
-            channel: format!("{channels}{client_id}"),
-            channels,
-            owner: owner_token(client_id, claim_owner),
-            lock,
         }
     }
 
-    /// A call of `script` with the keys of a mutex (lock, queue, waiters, fence, born) or,
-    /// `shared`, of a read-write lock (lock, holders, queue, waiters, fence, born).
+    /// A call of `script` with the single-node scripts' keys (see [`RedisKeys::invoke`]), then
+    /// the node's `born` mark.
     fn invoke<'a>(&self, script: &'a Script, shared: bool) -> ScriptInvocation<'a> {
-        let mut inv = script.prepare_invoke();
-        inv.key(&self.lock);
-        if shared {
-            inv.key(&self.holders);
-        }
-        inv.key(&self.queue)
-            .key(&self.waiters)
-            .key(&self.fence)
-            .key(&self.born);
+        let mut inv = self.names.invoke(script, shared);
+        inv.key(&self.born);
         inv
     }
 
@@ -769,8 +756,8 @@ impl RedlockBackend {
             }
         }
         if let Some(family) = mismatch {
-            // Another kind of lock holds the key: nothing of ours may stay on any node.
-            self.release_on(claim, keys).await;
+            // Another kind of lock holds the key (the layer above releases whatever of ours a
+            // node kept, as after any error).
             return Err(kind_mismatch(claim.key(), &family, claim.kind()));
         }
         let n = self.inner.nodes.len();
@@ -1038,13 +1025,8 @@ impl Backend for RedlockBackend {
                 (true, Some(_)) => "H",
                 (false, _) => "w",
             };
-            inv.key(keys.lock)
-                .key(keys.waiters)
-                .key(keys.queue)
-                .key(keys.holders)
-                .arg(keys.owner)
-                .arg(millis(claim.ttl()))
-                .arg(mode);
+            keys.add_renewal(&mut inv, claim.ttl());
+            inv.arg(mode);
         }
         // Bounded per node, within half the window the renewal engine gives the whole call (a
         // third of the shortest TTL, at least 50 ms), so one silent node cannot hold up the

@@ -30,6 +30,23 @@ local function joining(born, rejoin_ms)
   return 0
 end
 
+-- Whether a live waiter queued here comes before our queue `entry` of `priority` (a lower
+-- score, or the same score and a lower entry): then the node should have served it first.
+local function served_before_us(queue, waiters, priority, entry)
+  local head = live_head(queue, waiters)
+  if not head then
+    return false
+  end
+  local score = tonumber(redis.call('ZSCORE', queue, head))
+  return score < priority or (score == priority and head < entry)
+end
+
+-- Puts our queue `entry` back in its place (same priority), alive for `ttl` ms.
+local function requeue(queue, waiters, priority, entry, owner, ttl)
+  redis.call('ZADD', queue, priority, entry)
+  redis.call('ZADD', waiters, clock() + ttl, owner)
+end
+
 -- From here on, this script grants (hands on, grant passes) only if the node has sat out its
 -- rejoin delay.
 local function gate(born, rejoin_ms)

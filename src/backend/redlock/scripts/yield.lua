@@ -12,16 +12,11 @@ local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARG
 if redis.call('HGET', lock, 'o') ~= owner then
   return 0
 end
-local head = live_head(queue, waiters)
-if head then
-  local score = tonumber(redis.call('ZSCORE', queue, head))
-  if score < priority or (score == priority and head < owner) then
-    redis.call('DEL', lock)
-    redis.call('ZADD', queue, priority, owner)
-    redis.call('ZADD', waiters, clock() + ttl, owner)
-    hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
-    return 2
-  end
+if served_before_us(queue, waiters, priority, owner) then
+  redis.call('DEL', lock)
+  requeue(queue, waiters, priority, owner, owner, ttl)
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  return 2
 end
 if redis.call('PTTL', lock) > handoff_ttl then
   redis.call('PEXPIRE', lock, handoff_ttl)

@@ -12,16 +12,11 @@ local deadline = redis.call('ZSCORE', holders, owner)
 if not deadline then
   return 0
 end
-local head = live_head(queue, waiters)
-if head then
-  local score = tonumber(redis.call('ZSCORE', queue, head))
-  if score < priority or (score == priority and head < entry) then
-    drop_holder(base, holders, owner)
-    redis.call('ZADD', queue, priority, entry)
-    redis.call('ZADD', waiters, clock() + ttl, owner)
-    grant_pass(base, holders, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
-    return 2
-  end
+if served_before_us(queue, waiters, priority, entry) then
+  drop_holder(base, holders, owner)
+  requeue(queue, waiters, priority, entry, owner, ttl)
+  grant_pass(base, holders, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  return 2
 end
 if tonumber(deadline) > clock() + handoff_ttl then
   redis.call('ZADD', holders, clock() + handoff_ttl, owner)
