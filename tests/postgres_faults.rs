@@ -75,7 +75,16 @@ async fn late_renewal_replies_do_not_stretch_a_lease() {
 /// handoff's provisional lease ends, not at the dead waiter's liveness deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
-    faults::handoff_to_a_dead_waiter_passes_on(&support::pg::service(), &test_namespace!()).await;
+    faults::handoff_to_a_dead_waiter_passes_on(&support::pg::service(), &test_namespace!(), false)
+        .await;
+}
+
+/// The same, the dead waiter second in a chain of handoffs: the waiter behind it queued while
+/// the first holder's long lease ran, and still hears when the dead one's short lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
+    faults::handoff_to_a_dead_waiter_passes_on(&support::pg::service(), &test_namespace!(), true)
+        .await;
 }
 
 /// A LISTEN connection gone half-open (bytes vanish, no reset) is found out by its ping and

@@ -53,35 +53,42 @@ async fn waiters_are_served_in_arrival_order() {
     .await;
 }
 
-/// A grant (or any other message) goes to the one client it names: each waiting client has its
-/// own channel for the key, with one subscriber, and every message published carries a token of
-/// that channel's client. (With one channel per key, every waiting client would get every grant.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_reaches_only_the_client_it_names() {
-    const CLIENTS: usize = 8;
-    let ns = test_namespace!();
-    let url = shared_redis().url();
-    // Everything published in the namespace, as the server sends it.
-    let (mut sink, mut stream) = redis::Client::open(url.as_str())
+/// Everything published in namespace `ns`, as the server sends it (channel, payload), until
+/// nothing came for 2 s.
+async fn published(url: &str, ns: &str) -> tokio::task::JoinHandle<Vec<(String, String)>> {
+    let (mut sink, mut stream) = redis::Client::open(url)
         .unwrap()
         .get_async_pubsub()
         .await
         .unwrap()
         .split();
     sink.psubscribe(format!("{ns}:*")).await.unwrap();
-    let seen = tokio::spawn(async move {
+    tokio::spawn(async move {
+        let _sink = sink;
         let mut seen = Vec::new();
         while let Ok(Some(msg)) = timeout(Duration::from_secs(2), stream.next()).await {
             let payload: String = msg.get_payload().unwrap();
             seen.push((msg.get_channel_name().to_owned(), payload));
         }
         seen
-    });
+    })
+}
 
-    let holder = client(&ns).await.mutex("k").lock().await.unwrap();
+/// What a chain of `CLIENTS` handoffs publishes: a holder taken with lease `ttl`, then one
+/// waiting client after another (each holds for a lease of `ttl`, handed on with provisional
+/// leases of `handoff`), each releasing at once. Checks that every message published in the
+/// namespace goes to the one client it names: each waiting client has its own channel for the
+/// key, with one subscriber, and every message carries a token of that channel's client.
+async fn published_in_a_chain(ns: &str, ttl: Duration, handoff: Duration) -> Vec<(String, String)> {
+    const CLIENTS: usize = 8;
+    let url = shared_redis().url();
+    let seen = published(&url, ns).await;
+    let chained = || support::redis::client(&url, ns, ttl, handoff, true);
+    let first = chained().await;
+    let holder = first.mutex("k").lock().await.unwrap();
     let mut tasks = Vec::new();
     for i in 0..CLIENTS {
-        let c = client(&ns).await;
+        let c = chained().await;
         tasks.push(tokio::spawn(async move {
             let guard = c.mutex("k").lock().await.unwrap();
             guard.release().await.unwrap();
@@ -116,9 +123,8 @@ async fn a_grant_reaches_only_the_client_it_names() {
     for t in tasks {
         timeout(Duration::from_secs(10), t).await.unwrap().unwrap();
     }
+    first.shutdown().await;
     let seen = seen.await.unwrap();
-    // A grant per waiter, and a next-in-line hint per grant but the last.
-    assert_eq!(seen.len(), 2 * CLIENTS - 1, "{seen:?}");
     for (channel, payload) in &seen {
         let client_id = channel
             .rsplit_once(":c:")
@@ -126,6 +132,94 @@ async fn a_grant_reaches_only_the_client_it_names() {
             .unwrap_or_else(|| panic!("not a client channel: {channel}"));
         let named = payload.split(['.', ' ']).next().unwrap_or_default();
         assert_eq!(named, client_id, "{payload} published on {channel}");
+    }
+    assert_eq!(
+        seen.iter()
+            .filter(|(_, p)| p.split(' ').count() == 4)
+            .count(),
+        CLIENTS,
+        "a grant per waiter: {seen:?}"
+    );
+    seen
+}
+
+/// A grant (or any other message) goes to the one client it names. The waiters queued behind a
+/// long lease, so each may re-check only late: each grant is followed by a next-in-line hint
+/// (when the provisional lease just handed out ends), but the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_reaches_only_the_client_it_names() {
+    let ns = test_namespace!();
+    let seen = published_in_a_chain(&ns, Duration::from_secs(30), Duration::from_secs(2)).await;
+    assert_eq!(seen.len(), 2 * 8 - 1, "{seen:?}");
+}
+
+/// Waiters told to re-check no later than a provisional lease would end need no hint when one
+/// is handed out: a chain of handoffs behind short leases publishes the grants alone (one
+/// message, one client woken per handoff).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_next_in_line_hint_when_every_waiter_re_checks_soon_enough() {
+    let ns = test_namespace!();
+    let seen = published_in_a_chain(&ns, Duration::from_secs(1), Duration::from_secs(2)).await;
+    assert_eq!(seen.len(), 8, "{seen:?}");
+}
+
+/// A waiter told to re-check late (it queued behind a full lease) hears when the provisional
+/// lease of the one ahead of it ends; once the last such waiter is served, the chain behind it
+/// (queued behind provisional leases) goes on without hints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_in_line_hints_stop_once_the_waiters_told_late_are_served() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let seen = published(&url, &ns).await;
+    let (ttl, handoff) = (Duration::from_secs(30), Duration::from_secs(2));
+    let c = || support::redis::client(&url, &ns, ttl, handoff, true);
+    let (h, w1, w2) = (c().await, c().await, c().await);
+    let holder = h.mutex("k").lock().await.unwrap();
+    let first = tokio::spawn({
+        let w1 = w1.clone();
+        async move { w1.mutex("k").lock().await.unwrap() }
+    });
+    until_queued(&url, &ns, "k", 1).await;
+    let second = tokio::spawn({
+        let w2 = w2.clone();
+        async move { w2.mutex("k").lock().await.unwrap() }
+    });
+    until_queued(&url, &ns, "k", 2).await;
+    holder.release().await.unwrap();
+    // w1 holds a provisional lease; w2 was told to re-check at the holder's 30 s lease.
+    let first = timeout(Duration::from_secs(5), first)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut rest = Vec::new();
+    for i in 0..4 {
+        let c = c().await;
+        rest.push(tokio::spawn(async move {
+            let guard = c.mutex("k").lock().await.unwrap();
+            guard.release().await.unwrap();
+            c.shutdown().await;
+        }));
+        until_queued(&url, &ns, "k", i + 2).await;
+    }
+    first.release().await.unwrap();
+    let second = timeout(Duration::from_secs(5), second)
+        .await
+        .unwrap()
+        .unwrap();
+    second.release().await.unwrap();
+    for t in rest {
+        timeout(Duration::from_secs(10), t).await.unwrap().unwrap();
+    }
+    let seen = seen.await.unwrap();
+    let hints: Vec<_> = seen
+        .iter()
+        .filter(|(_, p)| p.split(' ').count() == 3)
+        .collect();
+    // One hint: to w2, when w1 got the lock. None in the chain queued behind w1's short lease.
+    assert_eq!(hints.len(), 1, "{seen:?}");
+    assert_eq!(seen.len(), 1 + 6, "six grants and the hint: {seen:?}");
+    for c in [h, w1, w2] {
+        c.shutdown().await;
     }
 }
 

@@ -158,8 +158,24 @@ async fn a_stuck_renewal_does_not_delay_another_leases_deadline() {
 /// the handoff's provisional lease ends, not at the old holder's deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
-    faults::handoff_to_a_dead_waiter_passes_on(&support::redis::service(), &test_namespace!())
-        .await;
+    faults::handoff_to_a_dead_waiter_passes_on(
+        &support::redis::service(),
+        &test_namespace!(),
+        false,
+    )
+    .await;
+}
+
+/// The same, the dead waiter second in a chain of handoffs: the waiter behind it queued while
+/// the first holder's long lease ran, and still hears when the dead one's short lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_handoff_to_a_dead_waiter_passes_on_when_its_lease_ends() {
+    faults::handoff_to_a_dead_waiter_passes_on(
+        &support::redis::service(),
+        &test_namespace!(),
+        true,
+    )
+    .await;
 }
 
 /// Item 7: a pub/sub connection that went half-open (bytes vanish, no reset) is found out and

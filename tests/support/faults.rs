@@ -122,23 +122,46 @@ pub async fn stays_lost(stale: &MutexGuard, period: Duration) {
 
 /// A lock handed to a waiter whose process just died (its connections refused, its queue entry
 /// still alive for a TTL) passes to the next waiter when the handoff's provisional lease ends,
-/// not at the dead waiter's deadline.
-pub async fn handoff_to_a_dead_waiter_passes_on(svc: &Service, ns: &str) {
+/// not at the dead waiter's deadline. With `after_a_live_one`, a live waiter queued first takes
+/// the lock and gives it up at once, so the handoff to the dead one is the second of the chain
+/// (the next waiter queued while the first holder's long lease ran, and must still hear when the
+/// dead one's provisional lease ends).
+pub async fn handoff_to_a_dead_waiter_passes_on(svc: &Service, ns: &str, after_a_live_one: bool) {
     let proxy = Proxy::start(svc.port);
     let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
     let h = svc.client(svc.url(), ns, ttl, handoff).await;
+    let live = svc.client(svc.url(), ns, ttl, handoff).await;
     let dead = svc.client(svc.via(&proxy), ns, ttl, handoff).await;
     let next = svc.client(svc.url(), ns, ttl, handoff).await;
 
     let held = h.mutex("k").lock().await.unwrap();
+    let mut queued = 0;
+    let first = if after_a_live_one {
+        let first = tokio::spawn(live.mutex("k").lock());
+        queued += 1;
+        svc.until_queued(ns, "k", queued).await;
+        Some(first)
+    } else {
+        None
+    };
     let doomed = tokio::spawn(dead.mutex("k").lock());
-    svc.until_queued(ns, "k", 1).await;
+    queued += 1;
+    svc.until_queued(ns, "k", queued).await;
     let waiter = tokio::spawn(next.mutex("k").lock());
-    svc.until_queued(ns, "k", 2).await;
+    svc.until_queued(ns, "k", queued + 1).await;
 
     proxy.cut();
-    let released = Instant::now();
+    let mut released = Instant::now();
     held.release().await.unwrap();
+    if let Some(first) = first {
+        let guard = timeout(Duration::from_secs(5), first)
+            .await
+            .expect("the live waiter was not served")
+            .unwrap()
+            .unwrap();
+        released = Instant::now();
+        guard.release().await.unwrap();
+    }
     let guard = timeout(Duration::from_secs(5), waiter)
         .await
         .expect("the next waiter waited for the dead waiter's TTL")
@@ -152,6 +175,7 @@ pub async fn handoff_to_a_dead_waiter_passes_on(svc: &Service, ns: &str) {
     doomed.abort();
     drop(guard);
     h.shutdown().await;
+    live.shutdown().await;
     next.shutdown().await;
 }
 

@@ -35,6 +35,7 @@ if not holder then
 end
 
 local now = clock()
+local left = redis.call('PTTL', lock)
 if wait then
   if not redis.call('ZSCORE', waiters, owner) then
     redis.call('RPUSH', queue, owner)
@@ -42,5 +43,6 @@ if wait then
   redis.call('ZADD', waiters, now + ttl, owner)
   keep(queue, 2 * ttl)
   keep(waiters, 2 * ttl)
+  tell(lock, queue, now, left, handoff_ttl)
 end
-return {0, redis.call('PTTL', lock), now}
+return {0, left, now}

@@ -45,6 +45,8 @@ if not live_head(queue, waiters) and fits(base, holders, kind) then
   return {1, f, 0}
 end
 
+-- Check again when the first holder's lease ends, should it not be renewed.
+local left = first_lease_end(holders, now)
 if wait then
   if not redis.call('ZSCORE', waiters, owner) then
     redis.call('RPUSH', queue, kind .. ':' .. owner)
@@ -53,8 +55,8 @@ if wait then
   keep(queue, 2 * ttl)
   keep(waiters, 2 * ttl)
   keep(base, 2 * ttl)
+  tell(base, queue, now, left, handoff_ttl)
 else
   forget_if_idle(base, holders, queue)
 end
--- Check again when the first holder's lease ends, should it not be renewed.
-return {0, first_lease_end(holders, now), now}
+return {0, left, now}

@@ -1,5 +1,8 @@
 -- Shared by every distlock script. Per lock key (one hash tag, so one Cluster slot):
 --   base     hash  a mutex: o = owner token, f = fencing token, PX = lease
+--                  any: w = the latest moment (server ms) a waiter was told to re-check
+--                  at, if later than a provisional lease would end, and wq = the queue's
+--                  last entry then (see `tell`)
 --                  a read-write lock or semaphore: t = rw | sem, m = permits (sem),
 --                  u = permits in use (sem), wr = the writer (rw), f:<owner> = each holder's
 --                  fencing token, n:<owner> = each holder's permits (sem)
@@ -18,12 +21,14 @@
 -- file included later can replace them.
 local Q = {
   first = function(queue) return redis.call('LINDEX', queue, 0) end,
+  last = function(queue) return redis.call('LINDEX', queue, -1) end,
   pop = function(queue) redis.call('LPOP', queue) end,
   remove = function(queue, entry) redis.call('LREM', queue, 1, entry) end,
   len = function(queue) return redis.call('LLEN', queue) end,
   may_grant = function() return true end,
   publish = function(channel, message) redis.call('PUBLISH', channel, message) end,
   fence_floor = false,
+  hint_always = false,
 }
 
 -- Server time in ms and in µs, read once per script and only if needed.
@@ -66,11 +71,53 @@ local function next_fence(fence, fence_ttl)
   return f
 end
 
-local function grant(lock, fence, owner, px, fence_ttl)
+-- Makes `owner` the mutex's holder for `px` ms; `told` (if any: the 'w' and 'wq' of `tell`) is
+-- kept on the hold.
+local function grant(lock, fence, owner, px, fence_ttl, told)
   local f = next_fence(fence, fence_ttl)
-  redis.call('HSET', lock, 'o', owner, 'f', int(f))
+  if told then
+    redis.call('HSET', lock, 'o', owner, 'f', int(f), 'w', told[1], 'wq', told[2])
+  else
+    redis.call('HSET', lock, 'o', owner, 'f', int(f))
+  end
   redis.call('PEXPIRE', lock, px)
   return f
+end
+
+-- A waiter re-checks on its own at the moment it was told (when the lease it queued behind
+-- ends, `ms` from `now`). A provisional lease handed out later may end sooner: the waiter then
+-- next in line must hear of it (`hint_next`) in case its new holder died before confirming
+-- it, but only if it was told a moment later than that lease ends. So `key` keeps the latest
+-- such moment told ('w') and the queue's last entry then ('wq'): no waiter behind that entry
+-- was told one, so once it is served, no hint is needed.
+local function tell(key, queue, now, ms, handoff_ttl)
+  if ms <= handoff_ttl then
+    return
+  end
+  local last = redis.call('HGET', key, 'w')
+  if last and tonumber(last) > now + ms then
+    now, ms = tonumber(last), 0
+  end
+  redis.call('HSET', key, 'w', int(now + ms), 'wq', Q.last(queue))
+end
+
+-- Whether the waiter now next in line may have been told to re-check later than a provisional
+-- lease handed out now ends: `told` is the {w, wq} kept by `tell` (or nil), `served_last`
+-- whether the entry 'wq' names was just granted.
+local function needs_hint(told, served_last, handoff_ttl)
+  if Q.hint_always then
+    return true
+  end
+  return told ~= nil and not served_last and tonumber(told[1]) > clock() + handoff_ttl
+end
+
+-- The {w, wq} that `tell` kept in `key`, or nil.
+local function told_in(key)
+  local w, wq = unpack(redis.call('HMGET', key, 'w', 'wq'))
+  if w then
+    return {w, wq}
+  end
+  return nil
 end
 
 -- A queue entry's kind and owner: "<kind>:<owner>" for read-write locks and semaphores, the
@@ -153,8 +200,9 @@ local function hint_next(prefix, queue, px)
 end
 
 -- Gives the free mutex to the live head of the queue, for a short unconfirmed lease, and
--- announces it.
-local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+-- announces it. `told` is what the released hold kept of `tell` (or nil), passed on while it
+-- matters.
+local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told)
   if not Q.may_grant() then
     return
   end
@@ -165,9 +213,12 @@ local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, pre
   end
   Q.pop(queue)
   redis.call('ZREM', waiters, head)
-  local f = grant(lock, fence, head, handoff_ttl, fence_ttl)
+  local hint = needs_hint(told, told and told[2] == head, handoff_ttl)
+  local f = grant(lock, fence, head, handoff_ttl, fence_ttl, hint and told or nil)
   announce(prefix, head, f, handoff_ttl)
-  hint_next(prefix, queue, handoff_ttl)
+  if hint then
+    hint_next(prefix, queue, handoff_ttl)
+  end
 end
 
 -- Read-write locks and semaphores ----------------------------------------------------------
@@ -230,6 +281,8 @@ local function grant_pass(base, holders, queue, waiters, fence, fence_ttl, hando
     return
   end
   local granted = false
+  local told = told_in(base)
+  local served_last = false
   while true do
     local head, owner = live_head(queue, waiters)
     if not head then
@@ -244,9 +297,14 @@ local function grant_pass(base, holders, queue, waiters, fence, fence_ttl, hando
     local f = add_holder(base, holders, fence, fence_ttl, owner, kind, handoff_ttl)
     announce(prefix, owner, f, handoff_ttl)
     granted = true
+    served_last = served_last or (told ~= nil and told[2] == head)
   end
   if granted then
-    hint_next(prefix, queue, handoff_ttl)
+    if needs_hint(told, served_last, handoff_ttl) then
+      hint_next(prefix, queue, handoff_ttl)
+    elseif told then
+      redis.call('HDEL', base, 'w', 'wq')
+    end
   end
 end
 

@@ -6,7 +6,7 @@
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, fence_ttl, handoff_ttl, prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 
-local holder, family = unpack(redis.call('HMGET', lock, 'o', 't'))
+local holder, family, w, wq = unpack(redis.call('HMGET', lock, 'o', 't', 'w', 'wq'))
 if family then
   -- A read-write lock or semaphore: a mutex claim was refused there and left nothing.
   return 0
@@ -21,6 +21,10 @@ else
   end
 end
 if held == 1 or not holder then
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  local told = nil
+  if holder and w then
+    told = {w, wq}
+  end
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told)
 end
 return held

@@ -10,9 +10,13 @@
 --                  expiry, so it is gone only if the node lost its data)
 
 Q.first = function(queue) return redis.call('ZRANGE', queue, 0, 0)[1] end
+Q.last = function(queue) return redis.call('ZRANGE', queue, -1, -1)[1] end
 Q.pop = function(queue) redis.call('ZPOPMIN', queue) end
 Q.remove = function(queue, entry) redis.call('ZREM', queue, entry) end
 Q.len = function(queue) return redis.call('ZCARD', queue) end
+-- A Redlock waiter re-checks at a moment merged from several nodes, which no node knows: the
+-- waiter next in line always hears when a provisional lease ends.
+Q.hint_always = true
 
 -- How many ms the node must still sit out: a node that lost its data may have forgotten a
 -- grant, so it grants nothing until every lease it could have held has run out.
