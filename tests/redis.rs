@@ -153,6 +153,55 @@ async fn a_grant_reaches_only_the_client_it_names() {
     assert_eq!(seen.len(), 2 * 8 - 1, "{seen:?}");
 }
 
+/// A holder whose lease ran out (it stopped renewing) is replaced by the first waiter, which
+/// takes the lock itself when it re-checks; its release hands the lock on at once to the waiter
+/// behind it, not at that waiter's own re-check (a lease later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_after_an_expired_lease_is_handed_on_at_release() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let handoff = Duration::from_secs(2);
+    let stale = support::redis::client(&url, &ns, Duration::from_millis(400), handoff, false).await;
+    let c = || support::redis::client(&url, &ns, Duration::from_secs(10), handoff, true);
+    let (a, b) = (c().await, c().await);
+    let held = stale.mutex("k").lock().await.unwrap();
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { a.mutex("k").lock().await.unwrap() }
+    });
+    until_queued(&url, &ns, "k", 1).await;
+    let second = tokio::spawn({
+        let b = b.clone();
+        async move { b.mutex("k").lock().await.unwrap() }
+    });
+    until_queued(&url, &ns, "k", 2).await;
+    // The stale lease runs out; the first waiter takes the lock when it looks again.
+    let first = timeout(Duration::from_secs(3), first)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(held.is_lost());
+    sleep(Duration::from_millis(100)).await;
+    let first_token = first.fencing_token();
+    let released = Instant::now();
+    first.release().await.unwrap();
+    let second = timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second waiter waited for its own re-check")
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "handed on {:?} after the release",
+        released.elapsed()
+    );
+    assert!(second.fencing_token() > first_token);
+    second.release().await.unwrap();
+    drop(held);
+    for c in [stale, a, b] {
+        c.shutdown().await;
+    }
+}
+
 /// Waiters told to re-check no later than a provisional lease would end need no hint when one
 /// is handed out: a chain of handoffs behind short leases publishes the grants alone (one
 /// message, one client woken per handoff).

@@ -7,7 +7,7 @@ local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 
-local holder, family = unpack(redis.call('HMGET', lock, 'o', 't'))
+local holder, family, queued = unpack(redis.call('HMGET', lock, 'o', 't', 'q'))
 if family then
   return {-1, family_of(lock, queue)}
 end
@@ -28,19 +28,25 @@ if not holder then
       redis.call('LPOP', queue)
       redis.call('ZREM', waiters, owner)
     end
-    return {1, grant(lock, fence, owner, ttl, fence_ttl), 0}
+    -- Queued ourselves: others may be queued behind us.
+    return {1, grant(lock, fence, owner, ttl, fence_ttl, nil, head ~= nil), 0}
   end
   -- Free, but another live waiter is first (the last holder expired): it gets the lock.
   hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  queued = true
 end
 
 local now = clock()
 local left = redis.call('PTTL', lock)
 if wait then
-  if not redis.call('ZSCORE', waiters, owner) then
+  -- New in the waiters set, so not queued yet (the two hold the same owners).
+  if redis.call('ZADD', waiters, now + ttl, owner) == 1 then
     redis.call('RPUSH', queue, owner)
   end
-  redis.call('ZADD', waiters, now + ttl, owner)
+  if not queued and left > 0 then
+    -- The hold we queue behind looks at the queue when it is released.
+    redis.call('HSET', lock, 'q', '1')
+  end
   keep(queue, 2 * ttl)
   keep(waiters, 2 * ttl)
   tell(lock, queue, now, left, handoff_ttl)

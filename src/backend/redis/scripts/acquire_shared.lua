@@ -48,10 +48,10 @@ end
 -- Check again when the first holder's lease ends, should it not be renewed.
 local left = first_lease_end(holders, now)
 if wait then
-  if not redis.call('ZSCORE', waiters, owner) then
+  -- New in the waiters set, so not queued yet (the two hold the same owners).
+  if redis.call('ZADD', waiters, now + ttl, owner) == 1 then
     redis.call('RPUSH', queue, kind .. ':' .. owner)
   end
-  redis.call('ZADD', waiters, now + ttl, owner)
   keep(queue, 2 * ttl)
   keep(waiters, 2 * ttl)
   keep(base, 2 * ttl)

@@ -1,5 +1,7 @@
 -- Shared by every distlock script. Per lock key (one hash tag, so one Cluster slot):
---   base     hash  a mutex: o = owner token, f = fencing token, PX = lease
+--   base     hash  a mutex: o = owner token, f = fencing token, PX = lease, q = set once
+--                  anyone may be queued behind this hold (unset: its release need not
+--                  look at the queue)
 --                  any: w = the latest moment (server ms) a waiter was told to re-check
 --                  at, if later than a provisional lease would end, and wq = the queue's
 --                  last entry then (see `tell`)
@@ -46,9 +48,11 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
--- Sets a TTL of at least `ms` on a bookkeeping key, never shortening a longer one.
+-- Keeps a bookkeeping key alive for at least `ms` / 2 (callers pass twice what they need):
+-- below that, its TTL goes up to `ms`, so a busy key pays for a PEXPIRE once per `ms` / 2, not
+-- at every call. Never shortens a longer TTL.
 local function keep(key, ms)
-  if redis.call('PTTL', key) < ms then
+  if redis.call('PTTL', key) < ms / 2 then
     redis.call('PEXPIRE', key, ms)
   end
 end
@@ -72,14 +76,18 @@ local function next_fence(fence, fence_ttl)
 end
 
 -- Makes `owner` the mutex's holder for `px` ms; `told` (if any: the 'w' and 'wq' of `tell`) is
--- kept on the hold.
-local function grant(lock, fence, owner, px, fence_ttl, told)
+-- kept on the hold, and `queued` marks it as having waiters behind it ('q').
+local function grant(lock, fence, owner, px, fence_ttl, told, queued)
   local f = next_fence(fence, fence_ttl)
+  local fields = {'o', owner, 'f', int(f)}
   if told then
-    redis.call('HSET', lock, 'o', owner, 'f', int(f), 'w', told[1], 'wq', told[2])
-  else
-    redis.call('HSET', lock, 'o', owner, 'f', int(f))
+    fields[#fields + 1], fields[#fields + 2] = 'w', told[1]
+    fields[#fields + 1], fields[#fields + 2] = 'wq', told[2]
   end
+  if queued then
+    fields[#fields + 1], fields[#fields + 2] = 'q', '1'
+  end
+  redis.call('HSET', lock, unpack(fields))
   redis.call('PEXPIRE', lock, px)
   return f
 end
@@ -199,26 +207,33 @@ local function hint_next(prefix, queue, px)
   end
 end
 
--- Gives the free mutex to the live head of the queue, for a short unconfirmed lease, and
--- announces it. `told` is what the released hold kept of `tell` (or nil), passed on while it
--- matters.
-local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told)
+-- Gives the mutex to the live head of the queue, for a short unconfirmed lease, and announces
+-- it; says whether it did. `told` is what the released hold kept of `tell` (or nil), passed on
+-- while it matters. With `replacing`, the released hold's hash is still there (it is
+-- overwritten, not deleted first).
+local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told,
+                        replacing)
   if not Q.may_grant() then
-    return
+    return false
   end
   local head, owner = live_head(queue, waiters)
   if not head or head ~= owner then
     -- Nobody waits, or this is another kind of lock's queue.
-    return
+    return false
   end
   Q.pop(queue)
   redis.call('ZREM', waiters, head)
   local hint = needs_hint(told, told and told[2] == head, handoff_ttl)
-  local f = grant(lock, fence, head, handoff_ttl, fence_ttl, hint and told or nil)
+  if replacing and told and not hint then
+    redis.call('HDEL', lock, 'w', 'wq')
+  end
+  -- Others may still wait behind the new holder (not counted: its release looks).
+  local f = grant(lock, fence, head, handoff_ttl, fence_ttl, hint and told or nil, true)
   announce(prefix, head, f, handoff_ttl)
   if hint then
     hint_next(prefix, queue, handoff_ttl)
   end
+  return true
 end
 
 -- Read-write locks and semaphores ----------------------------------------------------------

@@ -6,25 +6,28 @@
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, fence_ttl, handoff_ttl, prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 
-local holder, family, w, wq = unpack(redis.call('HMGET', lock, 'o', 't', 'w', 'wq'))
+local holder, family, w, wq, queued = unpack(redis.call('HMGET', lock, 'o', 't', 'w', 'wq', 'q'))
 if family then
   -- A read-write lock or semaphore: a mutex claim was refused there and left nothing.
   return 0
 end
-local held = 0
+local told = nil
+if w then
+  told = {w, wq}
+end
 if holder == owner then
-  redis.call('DEL', lock)
-  held = 1
-else
-  if redis.call('ZREM', waiters, owner) == 1 then
-    redis.call('LREM', queue, 1, owner)
+  -- Handed on in place (overwritten), or deleted if nobody waits (nobody queued behind this
+  -- hold if it is not marked: then the queue is not even looked at).
+  if not (queued and hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told,
+                              true)) then
+    redis.call('DEL', lock)
   end
+  return 1
 end
-if held == 1 or not holder then
-  local told = nil
-  if holder and w then
-    told = {w, wq}
-  end
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told)
+if redis.call('ZREM', waiters, owner) == 1 then
+  redis.call('LREM', queue, 1, owner)
 end
-return held
+if not holder then
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, nil, false)
+end
+return 0
