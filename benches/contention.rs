@@ -4,7 +4,9 @@
 //!
 //! `<impl> workers=W cs_ms=C acq_per_s=… p50_ms=… p99_ms=… max_ms=… fairness_min_over_max=… server_ops_per_acq=… overlaps=0`
 //!
-//! Run: `cargo bench --bench contention --all-features [-- --workers 8 --cs-ms 1 --secs 5 --impl memory,redis,rslock --lock mutex,rwlock,semaphore]`.
+//! Run: `cargo bench --bench contention --all-features [-- --workers 8 --cs-ms 1 --secs 5 --impl memory,redis,rslock --lock mutex,rwlock,semaphore --rounds 5]`.
+//! `--rounds R` runs everything R times, the impls taking turns, and ends with the median round
+//! of each impl and configuration (this machine's speed drifts between runs).
 //! `--workers`, `--cs-ms`, `--impl` and `--lock` take comma-separated lists. `--lock` picks the
 //! primitive on memory and Redis: `mutex` (default), `rwlock` (one write in ten, the rest
 //! reads; label `-rwlock90`) or `semaphore` (4 permits, one each; label `-semaphore4`). Redis runs start their own
@@ -38,6 +40,9 @@ struct Args {
     workers: Vec<usize>,
     cs_ms: Vec<f64>,
     secs: f64,
+    /// Every impl runs every configuration this many times, the impls taking turns; with more
+    /// than one, a summary gives the median round of each.
+    rounds: usize,
     impls: Vec<String>,
     locks: Vec<Prim>,
 }
@@ -67,6 +72,7 @@ fn parse_args() -> Args {
         workers: vec![1, 8],
         cs_ms: vec![0.0, 1.0],
         secs: 3.0,
+        rounds: 1,
         impls: vec!["memory".into()],
         locks: vec![Prim::Mutex],
     };
@@ -79,6 +85,7 @@ fn parse_args() -> Args {
             }
             "--cs-ms" => args.cs_ms = value().split(',').filter_map(|s| s.parse().ok()).collect(),
             "--secs" => args.secs = value().parse().unwrap_or(args.secs),
+            "--rounds" => args.rounds = value().parse().unwrap_or(args.rounds).max(1),
             "--impl" => args.impls = value().split(',').map(str::to_owned).collect(),
             "--lock" => {
                 args.locks = value()
@@ -310,7 +317,7 @@ fn report(name: &str, workers: usize, cs_ms: f64, mut o: Outcome, ops: Option<Op
     let max = o.per_worker.iter().copied().max().unwrap_or(0).max(1) as f64;
     let per_acq = |n: u64| n as f64 / total.max(1) as f64;
     let ops_field = ops.map_or_else(|| "n/a".to_string(), |o| format!("{:.2}", per_acq(o.total)));
-    println!(
+    let line = format!(
         "{name} workers={workers} cs_ms={cs_ms} acq_per_s={:.0} p50_ms={:.3} p99_ms={:.3} max_ms={:.3} fairness_min_over_max={:.2} server_ops_per_acq={ops_field} overlaps={}",
         total as f64 / o.elapsed.as_secs_f64(),
         percentile(&o.waits, 0.50),
@@ -319,6 +326,7 @@ fn report(name: &str, workers: usize, cs_ms: f64, mut o: Outcome, ops: Option<Op
         min / max,
         o.overlaps,
     );
+    print_line(line);
     if let Some(o) = ops.filter(|o| o.top_level.is_some()) {
         // rslock's lock is a top-level SET; ours happen inside scripts.
         let sets = if name.starts_with("rslock") {
@@ -332,6 +340,52 @@ fn report(name: &str, workers: usize, cs_ms: f64, mut o: Outcome, ops: Option<Op
             o.cpu_us / total.max(1) as f64,
             per_acq(o.out_bytes),
         );
+    }
+}
+
+/// Every standard line printed so far, for the summary of several rounds.
+static LINES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn print_line(line: String) {
+    println!("{line}");
+    LINES.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+}
+
+/// With several rounds: for each impl and configuration (in the order first run), the line of
+/// its median round by `acq_per_s`, and the spread over the rounds.
+fn summarize(rounds: usize) {
+    if rounds < 2 {
+        return;
+    }
+    let lines = LINES.lock().unwrap_or_else(|p| p.into_inner());
+    let field = |line: &str, name: &str| -> Option<String> {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{name}=")).map(str::to_owned))
+    };
+    let config = |line: &str| {
+        let impl_name = line.split_whitespace().next().unwrap_or_default().to_owned();
+        (impl_name, field(line, "workers"), field(line, "cs_ms"))
+    };
+    let mut order = Vec::new();
+    for line in lines.iter() {
+        let c = config(line);
+        if !order.contains(&c) {
+            order.push(c);
+        }
+    }
+    println!("# median of {rounds} rounds (impls taking turns), with min..max acq_per_s:");
+    for c in order {
+        let mut runs: Vec<(f64, &String)> = lines
+            .iter()
+            .filter(|l| config(l) == c)
+            .map(|l| {
+                let rate = field(l, "acq_per_s").and_then(|v| v.parse().ok()).unwrap_or(0.0);
+                (rate, l)
+            })
+            .collect();
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (lo, hi) = (runs[0].0, runs[runs.len() - 1].0);
+        println!("{} (rounds {lo:.0}..{hi:.0})", runs[runs.len() / 2].1);
     }
 }
 
@@ -567,7 +621,7 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        for name in &args.impls {
+        for name in std::iter::repeat_n(&args.impls, args.rounds).flatten() {
             // rslock and the Curator workload are mutexes only.
             let prims: &[Prim] = if !matches!(
                 name.as_str(),
@@ -740,13 +794,10 @@ fn main() {
                             } else {
                                 line.to_owned()
                             };
-                            println!(
-                                "{}",
-                                line.replace(
-                                    "server_ops_per_acq=n/a",
-                                    &format!("server_ops_per_acq={:.2}", packets as f64 / acquisitions)
-                                )
-                            );
+                            print_line(line.replace(
+                                "server_ops_per_acq=n/a",
+                                &format!("server_ops_per_acq={:.2}", packets as f64 / acquisitions),
+                            ));
                         }
                         other => eprintln!(
                             "unknown --impl {other}; known: memory, redis, rslock, redis-cluster, redlock3, redlock5, rslock-redlock3, rslock-redlock5, zookeeper, curator, zookeeper-ensemble, curator-ensemble, postgres"
@@ -756,5 +807,6 @@ fn main() {
             }
             }
         }
+        summarize(args.rounds);
     });
 }
