@@ -363,7 +363,11 @@ fn summarize(rounds: usize) {
             .find_map(|f| f.strip_prefix(&format!("{name}=")).map(str::to_owned))
     };
     let config = |line: &str| {
-        let impl_name = line.split_whitespace().next().unwrap_or_default().to_owned();
+        let impl_name = line
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned();
         (impl_name, field(line, "workers"), field(line, "cs_ms"))
     };
     let mut order = Vec::new();
@@ -379,7 +383,9 @@ fn summarize(rounds: usize) {
             .iter()
             .filter(|l| config(l) == c)
             .map(|l| {
-                let rate = field(l, "acq_per_s").and_then(|v| v.parse().ok()).unwrap_or(0.0);
+                let rate = field(l, "acq_per_s")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0);
                 (rate, l)
             })
             .collect();

@@ -59,22 +59,29 @@ struct Scripts {
     downgrade: Script,
 }
 
+/// The helpers of the read-write lock and semaphore scripts, and of the renewal script. A
+/// script carries only the helpers it uses: Redis runs the whole text at every call, so each
+/// helper defined is paid for by every call.
+pub(crate) const SHARED_LUA: &str = include_str!("scripts/shared.lua");
+pub(crate) const RENEWAL_LUA: &str = include_str!("scripts/renewal.lua");
+
 impl Scripts {
     fn with(prelude: &str) -> Self {
-        let script = |body: &str| {
+        let script = |parts: &[&str], body: &str| {
             Script::new(&format!(
-                "{}\n{prelude}\n{body}",
-                include_str!("scripts/common.lua")
+                "{}\n{prelude}\n{}\n{body}",
+                include_str!("scripts/common.lua"),
+                parts.join("\n")
             ))
         };
         Self {
-            acquire: script(include_str!("scripts/acquire.lua")),
-            release: script(include_str!("scripts/release.lua")),
-            renew: script(include_str!("scripts/renew.lua")),
-            inspect: script(include_str!("scripts/inspect.lua")),
-            acquire_shared: script(include_str!("scripts/acquire_shared.lua")),
-            release_shared: script(include_str!("scripts/release_shared.lua")),
-            downgrade: script(include_str!("scripts/downgrade.lua")),
+            acquire: script(&[], include_str!("scripts/acquire.lua")),
+            release: script(&[], include_str!("scripts/release.lua")),
+            renew: script(&[RENEWAL_LUA], include_str!("scripts/renew.lua")),
+            inspect: script(&[], include_str!("scripts/inspect.lua")),
+            acquire_shared: script(&[SHARED_LUA], include_str!("scripts/acquire_shared.lua")),
+            release_shared: script(&[SHARED_LUA], include_str!("scripts/release_shared.lua")),
+            downgrade: script(&[SHARED_LUA], include_str!("scripts/downgrade.lua")),
         }
     }
 }

@@ -39,8 +39,10 @@ const DEFAULT_REJOIN_DELAY: Duration = crate::DEFAULT_TTL;
 
 fn script(body: &str) -> Script {
     Script::new(&format!(
-        "{}\n{}\n{}",
+        "{}\n{}\n{}\n{}\n{}",
         include_str!("../redis/scripts/common.lua"),
+        crate::backend::redis::SHARED_LUA,
+        crate::backend::redis::RENEWAL_LUA,
         include_str!("scripts/quorum.lua"),
         body
     ))

@@ -1,0 +1,61 @@
+-- Renewal: what the renewal scripts add to common.lua.
+
+-- Extends `owner`'s mutex lease to `ttl` ms if it holds the mutex.
+local function extend_mutex(base, owner, ttl)
+  if redis.call('HGET', base, 'o') == owner then
+    redis.call('PEXPIRE', base, ttl)
+    return true
+  end
+  return false
+end
+
+-- Extends `owner`'s read-write lock or semaphore hold to `ttl` ms if it holds one; a lease
+-- already run out is not revived.
+local function extend_shared(base, holders, owner, ttl)
+  local now = clock()
+  local deadline = redis.call('ZSCORE', holders, owner)
+  if deadline and tonumber(deadline) > now then
+    redis.call('ZADD', holders, 'XX', now + ttl, owner)
+    keep(base, 2 * ttl)
+    keep(holders, 2 * ttl)
+    return true
+  end
+  return false
+end
+
+-- Keeps `owner`'s place in the queue for `ttl` ms if it waits: 2, else 0.
+local function keep_waiting(base, waiters, queue, owner, ttl)
+  if redis.call('ZSCORE', waiters, owner) then
+    redis.call('ZADD', waiters, clock() + ttl, owner)
+    keep(queue, 2 * ttl)
+    keep(waiters, 2 * ttl)
+    -- A read-write lock's or semaphore's hash lives while anyone waits. (A mutex's hash TTL
+    -- is its holder's lease: a waiter must never touch it.)
+    if redis.call('HEXISTS', base, 't') == 1 then
+      keep(base, 2 * ttl)
+    end
+    return 2
+  end
+  return 0
+end
+
+-- Runs `renew_one(base, holders, waiters, queue, args...)` for every claim of a renewal call
+-- (four keys and `nargs` arguments each), each on its own (pcall): a key of a foreign type,
+-- or any other error, fails that claim only (-1).
+local function renew_all(renew_one, nargs)
+  local out = {}
+  for i = 1, #ARGV / nargs do
+    local args = {}
+    for j = 1, nargs do
+      args[j] = ARGV[nargs * (i - 1) + j]
+    end
+    local ok, r = pcall(renew_one, KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1],
+      KEYS[4 * i], unpack(args))
+    if ok then
+      out[i] = r
+    else
+      out[i] = -1
+    end
+  end
+  return out
+end
