@@ -212,29 +212,51 @@ async fn no_next_in_line_hint_when_every_waiter_re_checks_soon_enough() {
     assert_eq!(seen.len(), 8, "{seen:?}");
 }
 
+/// A mutex or read-write lock write hold, as the hint tests take them.
+enum Taken {
+    Mutex(distlock::MutexGuard),
+    Write(distlock::RwLockWriteGuard),
+}
+
+impl Taken {
+    async fn of(c: &LockClient, write: bool) -> Taken {
+        if write {
+            Taken::Write(c.rw_lock("k").write().await.unwrap())
+        } else {
+            Taken::Mutex(c.mutex("k").lock().await.unwrap())
+        }
+    }
+
+    async fn release(self) {
+        match self {
+            Taken::Mutex(g) => g.release().await.unwrap(),
+            Taken::Write(g) => g.release().await.unwrap(),
+        }
+    }
+}
+
 /// A waiter told to re-check late (it queued behind a full lease) hears when the provisional
 /// lease of the one ahead of it ends; once the last such waiter is served, the chain behind it
-/// (queued behind provisional leases) goes on without hints.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn next_in_line_hints_stop_once_the_waiters_told_late_are_served() {
-    let ns = test_namespace!();
+/// (queued behind provisional leases) goes on without hints. `write`: the same with write holds
+/// of a read-write lock (its grant pass).
+async fn hints_stop_once_the_waiters_told_late_are_served(ns: &str, write: bool) {
     let url = shared_redis().url();
-    let seen = published(&url, &ns).await;
+    let seen = published(&url, ns).await;
     let (ttl, handoff) = (Duration::from_secs(30), Duration::from_secs(2));
-    let c = || support::redis::client(&url, &ns, ttl, handoff, true);
+    let c = || support::redis::client(&url, ns, ttl, handoff, true);
     let (h, w1, w2) = (c().await, c().await, c().await);
-    let holder = h.mutex("k").lock().await.unwrap();
+    let holder = Taken::of(&h, write).await;
     let first = tokio::spawn({
         let w1 = w1.clone();
-        async move { w1.mutex("k").lock().await.unwrap() }
+        async move { Taken::of(&w1, write).await }
     });
-    until_queued(&url, &ns, "k", 1).await;
+    until_queued(&url, ns, "k", 1).await;
     let second = tokio::spawn({
         let w2 = w2.clone();
-        async move { w2.mutex("k").lock().await.unwrap() }
+        async move { Taken::of(&w2, write).await }
     });
-    until_queued(&url, &ns, "k", 2).await;
-    holder.release().await.unwrap();
+    until_queued(&url, ns, "k", 2).await;
+    holder.release().await;
     // w1 holds a provisional lease; w2 was told to re-check at the holder's 30 s lease.
     let first = timeout(Duration::from_secs(5), first)
         .await
@@ -244,18 +266,17 @@ async fn next_in_line_hints_stop_once_the_waiters_told_late_are_served() {
     for i in 0..4 {
         let c = c().await;
         rest.push(tokio::spawn(async move {
-            let guard = c.mutex("k").lock().await.unwrap();
-            guard.release().await.unwrap();
+            Taken::of(&c, write).await.release().await;
             c.shutdown().await;
         }));
-        until_queued(&url, &ns, "k", i + 2).await;
+        until_queued(&url, ns, "k", i + 2).await;
     }
-    first.release().await.unwrap();
+    first.release().await;
     let second = timeout(Duration::from_secs(5), second)
         .await
         .unwrap()
         .unwrap();
-    second.release().await.unwrap();
+    second.release().await;
     for t in rest {
         timeout(Duration::from_secs(10), t).await.unwrap().unwrap();
     }
@@ -270,6 +291,16 @@ async fn next_in_line_hints_stop_once_the_waiters_told_late_are_served() {
     for c in [h, w1, w2] {
         c.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_in_line_hints_stop_once_the_waiters_told_late_are_served() {
+    hints_stop_once_the_waiters_told_late_are_served(&test_namespace!(), false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_in_line_hints_stop_once_the_writers_told_late_are_served() {
+    hints_stop_once_the_waiters_told_late_are_served(&test_namespace!(), true).await;
 }
 
 #[tokio::test]
