@@ -94,7 +94,7 @@ async fn published_in_a_chain(ns: &str, ttl: Duration, handoff: Duration) -> Vec
             guard.release().await.unwrap();
             c.shutdown().await;
         }));
-        until_queued(&url, &ns, "k", i + 1).await;
+        until_queued(&url, ns, "k", i + 1).await;
     }
     let mut conn = raw(&url).await;
     let channels: Vec<String> = redis::cmd("PUBSUB")

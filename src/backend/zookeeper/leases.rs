@@ -56,6 +56,8 @@ impl Inner {
             ticket.lock().waiting = Some(Waiting {
                 fired: changed,
                 granted_when_gone: false,
+                predecessor: String::new(),
+                ahead: None,
                 seen: up.conn.changes,
             });
             return Ok(Step::Ready(Attempt::Queued { recheck_at: None }));

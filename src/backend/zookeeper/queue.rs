@@ -383,9 +383,21 @@ impl Inner {
                     granted_when_gone,
                 } => match up.zk.watch(&format!("{queue}/{predecessor}")).await {
                     Ok(fired) => {
+                        let ahead = match recipe::ahead_of(kind, &kids, predecessor) {
+                            Some(ahead) => match up.zk.watch(&format!("{queue}/{ahead}")).await {
+                                Ok(watch) => Some(watch),
+                                // Gone already: list again, the predecessor may be first now.
+                                Err(Failure::NoNode) => continue,
+                                // Without it, we list once the predecessor goes, as Curator does.
+                                Err(_) => None,
+                            },
+                            None => None,
+                        };
                         ticket.lock().waiting = Some(Waiting {
                             fired,
                             granted_when_gone,
+                            predecessor: predecessor.to_owned(),
+                            ahead,
                             seen: conn.changes,
                         });
                         return Ok(Attempt::Queued { recheck_at: None });
@@ -488,36 +500,93 @@ impl Inner {
             }
             return Ok(None);
         };
-        tokio::select! {
-            fired = waiting.fired => {
-                // The node ahead went, and only nodes created after ours can have appeared
-                // since our listing: we are the holder (or first in a semaphore's admission
-                // queue), no need to list again, if the session is the one our node lives in
-                // and was proven alive recently.
-                if fired != Fired::Deleted || !waiting.granted_when_gone {
-                    return Ok(None);
+        let mut waiting = waiting;
+        loop {
+            tokio::select! {
+                _ = crate::backend::handoff::poll_some(&mut waiting.ahead) => {
+                    // The node ahead of our predecessor went (while the predecessor may still
+                    // hold): if the predecessor heads the queue now, its deletion alone will
+                    // make us the holder.
+                    waiting.ahead = None;
+                    if !self.ahead_gone(claim, &node, &mut waiting).await {
+                        return Ok(None);
+                    }
+                    continue;
                 }
-                let Some(up) = self.hub.current().filter(|up| up.conn.epoch == node.epoch) else {
-                    return Ok(None);
-                };
-                if matches!(claim.kind(), LockKind::Permits { .. }) {
-                    ticket.lock().leases.admitted = Some(node.epoch);
-                    return Ok(None);
+                fired = &mut waiting.fired => {
+                    return self.predecessor_gone(claim, ticket, &node, fired, waiting.granted_when_gone).await;
                 }
-                let Ok(since) = self.proof(&up, &node).await else {
-                    return Ok(None);
-                };
-                if !self.granted(claim, ticket, std::slice::from_ref(&node)) {
-                    return Ok(None);
-                }
-                Ok(Some(Grant {
-                    fence: fence(&node.stat)?,
-                    valid_until: since + up.conn.timeout,
-                }))
+                // A reconnect or a new session: list again.
+                () = async { let _ = states.wait_for(|c| c.changes != waiting.seen).await; } => return Ok(None),
             }
-            // A reconnect or a new session: list again.
-            () = async { let _ = states.wait_for(|c| c.changes != waiting.seen).await; } => Ok(None),
         }
+    }
+
+    /// After the node ahead of our predecessor went: lists the queue and updates `waiting`
+    /// (the predecessor first now: granted when it goes; else the new node ahead of it,
+    /// watched). False to go round the acquire loop instead (our predecessor or our node went,
+    /// the session changed, a call failed).
+    async fn ahead_gone(&self, claim: &Claim, node: &Node, waiting: &mut Waiting) -> bool {
+        let Some(up) = self.hub.current().filter(|up| up.conn.epoch == node.epoch) else {
+            return false;
+        };
+        let queue = queue_path(claim);
+        let Ok(mut kids) = up.zk.children(&queue).await else {
+            return false;
+        };
+        recipe::sort(claim.kind(), &mut kids);
+        match recipe::place(claim.kind(), &kids, &node.name) {
+            Place::Behind {
+                predecessor,
+                granted_when_gone,
+            } if predecessor == waiting.predecessor => {
+                waiting.granted_when_gone = granted_when_gone;
+                if let Some(ahead) = recipe::ahead_of(claim.kind(), &kids, predecessor) {
+                    match up.zk.watch(&format!("{queue}/{ahead}")).await {
+                        Ok(watch) => waiting.ahead = Some(watch),
+                        Err(_) => return false,
+                    }
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Our predecessor's watch fired: the grant if its deletion alone makes us the holder (and
+    /// the session is the one our node lives in); `None` to list again.
+    async fn predecessor_gone(
+        &self,
+        claim: &Claim,
+        ticket: &ZkTicket,
+        node: &Node,
+        fired: Fired,
+        granted_when_gone: bool,
+    ) -> Result<Option<Grant>> {
+        // The node ahead went, and only nodes created after ours can have appeared since our
+        // listing: we are the holder (or first in a semaphore's admission queue), no need to
+        // list again, if the session is the one our node lives in and was proven alive
+        // recently.
+        if fired != Fired::Deleted || !granted_when_gone {
+            return Ok(None);
+        }
+        let Some(up) = self.hub.current().filter(|up| up.conn.epoch == node.epoch) else {
+            return Ok(None);
+        };
+        if matches!(claim.kind(), LockKind::Permits { .. }) {
+            ticket.lock().leases.admitted = Some(node.epoch);
+            return Ok(None);
+        }
+        let Ok(since) = self.proof(&up, node).await else {
+            return Ok(None);
+        };
+        if !self.granted(claim, ticket, std::slice::from_ref(node)) {
+            return Ok(None);
+        }
+        Ok(Some(Grant {
+            fence: fence(&node.stat)?,
+            valid_until: since + up.conn.timeout,
+        }))
     }
 }
 

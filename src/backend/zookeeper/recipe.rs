@@ -133,6 +133,25 @@ pub(super) fn place<'a>(kind: LockKind, sorted: &'a [String], ours: &str) -> Pla
     }
 }
 
+/// The node just ahead of `predecessor`, for a mutex waiter that is not yet second in line: it
+/// watches that node too, and once it goes, a fresh listing (made while the predecessor may
+/// still hold the lock) can show the predecessor at the head; then the predecessor's deletion
+/// alone makes us the holder, with no listing between a release and the next grant. A node is
+/// so watched by at most two waiters: still no herd. `None` for a predecessor at the head, and
+/// for the other kinds (a read-write lock's head may downgrade and stay; a semaphore's
+/// admission head waits on the leases).
+pub(super) fn ahead_of<'a>(
+    kind: LockKind,
+    sorted: &'a [String],
+    predecessor: &str,
+) -> Option<&'a str> {
+    if kind != LockKind::Exclusive {
+        return None;
+    }
+    let at = sorted.iter().position(|c| c == predecessor)?;
+    at.checked_sub(1).map(|i| sorted[i].as_str())
+}
+
 /// Another family of lock seen among the children of a lock node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Other {
@@ -264,6 +283,13 @@ mod tests {
             }
         );
         assert_eq!(place(m, &c, "d-lock-0000000004"), Place::Missing);
+        // Third in line also watches the head, so it is second in line before its turn.
+        assert_eq!(
+            ahead_of(m, &c, "b-lock-0000000002"),
+            Some("a-lock-0000000001")
+        );
+        assert_eq!(ahead_of(m, &c, "a-lock-0000000001"), None);
+        assert_eq!(ahead_of(LockKind::Write, &c, "b-lock-0000000002"), None);
     }
 
     #[test]

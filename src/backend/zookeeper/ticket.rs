@@ -79,6 +79,10 @@ pub(super) struct Waiting {
     /// The deletion of the watched node alone makes us the holder (or, for a semaphore, the
     /// head of the admission queue).
     pub(super) granted_when_gone: bool,
+    /// The watched node's name, and a watch on the node just ahead of it
+    /// ([`recipe::ahead_of`]), if any.
+    pub(super) predecessor: String,
+    pub(super) ahead: Option<Watch>,
     /// The hub's change count before the call that set the watch.
     pub(super) seen: u64,
 }
