@@ -4,8 +4,10 @@
 //! out the same path (see [`recipe`]): a `Mutex` is an `InterProcessMutex`, an `RwLock` an
 //! `InterProcessReadWriteLock`, a `Semaphore` an `InterProcessSemaphoreV2` (with one permit,
 //! an `InterProcessSemaphoreMutex`). So a Java service using Curator on `/ns/k` and a Rust
-//! service using distlock on `k` share one queue. A waiter watches one node (no herd); only a
-//! semaphore's admission head watches the lease list. The fencing token is the czxid of the
+//! service using distlock on `k` share one queue. A waiter watches one node, a mutex waiter
+//! further back also the node ahead of its predecessor ([`recipe::ahead_of`]): a node is
+//! watched by at most two waiters (no herd); only a semaphore's admission head watches the
+//! lease list. The fencing token is the czxid of the
 //! node that carries the grant (a downgraded read keeps its write grant's token).
 //!
 //! A lease here is the session: it is valid for the session timeout the server *granted*,
