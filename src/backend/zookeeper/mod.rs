@@ -320,6 +320,8 @@ impl Backend for ZkBackend {
     }
 
     async fn shutdown(&self) {
+        // Our own nodes first, so that the parents' deletes do not fail on them.
+        self.inner.hub.delete_own_now().await;
         self.inner.parents.flush().await;
         self.inner.hub.close().await;
     }

@@ -85,22 +85,13 @@ impl Parents {
         idle
     }
 
-    /// Deletes every idle parent now: called by `shutdown` before the session closes.
+    /// Deletes every parent this backend used, now: called by `shutdown` after our own nodes
+    /// were deleted and before the session closes. A claim still counted here (a waiter whose
+    /// release had not run yet) has no node left either; a parent others still use refuses.
     pub(super) async fn flush(&self) {
         self.closed.store(true, Ordering::Release);
-        let idle: Vec<String> = {
-            let mut table = self.table();
-            let idle: Vec<String> = table
-                .iter()
-                .filter(|(_, e)| e.claims == 0)
-                .map(|(p, _)| p.clone())
-                .collect();
-            for p in &idle {
-                table.remove(p);
-            }
-            idle
-        };
-        for path in idle {
+        let all: Vec<String> = self.table().drain().map(|(p, _)| p).collect();
+        for path in all {
             self.delete_upward(&path).await;
         }
     }

@@ -340,6 +340,34 @@ impl Hub {
         self.cleanup.notify_one();
     }
 
+    /// At shutdown, before the lock parents are deleted: deletes every node of ours still
+    /// there (doomed ones, creates in doubt, and live ones the session's close would remove
+    /// anyway). A node left to the close goes only after the parents' deletes, which it made
+    /// fail, and would leave its lock parent behind. Bounded by a short wait.
+    pub(super) async fn delete_own_now(&self) {
+        let Some(up) = self.current() else { return };
+        let work: Vec<Doomed> = {
+            let mut nodes = locked(&self.nodes);
+            let mut work = std::mem::take(&mut nodes.doomed);
+            work.extend(nodes.live.drain().map(|(path, _)| Doomed::Path(path)));
+            work.extend(
+                nodes
+                    .doubts
+                    .drain()
+                    .map(|(uuid, (_, lock_path))| Doomed::Prefix { lock_path, uuid }),
+            );
+            work
+        };
+        let deletes = async {
+            for doomed in &work {
+                if let Err(f) = delete_doomed(&*up.zk, doomed).await {
+                    tracing::debug!(node = ?doomed, failure = %f, "zookeeper: delete at shutdown failed; the session's close removes it");
+                }
+            }
+        };
+        let _ = tokio::time::timeout(CLOSE_WAIT, deletes).await;
+    }
+
     /// Closes the session for good: waiters get `Closed`, held locks are lost. Returns once
     /// the server confirmed the close, or after a short wait.
     pub(super) async fn close(&self) {
