@@ -100,6 +100,36 @@ async fn cancelled_waiters_ahead_promote_nobody() {
     assert_no_znodes(&zk, &ns).await;
 }
 
+/// A client shut down while one of its `lock()` futures is still queued (not yet polled again
+/// to see the shutdown), after every other client on the key has gone: its node and the lock
+/// node both go. (Before, the shutdown skipped a lock node with a claim still counted, and the
+/// queued node went only with the session's close, after the other clients' deletes of the lock
+/// node had failed on it: an empty lock node stayed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_with_a_queued_lock_future_leaves_no_lock_node() {
+    let ns = test_namespace!();
+    let zk = raw(&shared_zookeeper().connect_string()).await;
+    let path = format!("/{ns}/k");
+    let a = client(&ns).await;
+    let w = client(&ns).await;
+    let held = a.mutex("k").lock().await.unwrap();
+    let mut queued = Box::pin(w.mutex("k").lock());
+    assert!(
+        timeout(Duration::from_millis(300), &mut queued)
+            .await
+            .is_err(),
+        "granted beside the holder"
+    );
+    until_contenders(&zk, &path, 2).await;
+    // The holder goes first (its delete of the lock node fails: the waiter's node is there);
+    // the queued future is not polled again.
+    drop(held);
+    a.shutdown().await;
+    w.shutdown().await;
+    drop(queued);
+    assert_no_znodes(&zk, &ns).await;
+}
+
 #[tokio::test]
 async fn a_release_wakes_only_the_two_next_waiters() {
     let ns = test_namespace!();
