@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use tokio::time::{sleep_until, Instant};
 
-use super::client::{Failure, Fired};
+use super::client::{Failure, Fired, Watch};
 use super::recipe::{self, Other, Place};
 use super::session::Up;
 use super::ticket::{fence, lock_path, parent_paths, queue_path, Node, Step, Waiting, ZkTicket};
@@ -383,15 +383,12 @@ impl Inner {
                     granted_when_gone,
                 } => match up.zk.watch(&format!("{queue}/{predecessor}")).await {
                     Ok(fired) => {
-                        let ahead = match recipe::ahead_of(kind, &kids, predecessor) {
-                            Some(ahead) => match up.zk.watch(&format!("{queue}/{ahead}")).await {
-                                Ok(watch) => Some(watch),
-                                // Gone already: list again, the predecessor may be first now.
-                                Err(Failure::NoNode) => continue,
-                                // Without it, we list once the predecessor goes, as Curator does.
-                                Err(_) => None,
-                            },
-                            None => None,
+                        let ahead = match watch_ahead(&up, &queue, kind, &kids, predecessor).await {
+                            Ok(ahead) => ahead,
+                            // Gone already: list again, the predecessor may be first now.
+                            Err(Failure::NoNode) => continue,
+                            // Without it, we list once the predecessor goes, as Curator does.
+                            Err(_) => None,
                         };
                         ticket.lock().waiting = Some(Waiting {
                             fired,
@@ -541,13 +538,13 @@ impl Inner {
                 granted_when_gone,
             } if predecessor == waiting.predecessor => {
                 waiting.granted_when_gone = granted_when_gone;
-                if let Some(ahead) = recipe::ahead_of(claim.kind(), &kids, predecessor) {
-                    match up.zk.watch(&format!("{queue}/{ahead}")).await {
-                        Ok(watch) => waiting.ahead = Some(watch),
-                        Err(_) => return false,
+                match watch_ahead(&up, &queue, claim.kind(), &kids, predecessor).await {
+                    Ok(ahead) => {
+                        waiting.ahead = ahead;
+                        true
                     }
+                    Err(_) => false,
                 }
-                true
             }
             _ => false,
         }
@@ -587,6 +584,21 @@ impl Inner {
             fence: fence(&node.stat)?,
             valid_until: since + up.conn.timeout,
         }))
+    }
+}
+
+/// Watches the node just ahead of `predecessor` among the sorted `kids` of `queue`, if a
+/// `kind` claim watches one ([`recipe::ahead_of`]).
+async fn watch_ahead(
+    up: &Up,
+    queue: &str,
+    kind: LockKind,
+    kids: &[String],
+    predecessor: &str,
+) -> std::result::Result<Option<Watch>, Failure> {
+    match recipe::ahead_of(kind, kids, predecessor) {
+        Some(ahead) => up.zk.watch(&format!("{queue}/{ahead}")).await.map(Some),
+        None => Ok(None),
     }
 }
 
