@@ -13,7 +13,7 @@ use distlock::backend::RedisBackend;
 use distlock::LockClient;
 use futures::StreamExt;
 use support::contract::{contend, torture, Overlap};
-use support::redis::{connection as raw, keys_in, queue_len, until_queued};
+use support::redis::{connection as raw, keys_in, libraries, library_of, queue_len, until_queued};
 use support::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -415,6 +415,97 @@ async fn acl_users_log_in_and_stay_inside_their_namespace() {
     let err = RedisBackend::connect(&bad).await.unwrap_err();
     assert!(err.is_backend(), "{err:?}");
     assert!(err.to_string().contains("authentication"), "{err}");
+}
+
+/// On a server that keeps functions (Redis 7) the scripts are one library, loaded when the
+/// backend connects; a server that lost it (deleted here, or restarted without persistence)
+/// gets it again at the next call, and every script (acquire, release, renewal, the shared
+/// kinds) still works. Its own server: nobody else loads the library in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_run_as_functions_and_a_lost_library_is_loaded_again() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let ns = test_namespace!();
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let library =
+        library_of(&backend).expect("redis 7 keeps functions: scripts are called in them");
+    assert!(library.starts_with("distlock_"), "{library}");
+    assert_eq!(libraries(&url).await, vec![library.clone()]);
+    let c = LockClient::builder(backend)
+        .namespace(&ns)
+        .ttl(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let flush = || async {
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query_async(&mut raw(&url).await)
+            .await
+            .unwrap();
+    };
+    // Each kind: the library flushed before it is taken (so its acquire loads it again), and
+    // again while it is held (so its renewals and its release do).
+    macro_rules! round {
+        ($what:literal, $guard:expr) => {{
+            flush().await;
+            let guard = $guard.unwrap();
+            assert_eq!(libraries(&url).await, vec![library.clone()], $what);
+            sleep(Duration::from_millis(300)).await;
+            flush().await;
+            // Renewed (at TTL/3, by the renewal function) well past its TTL of 600 ms.
+            sleep(Duration::from_millis(1200)).await;
+            assert!(!guard.is_lost(), $what);
+            assert_eq!(libraries(&url).await, vec![library.clone()], $what);
+            flush().await;
+            guard.release().await.unwrap();
+        }};
+    }
+    round!("mutex", c.mutex("k").lock().await);
+    round!("write", c.rw_lock("k2").write().await);
+    round!("permits", c.semaphore("k3", 2).acquire().await);
+    support::redis::until_only_fences(&url, &ns).await;
+}
+
+/// A user the server does not let call or load functions (or a server without them) runs the
+/// same scripts by EVALSHA: the backend says so, and locks exclude and fence as ever.
+#[tokio::test]
+async fn scripts_go_by_evalsha_where_functions_are_refused() {
+    let ns = test_namespace!();
+    let server = shared_redis();
+    let user = format!("nofn{}", std::process::id());
+    let mut admin = raw(&server.url()).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("reset")
+        .arg("on")
+        .arg(">s3cret")
+        .arg(format!("~{ns}:*"))
+        .arg(format!("&{ns}:*"))
+        .arg("+@all")
+        .arg("-function")
+        .arg("-fcall")
+        .arg("-fcall_ro")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://{user}:s3cret@127.0.0.1:{}/", server.port());
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    assert_eq!(library_of(&backend), None);
+    let a = LockClient::builder(backend).namespace(&ns).build().unwrap();
+    let b = client_at(&url, &ns).await;
+    let guard = a.mutex("k").lock().await.unwrap();
+    assert!(b.mutex("k").try_lock().await.unwrap_err().is_would_block());
+    let waiter = tokio::spawn(async move { b.mutex("k").lock().await.map(|g| g.fencing_token()) });
+    until_queued(&server.url(), &ns, "k", 1).await;
+    let first = guard.fencing_token();
+    guard.release().await.unwrap();
+    let second = timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(second > first);
 }
 
 #[tokio::test]

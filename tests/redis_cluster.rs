@@ -53,6 +53,45 @@ fn spread_keys(prefix: &str, n: usize) -> Vec<String> {
     keys
 }
 
+/// The scripts are one function library on every primary (loaded through all of them when
+/// the backend connects); a primary that lost it gets it again at the next call to one of its
+/// slots, and its replica with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_primary_holds_the_function_library_and_gets_it_back() {
+    let ns = test_namespace!();
+    let cluster = shared_cluster();
+    let url_of = |i: usize| format!("redis://127.0.0.1:{}/", cluster.nodes[i].port());
+    let backend = distlock::backend::RedisBackend::connect(&cluster.url())
+        .await
+        .unwrap();
+    let library = support::redis::library_of(&backend).expect("the scripts are functions");
+    for p in cluster.primaries() {
+        assert!(
+            support::redis::libraries(&url_of(p))
+                .await
+                .contains(&library),
+            "primary {p}"
+        );
+    }
+    let c = LockClient::builder(backend).namespace(&ns).build().unwrap();
+    let keys = spread_keys("fn", 3);
+    let lost = cluster.primary_for(&keys[0], 0);
+    let _: () = redis::cmd("FUNCTION")
+        .arg("DELETE")
+        .arg(&library)
+        .query_async(&mut support::redis::connection(&url_of(lost)).await)
+        .await
+        .unwrap();
+    for key in &keys {
+        let guard = c.mutex(key).lock().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    assert!(support::redis::libraries(&url_of(lost))
+        .await
+        .contains(&library));
+    cluster.until_clean(&ns);
+}
+
 /// How many claims wait on `key`: the length of its queue on the primary serving it.
 async fn queued_on(ns: &str, key: &str) -> usize {
     let cluster = shared_cluster();

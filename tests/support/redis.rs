@@ -117,3 +117,31 @@ pub fn service() -> super::faults::Service {
         },
     }
 }
+
+/// The function libraries the server at `url` holds, by name.
+pub async fn libraries(url: &str) -> Vec<String> {
+    let listed: Vec<redis::Value> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query_async(&mut connection(url).await)
+        .await
+        .unwrap();
+    let mut names = Vec::new();
+    for library in listed {
+        let fields: Vec<redis::Value> = redis::from_redis_value(library).unwrap();
+        for pair in fields.chunks(2) {
+            let name: String = redis::from_redis_value_ref(&pair[0]).unwrap();
+            if name == "library_name" {
+                names.push(redis::from_redis_value_ref(&pair[1]).unwrap());
+            }
+        }
+    }
+    names
+}
+
+/// The function library a backend calls its scripts in, as its `Debug` shows it; `None` if
+/// its scripts go by EVALSHA.
+pub fn library_of(backend: &distlock::backend::RedisBackend) -> Option<String> {
+    let shown = format!("{backend:?}");
+    let rest = shown.split("library: Some(\"").nth(1)?;
+    rest.split('"').next().map(str::to_owned)
+}

@@ -8,9 +8,10 @@
 use std::time::Duration;
 
 use ::redis::aio::ConnectionManager;
-use ::redis::{FromRedisValue, RedisError, ScriptInvocation};
+use ::redis::{FromRedisValue, RedisError};
 use tokio::time::Instant;
 
+use super::script::Call;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The deadline of one command, including getting a connection from a pool.
@@ -53,11 +54,7 @@ enum Failure {
 
 impl Commands {
     /// Runs a script, retrying connection failures.
-    pub(crate) async fn invoke<T: FromRedisValue>(
-        &self,
-        what: &str,
-        inv: &ScriptInvocation<'_>,
-    ) -> Result<T> {
+    pub(crate) async fn invoke<T: FromRedisValue>(&self, what: &str, inv: &Call<'_>) -> Result<T> {
         self.invoke_noting_doubt(what, inv).await.map(|(v, ..)| v)
     }
 
@@ -67,7 +64,7 @@ impl Commands {
     pub(crate) async fn invoke_timed<T: FromRedisValue>(
         &self,
         what: &str,
-        inv: &ScriptInvocation<'_>,
+        inv: &Call<'_>,
     ) -> Result<(T, Instant)> {
         self.invoke_noting_doubt(what, inv)
             .await
@@ -80,7 +77,7 @@ impl Commands {
     pub(crate) async fn invoke_noting_doubt<T: FromRedisValue>(
         &self,
         what: &str,
-        inv: &ScriptInvocation<'_>,
+        inv: &Call<'_>,
     ) -> Result<(T, bool, Instant)> {
         let mut retries = RETRIES;
         let mut in_doubt = false;
@@ -167,7 +164,7 @@ impl Commands {
 
     async fn invoke_once<T: FromRedisValue>(
         &self,
-        inv: &ScriptInvocation<'_>,
+        inv: &Call<'_>,
     ) -> std::result::Result<T, Failure> {
         match self {
             Self::Own(conn) => inv

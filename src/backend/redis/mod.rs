@@ -19,11 +19,15 @@
 //! first renewal. A waiter that misses the message re-checks at the holder's PTTL deadline, or
 //! when the pub/sub connection comes back. Every name is under the key's hash tag, so each
 //! channel lives in the key's Cluster slot.
+//!
+//! The scripts are a Redis 7 function library where the server allows it, else sent by
+//! `EVALSHA` (see [`script`]).
 
 #[cfg(feature = "redis-cluster")]
 mod cluster;
 pub(crate) mod commands;
 pub(crate) mod notify;
+pub(crate) mod script;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
 
@@ -31,11 +35,11 @@ use std::sync::{Arc, LazyLock, Mutex as StdMutex};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Script, ScriptInvocation};
 use tokio::time::Instant;
 
 use self::commands::{redis_error, Commands, CALL_TIMEOUT};
 use self::notify::{Hub, Subscription};
+use self::script::{Call, Library, Part, Script};
 use super::handoff::{
     self, check_handoff_ttl, wait_for_handoff, Mailbox, ServerClock, DEFAULT_HANDOFF_TTL,
 };
@@ -48,8 +52,9 @@ use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedW
 pub(crate) const FENCE_TTL: Duration = Duration::from_secs(3600);
 
 /// The scripts the backend runs, as one server runs them or (with `sharded.lua` after the
-/// shared helpers) as a Cluster does.
+/// shared helpers) as a Cluster does, and the function library that holds them all.
 struct Scripts {
+    library: Library,
     acquire: Script,
     release: Script,
     renew: Script,
@@ -57,31 +62,56 @@ struct Scripts {
     acquire_shared: Script,
     release_shared: Script,
     downgrade: Script,
+    /// Answers 1: proves the server answers (and, as a function, holds the library).
+    ping: Script,
 }
 
-/// The helpers of the read-write lock and semaphore scripts, and of the renewal script. A
-/// script carries only the helpers it uses: Redis runs the whole text at every call, so each
-/// helper defined is paid for by every call.
+/// The helpers of the read-write lock and semaphore scripts, and of the renewal script. Run by
+/// `EVALSHA`, a script carries only the helpers it uses: Redis runs the whole text at every
+/// call, so each helper defined is paid for by every call.
 pub(crate) const SHARED_LUA: &str = include_str!("scripts/shared.lua");
 pub(crate) const RENEWAL_LUA: &str = include_str!("scripts/renewal.lua");
 
 impl Scripts {
-    fn with(prelude: &str) -> Self {
-        let script = |parts: &[&str], body: &str| {
-            Script::new(&format!(
-                "{}\n{prelude}\n{}\n{body}",
-                include_str!("scripts/common.lua"),
-                parts.join("\n")
-            ))
-        };
+    fn with(variant: &str) -> Self {
+        let source = |name, parts, body| Part { name, parts, body };
+        let (library, scripts) = Library::build(
+            &format!("{}\n{variant}", include_str!("scripts/common.lua")),
+            [
+                source("acquire", &[], include_str!("scripts/acquire.lua")),
+                source("release", &[], include_str!("scripts/release.lua")),
+                source("renew", &[RENEWAL_LUA], include_str!("scripts/renew.lua")),
+                source("inspect", &[], include_str!("scripts/inspect.lua")),
+                source(
+                    "acquire_shared",
+                    &[SHARED_LUA],
+                    include_str!("scripts/acquire_shared.lua"),
+                ),
+                source(
+                    "release_shared",
+                    &[SHARED_LUA],
+                    include_str!("scripts/release_shared.lua"),
+                ),
+                source(
+                    "downgrade",
+                    &[SHARED_LUA],
+                    include_str!("scripts/downgrade.lua"),
+                ),
+                source("ping", &[], "return 1"),
+            ],
+        );
+        let [acquire, release, renew, inspect, acquire_shared, release_shared, downgrade, ping] =
+            scripts;
         Self {
-            acquire: script(&[], include_str!("scripts/acquire.lua")),
-            release: script(&[], include_str!("scripts/release.lua")),
-            renew: script(&[RENEWAL_LUA], include_str!("scripts/renew.lua")),
-            inspect: script(&[], include_str!("scripts/inspect.lua")),
-            acquire_shared: script(&[SHARED_LUA], include_str!("scripts/acquire_shared.lua")),
-            release_shared: script(&[SHARED_LUA], include_str!("scripts/release_shared.lua")),
-            downgrade: script(&[SHARED_LUA], include_str!("scripts/downgrade.lua")),
+            library,
+            acquire,
+            release,
+            renew,
+            inspect,
+            acquire_shared,
+            release_shared,
+            downgrade,
+            ping,
         }
     }
 }
@@ -141,6 +171,8 @@ struct Inner {
     replicas_ack: Option<Ack>,
     commands: Commands,
     scripts: &'static Scripts,
+    /// The scripts' function library, if the server keeps functions: scripts are called in it.
+    library: Option<&'static Library>,
     /// A Redis Cluster: renewals go one script call per slot.
     #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     cluster: bool,
@@ -154,6 +186,7 @@ impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
             .field("handoff_ttl", &self.inner.handoff_ttl)
+            .field("library", &self.inner.library.map(Library::name))
             .finish_non_exhaustive()
     }
 }
@@ -500,15 +533,28 @@ impl RedisBackendBuilder {
         cluster: bool,
         hub: Hub,
     ) -> Result<RedisBackend> {
-        let probe = Script::new("return 1");
-        commands
-            .invoke::<i64>("connect", &probe.prepare_invoke())
-            .await?;
+        let library = match commands
+            .invoke::<i64>("connect", &scripts.ping.call(Some(&scripts.library)))
+            .await
+        {
+            Ok(_) => Some(&scripts.library),
+            // No functions here (before Redis 7, or not allowed to this user): the scripts
+            // go by EVALSHA, if the server answers that.
+            Err(err) if !err.is_transient() => {
+                commands
+                    .invoke::<i64>("connect", &scripts.ping.prepare_invoke())
+                    .await?;
+                tracing::debug!(error = %err, "redis: no function library; scripts go by EVALSHA");
+                None
+            }
+            Err(err) => return Err(err),
+        };
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 replicas_ack: self.replicas_ack,
                 commands,
                 scripts,
+                library,
                 cluster,
                 hub,
                 handoff_ttl: self.handoff_ttl,
@@ -637,7 +683,7 @@ impl Keys {
 
     /// Adds this claim to a renewal call: its four keys (base, holders, waiters, queue) and
     /// its owner and TTL, as `renew.lua` takes them.
-    pub(crate) fn add_renewal(&self, inv: &mut ScriptInvocation<'_>, ttl: Duration) {
+    pub(crate) fn add_renewal(&self, inv: &mut Call<'_>, ttl: Duration) {
         inv.key(&self.lock)
             .key(&self.holders)
             .key(&self.waiters)
@@ -723,7 +769,7 @@ impl RedisBackend {
         claims: &[(&Claim, &RedisTicket)],
         group: &[usize],
     ) -> Vec<Renewal> {
-        let mut inv = self.inner.scripts.renew.prepare_invoke();
+        let mut inv = self.call(&self.inner.scripts.renew);
         let members: Vec<&Claim> = group
             .iter()
             .filter_map(|&i| claims.get(i))
@@ -876,12 +922,13 @@ impl RedisBackend {
         wait: bool,
     ) -> Result<Attempt> {
         let shared = Shared::of(claim.kind());
-        let script: &Script = if shared.is_some() {
+        let script = if shared.is_some() {
             &self.inner.scripts.acquire_shared
         } else {
             &self.inner.scripts.acquire
         };
-        let mut inv = keys.invoke(script, shared.is_some());
+        let mut inv = self.call(script);
+        keys.add_keys(&mut inv, shared.is_some());
         inv.arg(&keys.owner)
             .arg(millis(claim.ttl()))
             .arg(u8::from(wait))
@@ -915,17 +962,23 @@ impl RedisBackend {
 }
 
 impl Keys {
-    /// A call of `script` with this lock's keys in the order the scripts take them: the mutex
-    /// scripts' (lock, queue, waiters, fence), or with `shared` the read-write lock and semaphore
+    /// Adds this lock's keys to a call in the order the scripts take them: the mutex scripts'
+    /// (lock, queue, waiters, fence), or with `shared` the read-write lock and semaphore
     /// scripts' (base, holders, queue, waiters, fence).
-    pub(crate) fn invoke<'a>(&self, script: &'a Script, shared: bool) -> ScriptInvocation<'a> {
-        let mut inv = script.prepare_invoke();
+    pub(crate) fn add_keys(&self, inv: &mut Call<'_>, shared: bool) {
         inv.key(&self.lock);
         if shared {
             inv.key(&self.holders);
         }
         inv.key(&self.queue).key(&self.waiters).key(&self.fence);
-        inv
+    }
+}
+
+impl RedisBackend {
+    /// A call of one of the backend's scripts: a function of the library, if the server keeps
+    /// it, else by `EVALSHA`.
+    fn call(&self, script: &'static Script) -> Call<'static> {
+        script.call(self.inner.library)
     }
 }
 
@@ -991,7 +1044,7 @@ impl Backend for RedisBackend {
 
     async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
-        let mut inv = self.inner.scripts.inspect.prepare_invoke();
+        let mut inv = self.call(&self.inner.scripts.inspect);
         inv.key(&keys.lock)
             .key(&keys.holders)
             .key(&keys.queue)
@@ -1073,12 +1126,13 @@ impl Backend for RedisBackend {
         ticket.set_sub(None);
         let keys = Keys::new(claim, &self.inner.client_id);
         let shared = Shared::of(claim.kind());
-        let script: &Script = if shared.is_some() {
+        let script = if shared.is_some() {
             &self.inner.scripts.release_shared
         } else {
             &self.inner.scripts.release
         };
-        let mut inv = keys.invoke(script, shared.is_some());
+        let mut inv = self.call(script);
+        keys.add_keys(&mut inv, shared.is_some());
         inv.arg(&keys.owner)
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
@@ -1099,7 +1153,8 @@ impl Backend for RedisBackend {
 
     async fn downgrade(&self, claim: &Claim, _ticket: &RedisTicket) -> Result<Grant> {
         let keys = Keys::new(claim, &self.inner.client_id);
-        let mut inv = keys.invoke(&self.inner.scripts.downgrade, true);
+        let mut inv = self.call(&self.inner.scripts.downgrade);
+        keys.add_keys(&mut inv, true);
         inv.arg(&keys.owner)
             .arg(millis(claim.ttl()))
             .arg(millis(FENCE_TTL))

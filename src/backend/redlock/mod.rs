@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex as StdMutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ::redis::{Script, ScriptInvocation};
+use super::redis::script::{Call, Script};
 use futures::future::join_all;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -405,10 +405,11 @@ impl Keys {
         }
     }
 
-    /// A call of `script` with the single-node scripts' keys (see [`RedisKeys::invoke`]), then
+    /// A call of `script` with the single-node scripts' keys (see [`RedisKeys::add_keys`]), then
     /// the node's `born` mark.
-    fn invoke<'a>(&self, script: &'a Script, shared: bool) -> ScriptInvocation<'a> {
-        let mut inv = self.names.invoke(script, shared);
+    fn invoke<'a>(&self, script: &'a Script, shared: bool) -> Call<'a> {
+        let mut inv = script.prepare_invoke();
+        self.names.add_keys(&mut inv, shared);
         inv.key(&self.born);
         inv
     }

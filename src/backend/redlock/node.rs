@@ -5,12 +5,13 @@
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{FromRedisValue, ScriptInvocation};
+use ::redis::FromRedisValue;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::backend::redis::commands::{redis_error, Commands, CALL_TIMEOUT};
 use crate::backend::redis::notify::Hub;
+use crate::backend::redis::script::Call;
 use crate::error::{Error, ErrorKind, Result};
 
 /// One node of a Redlock set, as given to [`RedlockBackend::builder`](super::RedlockBackend::builder):
@@ -161,7 +162,7 @@ impl Node {
     pub(super) async fn call<T: FromRedisValue>(
         &self,
         what: &str,
-        inv: &ScriptInvocation<'_>,
+        inv: &Call<'_>,
     ) -> Result<(T, Instant)> {
         self.call_within(self.timeout, what, inv).await
     }
@@ -172,7 +173,7 @@ impl Node {
         &self,
         limit: Duration,
         what: &str,
-        inv: &ScriptInvocation<'_>,
+        inv: &Call<'_>,
     ) -> Result<(T, Instant)> {
         let call = async {
             let commands = self

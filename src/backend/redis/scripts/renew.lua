@@ -11,4 +11,4 @@ local function renew_one(base, holders, waiters, queue, owner, ttl)
   return keep_waiting(base, waiters, queue, owner, ttl)
 end
 
-return renew_all(renew_one, 2)
+return renew_all(renew_one, 2, KEYS, ARGV)

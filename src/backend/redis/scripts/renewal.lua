@@ -40,17 +40,17 @@ local function keep_waiting(base, waiters, queue, owner, ttl)
 end
 
 -- Runs `renew_one(base, holders, waiters, queue, args...)` for every claim of a renewal call
--- (four keys and `nargs` arguments each), each on its own (pcall): a key of a foreign type,
--- or any other error, fails that claim only (-1).
-local function renew_all(renew_one, nargs)
+-- (four of `keys` and `nargs` of `argv` each), each on its own (pcall): a key of a foreign
+-- type, or any other error, fails that claim only (-1).
+local function renew_all(renew_one, nargs, keys, argv)
   local out = {}
-  for i = 1, #ARGV / nargs do
+  for i = 1, #argv / nargs do
     local args = {}
     for j = 1, nargs do
-      args[j] = ARGV[nargs * (i - 1) + j]
+      args[j] = argv[nargs * (i - 1) + j]
     end
-    local ok, r = pcall(renew_one, KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1],
-      KEYS[4 * i], unpack(args))
+    local ok, r = pcall(renew_one, keys[4 * i - 3], keys[4 * i - 2], keys[4 * i - 1],
+      keys[4 * i], unpack(args))
     if ok then
       out[i] = r
     else

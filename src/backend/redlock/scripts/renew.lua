@@ -15,4 +15,4 @@ local function renew_one(base, holders, waiters, queue, owner, ttl, mode)
   return keep_waiting(base, waiters, queue, owner, ttl)
 end
 
-return renew_all(renew_one, 3)
+return renew_all(renew_one, 3, KEYS, ARGV)

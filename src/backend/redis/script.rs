@@ -1,0 +1,215 @@
+//! The Lua scripts the Redis backends run, and how one call of them reaches the server.
+//!
+//! A script is sent by `EVALSHA` (the text once per server, on `NOSCRIPT`): Redis then runs the
+//! whole text at every call, every helper definition included. Where the server keeps
+//! functions (Redis 7 and later), the single-node and Cluster backends load their scripts as
+//! one function library instead and call them by `FCALL`: the helpers are compiled once, when
+//! the library loads, and a call runs only its own body. A library is named after a hash of its
+//! text, so two versions of distlock on one server each keep their own and never replace each
+//! other's. A server that lost the library (restarted without persistence, flushed) answers
+//! "function not found": the call loads it again and is sent once more.
+
+use ::redis::{FromRedisValue, RedisResult, ToRedisArgs};
+
+/// A script: its text for `EVALSHA`, and its function's name when it is part of a
+/// [`Library`].
+pub(crate) struct Script {
+    lua: ::redis::Script,
+    function: Option<String>,
+}
+
+impl Script {
+    /// A script run by `EVALSHA` only.
+    pub(crate) fn new(text: &str) -> Self {
+        Self {
+            lua: ::redis::Script::new(text),
+            function: None,
+        }
+    }
+
+    /// A call of this script by `EVALSHA`; keys and arguments are added to it.
+    pub(crate) fn prepare_invoke(&self) -> Call<'_> {
+        Call {
+            script: self,
+            library: None,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    /// A call of this script as a function of `library` if there is one and the script is in
+    /// it, else by `EVALSHA`.
+    pub(crate) fn call<'a>(&'a self, library: Option<&'a Library>) -> Call<'a> {
+        let mut call = self.prepare_invoke();
+        call.library = library.filter(|_| self.function.is_some());
+        call
+    }
+}
+
+/// One script of a [`Library`]: its function's name (after the library's), the helpers it
+/// needs beyond the library's prelude, and its body.
+pub(crate) struct Part<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) parts: &'a [&'a str],
+    pub(crate) body: &'a str,
+}
+
+/// Scripts sharing one prelude of helpers, loaded as a Redis function library.
+pub(crate) struct Library {
+    /// The `FUNCTION LOAD` payload.
+    code: String,
+    /// The library's name (`distlock_<hash>`), which starts every function's name.
+    name: String,
+}
+
+impl Library {
+    /// The library of `scripts` after `prelude` (helpers and settings every script shares).
+    /// Each script's body runs as its own function, as it would run by `EVALSHA` after the
+    /// prelude and its own `parts` (it reads `KEYS` and `ARGV`); the library holds every
+    /// part once. The prelude and parts run once, at load: the hook `fresh` the prelude
+    /// defines is called at the start of every function, to reset what a script keeps for one
+    /// call. The library's name is a hash of its text. Returns the library and the scripts,
+    /// in the order given.
+    pub(crate) fn build<const N: usize>(
+        prelude: &str,
+        scripts: [Part<'_>; N],
+    ) -> (Self, [Script; N]) {
+        let mut parts: Vec<&str> = Vec::new();
+        for part in scripts.iter().flat_map(|s| s.parts) {
+            if !parts.contains(part) {
+                parts.push(part);
+            }
+        }
+        let functions = |prefix: &str| -> String {
+            scripts
+                .iter()
+                .map(|s| {
+                    format!(
+                        "redis.register_function('{prefix}{}', function(KEYS, ARGV)\nfresh()\n{}\nend)\n",
+                        s.name, s.body
+                    )
+                })
+                .collect()
+        };
+        let helpers = format!("{prelude}\n{}\n", parts.join("\n"));
+        let hash: String = ::redis::Script::new(&format!("{helpers}{}", functions("")))
+            .get_hash()
+            .chars()
+            .take(16)
+            .collect();
+        let name = format!("distlock_{hash}");
+        let code = format!(
+            "#!lua name={name}\n{helpers}{}",
+            functions(&format!("{name}_"))
+        );
+        let scripts = scripts.map(|s| Script {
+            lua: ::redis::Script::new(&format!("{prelude}\n{}\n{}", s.parts.join("\n"), s.body)),
+            function: Some(format!("{name}_{}", s.name)),
+        });
+        (Self { code, name }, scripts)
+    }
+
+    /// The library's name on the server.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn load<C: ::redis::aio::ConnectionLike>(&self, con: &mut C) -> RedisResult<()> {
+        ::redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.code)
+            .query_async::<::redis::Value>(con)
+            .await
+            .map(drop)
+    }
+}
+
+/// One call of a [`Script`] with its keys and arguments, as a function (`FCALL`) or by
+/// `EVALSHA`.
+pub(crate) struct Call<'a> {
+    script: &'a Script,
+    /// Called as a function of this library (which the script is in).
+    library: Option<&'a Library>,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call<'_> {
+    /// Adds a key (`KEYS[i]` in the script).
+    pub(crate) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    /// Adds an argument (`ARGV[i]` in the script).
+    pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// Sends the call over `con`, loading the script (or the library) first if the server
+    /// does not have it.
+    pub(crate) async fn invoke_async<C, T>(&self, con: &mut C) -> RedisResult<T>
+    where
+        C: ::redis::aio::ConnectionLike,
+        T: FromRedisValue,
+    {
+        let (Some(library), Some(function)) = (self.library, &self.script.function) else {
+            let mut inv = self.script.lua.prepare_invoke();
+            for key in &self.keys {
+                inv.key(key);
+            }
+            for arg in &self.args {
+                inv.arg(arg);
+            }
+            return inv.invoke_async(con).await;
+        };
+        let mut fcall = ::redis::cmd("FCALL");
+        fcall.arg(function).arg(self.keys.len());
+        for key in &self.keys {
+            fcall.arg(key);
+        }
+        for arg in &self.args {
+            fcall.arg(arg);
+        }
+        match fcall.query_async(con).await {
+            Err(e) if function_missing(&e) => {
+                library.load(con).await?;
+                fcall.query_async(con).await
+            }
+            reply => reply,
+        }
+    }
+}
+
+/// The server does not have the function called (it never loaded our library, or lost it).
+fn function_missing(e: &::redis::RedisError) -> bool {
+    e.to_string()
+        .to_ascii_lowercase()
+        .contains("function not found")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Library, Part};
+
+    #[test]
+    fn a_library_names_its_functions_after_a_hash_of_its_text() {
+        let one = |body| Part {
+            name: "one",
+            parts: &[],
+            body,
+        };
+        let (a, [script]) = Library::build("local function fresh() end", [one("return 1")]);
+        let (b, _) = Library::build("local function fresh() end", [one("return 2")]);
+        assert_ne!(a.name(), b.name());
+        assert!(a.name().starts_with("distlock_"));
+        assert!(a
+            .name()
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        assert_eq!(script.function, Some(format!("{}_one", a.name())));
+        assert!(a.code.starts_with(&format!("#!lua name={}\n", a.name())));
+    }
+}
