@@ -10,7 +10,9 @@
 //! `--workers`, `--cs-ms`, `--impl` and `--lock` take comma-separated lists. `--lock` picks the
 //! primitive on memory and Redis: `mutex` (default), `rwlock` (one write in ten, the rest
 //! reads; label `-rwlock90`) or `semaphore` (4 permits, one each; label `-semaphore4`). Redis runs start their own
-//! `redis-server` on a free loopback port (tests/support), shared by `redis` and `rslock`;
+//! `redis-server` on a free loopback port (tests/support), shared by `redis` and `rslock`
+//! (`redis-evalsha`: the same server, as a user not allowed functions, so our scripts go by
+//! EVALSHA as before Redis 7);
 //! ZooKeeper runs start a standalone ZooKeeper, shared by `zookeeper` and `curator` (Apache
 //! Curator 5's `InterProcessMutex` in a JVM, `tests/java/CuratorBench.java`, same workload);
 //! `zookeeper-ensemble` and `curator-ensemble` run the same on a three-server ensemble on
@@ -466,6 +468,8 @@ async fn server_ops(url: &str) -> Ops {
                 name,
                 "evalsha"
                     | "eval"
+                    | "fcall"
+                    | "function|load"
                     | "subscribe"
                     | "unsubscribe"
                     | "ssubscribe"
@@ -580,6 +584,28 @@ fn cluster_setup(n: usize) -> (String, Vec<String>, Vec<String>) {
     )
 }
 
+/// The same server for a user that may not call or load functions: our scripts go by EVALSHA
+/// (`redis-evalsha`), as on a server before Redis 7.
+#[cfg(feature = "redis")]
+async fn evalsha_url() -> String {
+    let server = support::shared_redis();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("evalsha")
+        .arg("on")
+        .arg(">bench")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-fcall")
+        .arg("-fcall_ro")
+        .arg("-function")
+        .query_async(&mut support::redis::connection(&server.url()).await)
+        .await
+        .expect("acl setuser");
+    format!("redis://evalsha:bench@127.0.0.1:{}/", server.port())
+}
+
 /// One `redis-server` for every Redis run of this process.
 #[cfg(feature = "redis")]
 fn redis_url() -> String {
@@ -660,12 +686,17 @@ fn main() {
                             report(&label, workers, cs_ms, outcome, None);
                         }
                         #[cfg(feature = "redis")]
-                        "redis" | "rslock" => {
+                        "redis" | "redis-evalsha" | "rslock" => {
                             let url = redis_url();
+                            let ours = if name == "redis-evalsha" {
+                                evalsha_url().await
+                            } else {
+                                url.clone()
+                            };
                             let mut lockers = Vec::new();
                             for _ in 0..workers {
-                                lockers.push(if name == "redis" {
-                                    let backend = distlock::backend::RedisBackend::connect(&url)
+                                lockers.push(if name != "rslock" {
+                                    let backend = distlock::backend::RedisBackend::connect(&ours)
                                         .await
                                         .expect("redis backend");
                                     Locker::Distlock(
@@ -679,8 +710,8 @@ fn main() {
                             let before = server_ops(&url).await;
                             let outcome = contend(lockers, cs, args.secs).await;
                             let ops = server_ops(&url).await.since(before);
-                            let label = if name == "redis" {
-                                format!("distlock-redis{}", prim.label())
+                            let label = if name != "rslock" {
+                                format!("distlock-{name}{}", prim.label())
                             } else {
                                 "rslock".to_owned()
                             };
@@ -806,7 +837,7 @@ fn main() {
                             ));
                         }
                         other => eprintln!(
-                            "unknown --impl {other}; known: memory, redis, rslock, redis-cluster, redlock3, redlock5, rslock-redlock3, rslock-redlock5, zookeeper, curator, zookeeper-ensemble, curator-ensemble, postgres"
+                            "unknown --impl {other}; known: memory, redis, redis-evalsha, rslock, redis-cluster, redlock3, redlock5, rslock-redlock3, rslock-redlock5, zookeeper, curator, zookeeper-ensemble, curator-ensemble, postgres"
                         ),
                     }
                 }

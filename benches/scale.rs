@@ -143,7 +143,7 @@ impl Service {
         }
     }
 
-    /// Script calls (EVALSHA) the Redis servers have run so far.
+    /// Script calls (FCALL or EVALSHA) the Redis servers have run so far.
     async fn script_calls(&self) -> u64 {
         let mut calls = 0;
         for url in self.redis_urls() {
@@ -152,16 +152,18 @@ impl Service {
                 .query_async(&mut support::redis::connection(&url).await)
                 .await
                 .expect("info");
+            // Script calls: by FCALL (a server that keeps functions) or EVALSHA.
             calls += stats
                 .lines()
-                .find_map(|l| {
-                    l.strip_prefix("cmdstat_evalsha:calls=")?
+                .filter_map(|l| {
+                    l.strip_prefix("cmdstat_evalsha:calls=")
+                        .or_else(|| l.strip_prefix("cmdstat_fcall:calls="))?
                         .split(',')
                         .next()?
                         .parse::<u64>()
                         .ok()
                 })
-                .unwrap_or(0);
+                .sum::<u64>();
         }
         calls
     }
