@@ -74,14 +74,25 @@ pub(crate) const RENEWAL_LUA: &str = include_str!("scripts/renewal.lua");
 
 impl Scripts {
     fn with(variant: &str) -> Self {
-        let source = |name, parts, body| Part { name, parts, body };
+        let source = |name, parts, body| Part {
+            name,
+            read_only: false,
+            parts,
+            body,
+        };
+        let reading = |name, body| Part {
+            name,
+            read_only: true,
+            parts: &[],
+            body,
+        };
         let (library, scripts) = Library::build(
             &format!("{}\n{variant}", include_str!("scripts/common.lua")),
             [
                 source("acquire", &[], include_str!("scripts/acquire.lua")),
                 source("release", &[], include_str!("scripts/release.lua")),
                 source("renew", &[RENEWAL_LUA], include_str!("scripts/renew.lua")),
-                source("inspect", &[], include_str!("scripts/inspect.lua")),
+                reading("inspect", include_str!("scripts/inspect.lua")),
                 source(
                     "acquire_shared",
                     &[SHARED_LUA],
@@ -97,7 +108,7 @@ impl Scripts {
                     &[SHARED_LUA],
                     include_str!("scripts/downgrade.lua"),
                 ),
-                source("ping", &[], "return 1"),
+                reading("ping", "return 1"),
             ],
         );
         let [acquire, release, renew, inspect, acquire_shared, release_shared, downgrade, ping] =

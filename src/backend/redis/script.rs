@@ -50,6 +50,8 @@ impl Script {
 /// needs beyond the library's prelude, and its body.
 pub(crate) struct Part<'a> {
     pub(crate) name: &'a str,
+    /// The script writes nothing: its function may run on a replica too.
+    pub(crate) read_only: bool,
     pub(crate) parts: &'a [&'a str],
     pub(crate) body: &'a str,
 }
@@ -85,8 +87,10 @@ impl Library {
                 .iter()
                 .map(|s| {
                     format!(
-                        "redis.register_function('{prefix}{}', function(KEYS, ARGV)\nfresh()\n{}\nend)\n",
-                        s.name, s.body
+                        "redis.register_function{{function_name='{prefix}{}', callback=function(KEYS, ARGV)\nfresh()\n{}\nend, flags={{{}}}}}\n",
+                        s.name,
+                        s.body,
+                        if s.read_only { "'no-writes'" } else { "" }
                     )
                 })
                 .collect()
@@ -198,6 +202,7 @@ mod tests {
     fn a_library_names_its_functions_after_a_hash_of_its_text() {
         let one = |body| Part {
             name: "one",
+            read_only: false,
             parts: &[],
             body,
         };
