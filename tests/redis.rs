@@ -466,6 +466,65 @@ async fn scripts_run_as_functions_and_a_lost_library_is_loaded_again() {
     support::redis::until_only_fences(&url, &ns).await;
 }
 
+/// A user allowed to call functions but not to load them starts with the library another
+/// client loaded. When the server loses it (restarted, flushed), that user cannot load it
+/// again: its calls go by EVALSHA from then on, and its locks keep excluding, fencing and
+/// renewing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_load_the_lost_library_goes_on_by_evalsha() {
+    let server = RedisServer::start();
+    let ns = test_namespace!();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("caller")
+        .arg("on")
+        .arg(">s3cret")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-function")
+        .query_async(&mut raw(&server.url()).await)
+        .await
+        .unwrap();
+    let url = format!("redis://caller:s3cret@127.0.0.1:{}/", server.port());
+    // Without the library, this user falls back at connect already.
+    let early = RedisBackend::connect(&url).await.unwrap();
+    assert_eq!(library_of(&early), None);
+    // Loaded by a client allowed to: this user's backend calls it.
+    let loader = RedisBackend::connect(&server.url()).await.unwrap();
+    let library = library_of(&loader).expect("the admin loads the library");
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    assert_eq!(library_of(&backend), Some(library));
+    let a = LockClient::builder(backend)
+        .namespace(&ns)
+        .ttl(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let b = client_at(&url, &ns).await;
+    let first = a.mutex("k").lock().await.unwrap();
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(&mut raw(&server.url()).await)
+        .await
+        .unwrap();
+    // Renewed by EVALSHA well past its TTL, and still excluding.
+    sleep(Duration::from_millis(1200)).await;
+    assert!(!first.is_lost());
+    assert!(b.mutex("k").try_lock().await.unwrap_err().is_would_block());
+    let waiter = tokio::spawn(async move { b.mutex("k").lock().await.map(|g| g.fencing_token()) });
+    until_queued(&server.url(), &ns, "k", 1).await;
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    let next = timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(next > token);
+    assert!(libraries(&server.url()).await.is_empty());
+    support::redis::until_only_fences(&server.url(), &ns).await;
+}
+
 /// A user the server does not let call or load functions (or a server without them) runs the
 /// same scripts by EVALSHA: the backend says so, and locks exclude and fence as ever.
 #[tokio::test]

@@ -545,7 +545,10 @@ impl RedisBackendBuilder {
         hub: Hub,
     ) -> Result<RedisBackend> {
         let library = match commands
-            .invoke::<i64>("connect", &scripts.ping.call(Some(&scripts.library)))
+            .invoke::<i64>(
+                "connect",
+                &scripts.ping.call(Some(&scripts.library)).strict(),
+            )
             .await
         {
             Ok(_) => Some(&scripts.library),

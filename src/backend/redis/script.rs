@@ -7,7 +7,8 @@
 //! the library loads, and a call runs only its own body. A library is named after a hash of its
 //! text, so two versions of distlock on one server each keep their own and never replace each
 //! other's. A server that lost the library (restarted without persistence, flushed) answers
-//! "function not found": the call loads it again and is sent once more.
+//! "function not found": the call loads it again and is sent once more. A server that refuses
+//! functions later on (this user may not load the lost library) gets the call by `EVALSHA`.
 
 use ::redis::{FromRedisValue, RedisResult, ToRedisArgs};
 
@@ -32,6 +33,7 @@ impl Script {
         Call {
             script: self,
             library: None,
+            fallback: true,
             keys: Vec::new(),
             args: Vec::new(),
         }
@@ -118,14 +120,20 @@ impl Library {
         &self.name
     }
 
+    /// Loads the library on the server behind `con` (on a Cluster connection: on every
+    /// primary). One already there is kept: a library's name is a hash of its text, so it is
+    /// this very code, and the server declines without compiling it again (many clients that
+    /// find it gone at once, after a restart, cost one compilation).
     async fn load<C: ::redis::aio::ConnectionLike>(&self, con: &mut C) -> RedisResult<()> {
-        ::redis::cmd("FUNCTION")
+        match ::redis::cmd("FUNCTION")
             .arg("LOAD")
-            .arg("REPLACE")
             .arg(&self.code)
             .query_async::<::redis::Value>(con)
             .await
-            .map(drop)
+        {
+            Err(e) if says(&e, "already exists") => Ok(()),
+            reply => reply.map(drop),
+        }
     }
 }
 
@@ -135,6 +143,9 @@ pub(crate) struct Call<'a> {
     script: &'a Script,
     /// Called as a function of this library (which the script is in).
     library: Option<&'a Library>,
+    /// A function call the server refuses goes by `EVALSHA` instead (see
+    /// [`invoke_async`](Self::invoke_async)).
+    fallback: bool,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
 }
@@ -152,22 +163,25 @@ impl Call<'_> {
         self
     }
 
-    /// Sends the call over `con`, loading the script (or the library) first if the server
-    /// does not have it.
+    /// A function call that reports the server's refusal instead of going by `EVALSHA`: how
+    /// a backend finds out, when it connects, whether it may use the library.
+    pub(crate) fn strict(mut self) -> Self {
+        self.fallback = false;
+        self
+    }
+
+    /// Sends the call over `con`. As a function: a server without the library gets it loaded
+    /// and the call sent again; a server that refuses functions now (the library gone and this
+    /// user may not load it, or a server without `FCALL` behind the same address) gets the
+    /// script by `EVALSHA`, so the call still runs. By `EVALSHA`: the script's text is loaded on
+    /// `NOSCRIPT`.
     pub(crate) async fn invoke_async<C, T>(&self, con: &mut C) -> RedisResult<T>
     where
         C: ::redis::aio::ConnectionLike,
         T: FromRedisValue,
     {
         let (Some(library), Some(function)) = (self.library, &self.script.function) else {
-            let mut inv = self.script.lua.prepare_invoke();
-            for key in &self.keys {
-                inv.key(key);
-            }
-            for arg in &self.args {
-                inv.arg(arg);
-            }
-            return inv.invoke_async(con).await;
+            return self.eval(con).await;
         };
         let mut fcall = ::redis::cmd("FCALL");
         fcall.arg(function).arg(self.keys.len());
@@ -177,21 +191,55 @@ impl Call<'_> {
         for arg in &self.args {
             fcall.arg(arg);
         }
-        match fcall.query_async(con).await {
-            Err(e) if function_missing(&e) => {
-                library.load(con).await?;
-                fcall.query_async(con).await
-            }
-            reply => reply,
+        let refused = match fcall.query_async(con).await {
+            Err(e) if says(&e, "function not found") => match library.load(con).await {
+                Ok(()) => return fcall.query_async(con).await,
+                Err(e) if answered(&e) => e,
+                Err(e) => return Err(e),
+            },
+            Err(e) if says(&e, "unknown command") || (says(&e, "noperm") && says(&e, "fcall")) => e,
+            reply => return reply,
+        };
+        if !self.fallback {
+            return Err(refused);
         }
+        if !DEGRADED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                error = %refused,
+                "redis: the server refuses distlock's function library now; scripts go by EVALSHA"
+            );
+        }
+        self.eval(con).await
+    }
+
+    /// Sends the call by `EVALSHA` (the text on `NOSCRIPT`).
+    async fn eval<C, T>(&self, con: &mut C) -> RedisResult<T>
+    where
+        C: ::redis::aio::ConnectionLike,
+        T: FromRedisValue,
+    {
+        let mut inv = self.script.lua.prepare_invoke();
+        for key in &self.keys {
+            inv.key(key);
+        }
+        for arg in &self.args {
+            inv.arg(arg);
+        }
+        inv.invoke_async(con).await
     }
 }
 
-/// The server does not have the function called (it never loaded our library, or lost it).
-fn function_missing(e: &::redis::RedisError) -> bool {
-    e.to_string()
-        .to_ascii_lowercase()
-        .contains("function not found")
+/// Whether a function call was refused and sent by `EVALSHA` in this process yet (warned once).
+static DEGRADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the server answered (with an error), rather than the connection failing.
+fn answered(e: &::redis::RedisError) -> bool {
+    !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal())
+}
+
+/// Whether the server's error says `what` (compared in lowercase).
+fn says(e: &::redis::RedisError, what: &str) -> bool {
+    e.to_string().to_ascii_lowercase().contains(what)
 }
 
 #[cfg(test)]
