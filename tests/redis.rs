@@ -380,25 +380,35 @@ async fn deadpool_and_bb8_pools_exclude_each_other() {
     assert_eq!(overlap.violations(), 0);
 }
 
+/// Creates (or resets) ACL user `name` (password `s3cret`) on `server`, allowed every command
+/// but those `denied`, on keys and channels matching `pattern`; returns its URL.
+async fn acl_user(server: &RedisServer, name: &str, pattern: &str, denied: &[&str]) -> String {
+    let mut setuser = redis::cmd("ACL");
+    setuser
+        .arg("SETUSER")
+        .arg(name)
+        .arg("reset")
+        .arg("on")
+        .arg(">s3cret")
+        .arg(format!("~{pattern}"))
+        .arg(format!("&{pattern}"))
+        .arg("+@all");
+    for command in denied {
+        setuser.arg(format!("-{command}"));
+    }
+    let _: () = setuser
+        .query_async(&mut raw(&server.url()).await)
+        .await
+        .unwrap();
+    format!("redis://{name}:s3cret@127.0.0.1:{}/", server.port())
+}
+
 #[tokio::test]
 async fn acl_users_log_in_and_stay_inside_their_namespace() {
     let ns = test_namespace!();
     let server = shared_redis();
     let user = format!("u{}", std::process::id());
-    let mut admin = raw(&server.url()).await;
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg(&user)
-        .arg("reset")
-        .arg("on")
-        .arg(">s3cret")
-        .arg(format!("~{ns}:*"))
-        .arg(format!("&{ns}:*"))
-        .arg("+@all")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let url = format!("redis://{user}:s3cret@127.0.0.1:{}/", server.port());
+    let url = acl_user(server, &user, &format!("{ns}:*"), &[]).await;
     let c = client_at(&url, &ns).await;
     let guard = c.mutex("k").lock().await.unwrap();
     assert!(c.mutex("k").try_lock().await.unwrap_err().is_would_block());
@@ -474,19 +484,7 @@ async fn scripts_run_as_functions_and_a_lost_library_is_loaded_again() {
 async fn a_user_who_may_not_load_the_lost_library_goes_on_by_evalsha() {
     let server = RedisServer::start();
     let ns = test_namespace!();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("caller")
-        .arg("on")
-        .arg(">s3cret")
-        .arg("~*")
-        .arg("&*")
-        .arg("+@all")
-        .arg("-function")
-        .query_async(&mut raw(&server.url()).await)
-        .await
-        .unwrap();
-    let url = format!("redis://caller:s3cret@127.0.0.1:{}/", server.port());
+    let url = acl_user(&server, "caller", "*", &["function"]).await;
     // Without the library, this user falls back at connect already.
     let early = RedisBackend::connect(&url).await.unwrap();
     assert_eq!(library_of(&early), None);
@@ -532,23 +530,13 @@ async fn scripts_go_by_evalsha_where_functions_are_refused() {
     let ns = test_namespace!();
     let server = shared_redis();
     let user = format!("nofn{}", std::process::id());
-    let mut admin = raw(&server.url()).await;
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg(&user)
-        .arg("reset")
-        .arg("on")
-        .arg(">s3cret")
-        .arg(format!("~{ns}:*"))
-        .arg(format!("&{ns}:*"))
-        .arg("+@all")
-        .arg("-function")
-        .arg("-fcall")
-        .arg("-fcall_ro")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let url = format!("redis://{user}:s3cret@127.0.0.1:{}/", server.port());
+    let url = acl_user(
+        server,
+        &user,
+        &format!("{ns}:*"),
+        &["function", "fcall", "fcall_ro"],
+    )
+    .await;
     let backend = RedisBackend::connect(&url).await.unwrap();
     assert_eq!(library_of(&backend), None);
     let a = LockClient::builder(backend).namespace(&ns).build().unwrap();
