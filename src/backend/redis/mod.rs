@@ -31,7 +31,7 @@ pub(crate) mod script;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
 
-use std::sync::{Arc, LazyLock, Mutex as StdMutex};
+use std::sync::{Arc, LazyLock, Mutex as StdMutex, OnceLock};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -712,10 +712,12 @@ fn lock_name(namespace: &str, key: &str) -> String {
     format!("{namespace}:{{{key}}}")
 }
 
-/// What one claim keeps between calls: its subscription while it waits, and the pairing of
-/// local and server clocks from its last request, to place a handoff on the local clock.
+/// What one claim keeps between calls: its keys' names, its subscription while it waits, and
+/// the pairing of local and server clocks from its last request, to place a handoff on the
+/// local clock.
 #[derive(Default)]
 pub struct RedisTicket {
+    keys: OnceLock<Keys>,
     sub: StdMutex<Option<Subscription>>,
     clock: ServerClock,
 }
@@ -727,6 +729,11 @@ impl std::fmt::Debug for RedisTicket {
 }
 
 impl RedisTicket {
+    /// The claim's keys and owner token, named at its first call (a ticket serves one claim).
+    fn keys(&self, claim: &Claim, client_id: &str) -> &Keys {
+        self.keys.get_or_init(|| Keys::new(claim, client_id))
+    }
+
     fn subscribed(&self) -> bool {
         self.sub.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
@@ -784,13 +791,12 @@ impl RedisBackend {
         group: &[usize],
     ) -> Vec<Renewal> {
         let mut inv = self.call(&self.inner.scripts.renew);
-        let members: Vec<&Claim> = group
-            .iter()
-            .filter_map(|&i| claims.get(i))
-            .map(|(c, _)| *c)
-            .collect();
-        for claim in &members {
-            Keys::new(claim, &self.inner.client_id).add_renewal(&mut inv, claim.ttl());
+        let mut members: Vec<&Claim> = Vec::with_capacity(group.len());
+        for (claim, ticket) in group.iter().filter_map(|&i| claims.get(i)) {
+            ticket
+                .keys(claim, &self.inner.client_id)
+                .add_renewal(&mut inv, claim.ttl());
+            members.push(claim);
         }
         match self
             .inner
@@ -865,7 +871,7 @@ impl RedisBackend {
         ticket: &RedisTicket,
         wait: bool,
     ) -> Result<Attempt> {
-        let keys = Keys::new(claim, &self.inner.client_id);
+        let keys = ticket.keys(claim, &self.inner.client_id);
         if wait && !ticket.subscribed() {
             // A claim subscribes before it queues, so no handoff to it is published unheard.
             // On a channel this client already listens to that costs nothing; otherwise look
@@ -878,7 +884,7 @@ impl RedisBackend {
             {
                 ticket.set_sub(Some(sub));
             } else {
-                let first = self.run_acquire(claim, ticket, &keys, false).await?;
+                let first = self.run_acquire(claim, ticket, keys, false).await?;
                 if matches!(first, Attempt::Granted(_)) {
                     return Ok(first);
                 }
@@ -886,7 +892,7 @@ impl RedisBackend {
                 ticket.set_sub(Some(sub));
             }
         }
-        let attempt = self.run_acquire(claim, ticket, &keys, wait).await?;
+        let attempt = self.run_acquire(claim, ticket, keys, wait).await?;
         if matches!(attempt, Attempt::Granted(_)) {
             ticket.set_sub(None);
         }
@@ -1138,7 +1144,7 @@ impl Backend for RedisBackend {
 
     async fn release(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
         ticket.set_sub(None);
-        let keys = Keys::new(claim, &self.inner.client_id);
+        let keys = ticket.keys(claim, &self.inner.client_id);
         let shared = Shared::of(claim.kind());
         let script = if shared.is_some() {
             &self.inner.scripts.release_shared
@@ -1165,8 +1171,8 @@ impl Backend for RedisBackend {
         Ok(held == 1 || in_doubt)
     }
 
-    async fn downgrade(&self, claim: &Claim, _ticket: &RedisTicket) -> Result<Grant> {
-        let keys = Keys::new(claim, &self.inner.client_id);
+    async fn downgrade(&self, claim: &Claim, ticket: &RedisTicket) -> Result<Grant> {
+        let keys = ticket.keys(claim, &self.inner.client_id);
         let mut inv = self.call(&self.inner.scripts.downgrade);
         keys.add_keys(&mut inv, true);
         inv.arg(&keys.owner)
