@@ -427,6 +427,33 @@ async fn acl_users_log_in_and_stay_inside_their_namespace() {
     assert!(err.to_string().contains("authentication"), "{err}");
 }
 
+/// `other` (a client in namespace `ns` of the server at `url`) cannot take `k` while `guard`
+/// holds it; it queues, and gets `k` with a higher fencing token once `guard` is released.
+async fn excludes_then_hands_on(
+    guard: distlock::MutexGuard,
+    other: LockClient,
+    url: &str,
+    ns: &str,
+) {
+    assert!(other
+        .mutex("k")
+        .try_lock()
+        .await
+        .unwrap_err()
+        .is_would_block());
+    let waiter =
+        tokio::spawn(async move { other.mutex("k").lock().await.map(|g| g.fencing_token()) });
+    until_queued(url, ns, "k", 1).await;
+    let first = guard.fencing_token();
+    guard.release().await.unwrap();
+    let next = timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(next > first);
+}
+
 /// On a server that keeps functions (Redis 7) the scripts are one library, loaded when the
 /// backend connects; a server that lost it (deleted here, or restarted without persistence)
 /// gets it again at the next call, and every script (acquire, release, renewal, the shared
@@ -508,17 +535,7 @@ async fn a_user_who_may_not_load_the_lost_library_goes_on_by_evalsha() {
     // Renewed by EVALSHA well past its TTL, and still excluding.
     sleep(Duration::from_millis(1200)).await;
     assert!(!first.is_lost());
-    assert!(b.mutex("k").try_lock().await.unwrap_err().is_would_block());
-    let waiter = tokio::spawn(async move { b.mutex("k").lock().await.map(|g| g.fencing_token()) });
-    until_queued(&server.url(), &ns, "k", 1).await;
-    let token = first.fencing_token();
-    first.release().await.unwrap();
-    let next = timeout(Duration::from_secs(5), waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(next > token);
+    excludes_then_hands_on(first, b, &server.url(), &ns).await;
     assert!(libraries(&server.url()).await.is_empty());
     support::redis::until_only_fences(&server.url(), &ns).await;
 }
@@ -542,17 +559,7 @@ async fn scripts_go_by_evalsha_where_functions_are_refused() {
     let a = LockClient::builder(backend).namespace(&ns).build().unwrap();
     let b = client_at(&url, &ns).await;
     let guard = a.mutex("k").lock().await.unwrap();
-    assert!(b.mutex("k").try_lock().await.unwrap_err().is_would_block());
-    let waiter = tokio::spawn(async move { b.mutex("k").lock().await.map(|g| g.fencing_token()) });
-    until_queued(&server.url(), &ns, "k", 1).await;
-    let first = guard.fencing_token();
-    guard.release().await.unwrap();
-    let second = timeout(Duration::from_secs(5), waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(second > first);
+    excludes_then_hands_on(guard, b, &server.url(), &ns).await;
 }
 
 #[tokio::test]

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 use self::commands::{redis_error, Commands, CALL_TIMEOUT};
 use self::notify::{Hub, Subscription};
-use self::script::{Call, Library, Part, Script};
+use self::script::{Call, Functions, Library, Part, Script};
 use super::handoff::{
     self, check_handoff_ttl, wait_for_handoff, Mailbox, ServerClock, DEFAULT_HANDOFF_TTL,
 };
@@ -74,36 +74,36 @@ pub(crate) const RENEWAL_LUA: &str = include_str!("scripts/renewal.lua");
 
 impl Scripts {
     fn with(variant: &str) -> Self {
-        let source = |name, parts, body| Part {
+        let writing = |name, helpers, body| Part {
             name,
             read_only: false,
-            parts,
+            helpers,
             body,
         };
         let reading = |name, body| Part {
             name,
             read_only: true,
-            parts: &[],
+            helpers: &[],
             body,
         };
         let (library, scripts) = Library::build(
             &format!("{}\n{variant}", include_str!("scripts/common.lua")),
             [
-                source("acquire", &[], include_str!("scripts/acquire.lua")),
-                source("release", &[], include_str!("scripts/release.lua")),
-                source("renew", &[RENEWAL_LUA], include_str!("scripts/renew.lua")),
+                writing("acquire", &[], include_str!("scripts/acquire.lua")),
+                writing("release", &[], include_str!("scripts/release.lua")),
+                writing("renew", &[RENEWAL_LUA], include_str!("scripts/renew.lua")),
                 reading("inspect", include_str!("scripts/inspect.lua")),
-                source(
+                writing(
                     "acquire_shared",
                     &[SHARED_LUA],
                     include_str!("scripts/acquire_shared.lua"),
                 ),
-                source(
+                writing(
                     "release_shared",
                     &[SHARED_LUA],
                     include_str!("scripts/release_shared.lua"),
                 ),
-                source(
+                writing(
                     "downgrade",
                     &[SHARED_LUA],
                     include_str!("scripts/downgrade.lua"),
@@ -183,7 +183,7 @@ struct Inner {
     commands: Commands,
     scripts: &'static Scripts,
     /// The scripts' function library, if the server keeps functions: scripts are called in it.
-    library: Option<&'static Library>,
+    functions: Option<Functions>,
     /// A Redis Cluster: renewals go one script call per slot.
     #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     cluster: bool,
@@ -197,7 +197,10 @@ impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
             .field("handoff_ttl", &self.inner.handoff_ttl)
-            .field("library", &self.inner.library.map(Library::name))
+            .field(
+                "library",
+                &self.inner.functions.as_ref().and_then(Functions::name),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -544,14 +547,12 @@ impl RedisBackendBuilder {
         cluster: bool,
         hub: Hub,
     ) -> Result<RedisBackend> {
-        let library = match commands
-            .invoke::<i64>(
-                "connect",
-                &scripts.ping.call(Some(&scripts.library)).strict(),
-            )
-            .await
-        {
-            Ok(_) => Some(&scripts.library),
+        let functions = Functions::new(&scripts.library);
+        let answer = commands
+            .invoke::<i64>("connect", &scripts.ping.call(Some(&functions)).strict())
+            .await;
+        let functions = match answer {
+            Ok(_) => Some(functions),
             // No functions here (before Redis 7, or not allowed to this user): the scripts
             // go by EVALSHA, if the server answers that.
             Err(err) if !err.is_transient() => {
@@ -568,7 +569,7 @@ impl RedisBackendBuilder {
                 replicas_ack: self.replicas_ack,
                 commands,
                 scripts,
-                library,
+                functions,
                 cluster,
                 hub,
                 handoff_ttl: self.handoff_ttl,
@@ -947,8 +948,7 @@ impl RedisBackend {
         } else {
             &self.inner.scripts.acquire
         };
-        let mut inv = self.call(script);
-        keys.add_keys(&mut inv, shared.is_some());
+        let mut inv = self.call_on(script, keys, shared.is_some());
         inv.arg(&keys.owner)
             .arg(millis(claim.ttl()))
             .arg(u8::from(wait))
@@ -997,8 +997,15 @@ impl Keys {
 impl RedisBackend {
     /// A call of one of the backend's scripts: a function of the library, if the server keeps
     /// it, else by `EVALSHA`.
-    fn call(&self, script: &'static Script) -> Call<'static> {
-        script.call(self.inner.library)
+    fn call(&self, script: &'static Script) -> Call<'_> {
+        script.call(self.inner.functions.as_ref())
+    }
+
+    /// A call of one of the lock scripts with the lock's keys (see [`Keys::add_keys`]).
+    fn call_on(&self, script: &'static Script, keys: &Keys, shared: bool) -> Call<'_> {
+        let mut inv = self.call(script);
+        keys.add_keys(&mut inv, shared);
+        inv
     }
 }
 
@@ -1151,8 +1158,7 @@ impl Backend for RedisBackend {
         } else {
             &self.inner.scripts.release
         };
-        let mut inv = self.call(script);
-        keys.add_keys(&mut inv, shared.is_some());
+        let mut inv = self.call_on(script, keys, shared.is_some());
         inv.arg(&keys.owner)
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
@@ -1173,8 +1179,7 @@ impl Backend for RedisBackend {
 
     async fn downgrade(&self, claim: &Claim, ticket: &RedisTicket) -> Result<Grant> {
         let keys = ticket.keys(claim, &self.inner.client_id);
-        let mut inv = self.call(&self.inner.scripts.downgrade);
-        keys.add_keys(&mut inv, true);
+        let mut inv = self.call_on(&self.inner.scripts.downgrade, keys, true);
         inv.arg(&keys.owner)
             .arg(millis(claim.ttl()))
             .arg(millis(FENCE_TTL))

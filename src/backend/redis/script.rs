@@ -10,6 +10,8 @@
 //! "function not found": the call loads it again and is sent once more. A server that refuses
 //! functions later on (this user may not load the lost library) gets the call by `EVALSHA`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use ::redis::{FromRedisValue, RedisResult, ToRedisArgs};
 
 /// A script: its text for `EVALSHA`, and its function's name when it is part of a
@@ -32,18 +34,18 @@ impl Script {
     pub(crate) fn prepare_invoke(&self) -> Call<'_> {
         Call {
             script: self,
-            library: None,
+            functions: None,
             fallback: true,
             keys: Vec::new(),
             args: Vec::new(),
         }
     }
 
-    /// A call of this script as a function of `library` if there is one and the script is in
-    /// it, else by `EVALSHA`.
-    pub(crate) fn call<'a>(&'a self, library: Option<&'a Library>) -> Call<'a> {
+    /// A call of this script as a function of the library `functions` use, while they are
+    /// on, else by `EVALSHA`.
+    pub(crate) fn call<'a>(&'a self, functions: Option<&'a Functions>) -> Call<'a> {
         let mut call = self.prepare_invoke();
-        call.library = library.filter(|_| self.function.is_some());
+        call.functions = functions.filter(|f| f.on.load(Ordering::Relaxed));
         call
     }
 }
@@ -54,7 +56,7 @@ pub(crate) struct Part<'a> {
     pub(crate) name: &'a str,
     /// The script writes nothing: its function may run on a replica too.
     pub(crate) read_only: bool,
-    pub(crate) parts: &'a [&'a str],
+    pub(crate) helpers: &'a [&'a str],
     pub(crate) body: &'a str,
 }
 
@@ -69,8 +71,8 @@ pub(crate) struct Library {
 impl Library {
     /// The library of `scripts` after `prelude` (helpers and settings every script shares).
     /// Each script's body runs as its own function, as it would run by `EVALSHA` after the
-    /// prelude and its own `parts` (it reads `KEYS` and `ARGV`); the library holds every
-    /// part once. The prelude and parts run once, at load: the hook `fresh` the prelude
+    /// prelude and its own `helpers` (it reads `KEYS` and `ARGV`); the library holds each of
+    /// them once. The prelude and helpers run once, at load: the hook `fresh` the prelude
     /// defines is called at the start of every function, to reset what a script keeps for one
     /// call. The library's name is a hash of its text. Returns the library and the scripts,
     /// in the order given.
@@ -78,10 +80,10 @@ impl Library {
         prelude: &str,
         scripts: [Part<'_>; N],
     ) -> (Self, [Script; N]) {
-        let mut parts: Vec<&str> = Vec::new();
-        for part in scripts.iter().flat_map(|s| s.parts) {
-            if !parts.contains(part) {
-                parts.push(part);
+        let mut helpers: Vec<&str> = Vec::new();
+        for part in scripts.iter().flat_map(|s| s.helpers) {
+            if !helpers.contains(part) {
+                helpers.push(part);
             }
         }
         let functions = |prefix: &str| -> String {
@@ -97,7 +99,7 @@ impl Library {
                 })
                 .collect()
         };
-        let helpers = format!("{prelude}\n{}\n", parts.join("\n"));
+        let helpers = format!("{prelude}\n{}\n", helpers.join("\n"));
         let hash: String = ::redis::Script::new(&format!("{helpers}{}", functions("")))
             .get_hash()
             .chars()
@@ -109,15 +111,10 @@ impl Library {
             functions(&format!("{name}_"))
         );
         let scripts = scripts.map(|s| Script {
-            lua: ::redis::Script::new(&format!("{prelude}\n{}\n{}", s.parts.join("\n"), s.body)),
+            lua: ::redis::Script::new(&format!("{prelude}\n{}\n{}", s.helpers.join("\n"), s.body)),
             function: Some(format!("{name}_{}", s.name)),
         });
         (Self { code, name }, scripts)
-    }
-
-    /// The library's name on the server.
-    pub(crate) fn name(&self) -> &str {
-        &self.name
     }
 
     /// Loads the library on the server behind `con` (on a Cluster connection: on every
@@ -137,12 +134,36 @@ impl Library {
     }
 }
 
+/// A backend's use of a [`Library`] on its server: on from connect, switched off for good the
+/// first time the server refuses a function call (see [`Call::invoke_async`]), so later calls
+/// go straight by `EVALSHA` instead of asking for the function first each time.
+pub(crate) struct Functions {
+    library: &'static Library,
+    on: AtomicBool,
+}
+
+impl Functions {
+    pub(crate) fn new(library: &'static Library) -> Self {
+        Self {
+            library,
+            on: AtomicBool::new(true),
+        }
+    }
+
+    /// The library's name, while the backend calls it.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.on
+            .load(Ordering::Relaxed)
+            .then_some(self.library.name.as_str())
+    }
+}
+
 /// One call of a [`Script`] with its keys and arguments, as a function (`FCALL`) or by
 /// `EVALSHA`.
 pub(crate) struct Call<'a> {
     script: &'a Script,
-    /// Called as a function of this library (which the script is in).
-    library: Option<&'a Library>,
+    /// Called as a function of the library these use.
+    functions: Option<&'a Functions>,
     /// A function call the server refuses goes by `EVALSHA` instead (see
     /// [`invoke_async`](Self::invoke_async)).
     fallback: bool,
@@ -180,7 +201,7 @@ impl Call<'_> {
         C: ::redis::aio::ConnectionLike,
         T: FromRedisValue,
     {
-        let (Some(library), Some(function)) = (self.library, &self.script.function) else {
+        let (Some(functions), Some(function)) = (self.functions, &self.script.function) else {
             return self.eval(con).await;
         };
         let mut fcall = ::redis::cmd("FCALL");
@@ -192,7 +213,7 @@ impl Call<'_> {
             fcall.arg(arg);
         }
         let refused = match fcall.query_async(con).await {
-            Err(e) if says(&e, "function not found") => match library.load(con).await {
+            Err(e) if says(&e, "function not found") => match functions.library.load(con).await {
                 Ok(()) => return fcall.query_async(con).await,
                 Err(e) if answered(&e) => e,
                 Err(e) => return Err(e),
@@ -203,7 +224,7 @@ impl Call<'_> {
         if !self.fallback {
             return Err(refused);
         }
-        if !DEGRADED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        if functions.on.swap(false, Ordering::Relaxed) {
             tracing::warn!(
                 error = %refused,
                 "redis: the server refuses distlock's function library now; scripts go by EVALSHA"
@@ -229,9 +250,6 @@ impl Call<'_> {
     }
 }
 
-/// Whether a function call was refused and sent by `EVALSHA` in this process yet (warned once).
-static DEGRADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// Whether the server answered (with an error), rather than the connection failing.
 fn answered(e: &::redis::RedisError) -> bool {
     !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal())
@@ -251,18 +269,18 @@ mod tests {
         let one = |body| Part {
             name: "one",
             read_only: false,
-            parts: &[],
+            helpers: &[],
             body,
         };
         let (a, [script]) = Library::build("local function fresh() end", [one("return 1")]);
         let (b, _) = Library::build("local function fresh() end", [one("return 2")]);
-        assert_ne!(a.name(), b.name());
-        assert!(a.name().starts_with("distlock_"));
+        assert_ne!(a.name, b.name);
+        assert!(a.name.starts_with("distlock_"));
         assert!(a
-            .name()
+            .name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_'));
-        assert_eq!(script.function, Some(format!("{}_one", a.name())));
-        assert!(a.code.starts_with(&format!("#!lua name={}\n", a.name())));
+        assert_eq!(script.function, Some(format!("{}_one", a.name)));
+        assert!(a.code.starts_with(&format!("#!lua name={}\n", a.name)));
     }
 }
