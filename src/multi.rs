@@ -195,7 +195,8 @@ impl MultiLock {
             let mut taken = MultiGuard {
                 held: Vec::with_capacity(plan.as_ref().map_or(0, Vec::len)),
             };
-            for (key, kind) in plan? {
+            let plan = plan?;
+            for (key, kind) in plan {
                 let target = Target {
                     core: core.clone(),
                     key,

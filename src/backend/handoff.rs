@@ -150,7 +150,8 @@ impl Mailbox {
     /// Waits for the next wake-up.
     pub(crate) async fn recv(&self) -> Wake {
         loop {
-            if let Some(wake) = self.slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let wake = self.slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(wake) = wake {
                 return wake;
             }
             // `notify_one` stores a permit, so a wake-up between the check and here is kept.

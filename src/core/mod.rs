@@ -97,20 +97,21 @@ impl Core {
         if !lease.finish() {
             return false;
         }
-        if let Some(since) = lease.schedule().held_since {
+        // Read under the schedule's lock, then let it go: the event's fields lock it again.
+        let (held_since, fence) = {
+            let schedule = lease.schedule();
+            (schedule.held_since, schedule.held.map_or(0, |g| g.fence))
+        };
+        if let Some(since) = held_since {
             metrics::released(self.backend.name(), lease.claim.kind(), since.elapsed());
-            tracing::debug!(
-                key = lease.claim.key(),
-                fence = lease.fence(),
-                "lock released"
-            );
+            tracing::debug!(key = lease.claim.key(), fence, "lock released");
         }
-        if let Some(engine) = self
+        let engine = self
             .engine
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
+            .clone();
+        if let Some(engine) = engine {
             engine.forget(lease);
         }
         true

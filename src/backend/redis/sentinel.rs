@@ -90,7 +90,8 @@ impl Sentinel {
 
     /// The command connection to the current primary, made if there is none.
     pub(crate) async fn connection(&self) -> RedisResult<MultiplexedConnection> {
-        if let Some(conn) = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        let cached = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(conn) = cached {
             return Ok(conn);
         }
         Box::pin(async move {
