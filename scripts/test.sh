@@ -12,6 +12,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --locked --all-targets --all-features -- -D warnings
 
+echo "== every feature alone, with and without the defaults, and the README's combinations"
+bash scripts/features.sh
+
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -49,6 +49,12 @@ pub struct Waiter {
 
 impl Inspection {
     /// An empty snapshot of `key`: free, nobody waiting.
+    #[cfg(any(
+        feature = "memory",
+        feature = "redis",
+        feature = "zookeeper",
+        feature = "postgres"
+    ))]
     pub(crate) fn free(key: &str) -> Self {
         Self {
             key: key.to_owned(),

@@ -262,14 +262,6 @@ pub(crate) async fn wait_for_handoff(
     }
 }
 
-/// Awaits the future in `slot`, or forever if there is none.
-pub(crate) async fn poll_some<F: std::future::Future + Unpin>(slot: &mut Option<F>) -> F::Output {
-    match slot {
-        Some(f) => f.await,
-        None => std::future::pending().await,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -154,11 +154,15 @@ impl Commands {
     /// Forgets the connection a call timed out on (its reply may never come), so the next call
     /// opens a fresh one.
     fn reset(&self, route: usize) {
-        if let Self::Own(own) = self {
-            let slot = &own.slots[route % own.slots.len()];
-            if let Ok(mut slot) = slot.try_lock() {
-                *slot = None;
+        match self {
+            Self::Own(own) => {
+                let slot = &own.slots[route % own.slots.len()];
+                if let Ok(mut slot) = slot.try_lock() {
+                    *slot = None;
+                }
             }
+            #[cfg(feature = "postgres-deadpool")]
+            Self::Deadpool(_) => {}
         }
     }
 

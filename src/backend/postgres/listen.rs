@@ -19,7 +19,8 @@ use futures::StreamExt;
 use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, Config, NoTls};
 
-use crate::backend::handoff::{parse, poll_some, Mailbox, Wake};
+use crate::backend::handoff::{parse, Mailbox, Wake};
+use crate::backend::poll_some;
 
 const RECONNECT_MIN: Duration = Duration::from_millis(20);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);

@@ -28,7 +28,8 @@ use ::redis::aio::PubSubSink;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
-use crate::backend::handoff::{parse, poll_some, Mailbox, Wake};
+use crate::backend::handoff::{parse, Mailbox, Wake};
+use crate::backend::poll_some;
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long a subscriber waits for the pub/sub connection before giving up.

@@ -23,6 +23,7 @@ pub(crate) struct Script {
 
 impl Script {
     /// A script run by `EVALSHA` only.
+    #[cfg(feature = "redlock")]
     pub(crate) fn new(text: &str) -> Self {
         Self {
             lua: ::redis::Script::new(text),

@@ -500,7 +500,7 @@ impl Inner {
         let mut waiting = waiting;
         loop {
             tokio::select! {
-                _ = crate::backend::handoff::poll_some(&mut waiting.ahead) => {
+                _ = crate::backend::poll_some(&mut waiting.ahead) => {
                     // The node ahead of our predecessor went (while the predecessor may still
                     // hold): if the predecessor heads the queue now, its deletion alone will
                     // make us the holder.
