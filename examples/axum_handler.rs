@@ -1,7 +1,7 @@
 //! An axum service whose handlers hold a distributed lock per order.
 //!
 //! ```sh
-//! cargo run --example axum_handler --features macros            # in-process locks
+//! DISTLOCK_URL=memory: cargo run --example axum_handler --features macros   # in-process locks
 //! DISTLOCK_URL=redis://127.0.0.1:6379 cargo run --example axum_handler --all-features
 //! DISTLOCK_URL=zk://127.0.0.1:2181 cargo run --example axum_handler --all-features
 //! curl -X POST localhost:3000/orders/42/settle   # 200, or 409 while another replica settles 42
@@ -74,7 +74,12 @@ pub fn app(state: AppState) -> Router {
 #[allow(dead_code)] // the HTTP test reuses this file without its `main`
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DISTLOCK_URL").unwrap_or_default();
+    // No default: a service that forgot the variable must not run with locks that exclude
+    // nothing across its replicas. `memory:` asks for in-process locks by name.
+    let url = std::env::var("DISTLOCK_URL").map_err(|_| {
+        "set DISTLOCK_URL to the lock service (redis://…, zk://…, postgres://…), \
+         or to `memory:` for locks inside this one process"
+    })?;
     let locks = LockClient::connect(&url).await?;
     let state = AppState {
         locks: locks.clone(),

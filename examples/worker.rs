@@ -2,7 +2,7 @@
 //! that releases everything.
 //!
 //! ```sh
-//! cargo run --example worker --features macros                  # in-process locks
+//! DISTLOCK_URL=memory: cargo run --example worker --features macros   # in-process locks
 //! DISTLOCK_URL=redis://127.0.0.1:6379 cargo run --example worker --all-features
 //! DISTLOCK_URL=zk://127.0.0.1:2181 cargo run --example worker --all-features
 //! ```
@@ -41,7 +41,12 @@ async fn apply(worker: usize, account: u32, amount: i64) -> Result<(), WorkError
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DISTLOCK_URL").unwrap_or_default();
+    // No default: a service that forgot the variable must not run with locks that exclude
+    // nothing across its replicas. `memory:` asks for in-process locks by name.
+    let url = std::env::var("DISTLOCK_URL").map_err(|_| {
+        "set DISTLOCK_URL to the lock service (redis://…, zk://…, postgres://…), \
+         or to `memory:` for locks inside this one process"
+    })?;
     let client = LockClient::connect(&url).await?;
     distlock::set_default(client.clone());
 

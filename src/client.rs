@@ -209,8 +209,9 @@ impl LockClient {
         Self::builder_for(&format!("zk://{connect}")).await?.build()
     }
 
-    /// A client for a URL naming the service: `memory:` (or an empty string) for the in-process
-    /// backend, `redis://…` / `rediss://…` for Redis,
+    /// A client for a URL naming the service: `memory:` for the in-process backend (asked for
+    /// by name: an empty URL is an error, so an unset `DISTLOCK_URL` never quietly gives locks
+    /// that exclude nothing across processes), `redis://…` / `rediss://…` for Redis,
     /// `redis+cluster://[user:password@]host:port,host:port` for a Redis Cluster (seed nodes),
     /// `redis+sentinel://[user:password@]host:port,host:port/<master>[/<db>]` for the primary
     /// the sentinels at those addresses name,
@@ -220,8 +221,8 @@ impl LockClient {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for an unknown scheme or one
-    /// whose feature is off; otherwise as the backend's own constructor.
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for an empty URL, an unknown
+    /// scheme or one whose feature is off; otherwise as the backend's own constructor.
     ///
     /// # Cancel safety
     ///
@@ -232,11 +233,12 @@ impl LockClient {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), distlock::Error> {
-    /// // e.g. from std::env::var("DISTLOCK_URL"); empty means in-process
-    /// let url = String::new();
-    /// let client = distlock::LockClient::connect(&url).await?;
+    /// // e.g. std::env::var("DISTLOCK_URL"): `memory:` here, `redis://…` in production
+    /// let client = distlock::LockClient::connect("memory:").await?;
     /// # drop(client);
     /// assert!(distlock::LockClient::connect("etcd://x").await.unwrap_err().is_invalid_config());
+    /// // An unset variable read as "" is an error, not in-process locks.
+    /// assert!(distlock::LockClient::connect("").await.unwrap_err().is_invalid_config());
     /// # Ok(())
     /// # }
     /// ```
@@ -269,12 +271,17 @@ impl LockClient {
     pub async fn builder_for(url: &str) -> Result<LockClientBuilder> {
         // Each backend's connect is boxed: their futures are large and deep, and one frame
         // holding them all side by side is more than the compiler lays out by default.
+        if url.trim().is_empty() {
+            return Err(Error::invalid_config(
+                "empty lock service URL: name the service (redis://…, zk://…, postgres://…), or `memory:` for locks inside this process only",
+            ));
+        }
         let scheme = url
             .split_once("://")
             .map_or(url.trim_end_matches(':'), |(s, _)| s);
         match scheme {
             #[cfg(feature = "memory")]
-            "" | "memory" => Ok(Self::builder(crate::backend::MemoryBackend::new())),
+            "memory" => Ok(Self::builder(crate::backend::MemoryBackend::new())),
             #[cfg(feature = "redis")]
             "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::builder(
                 Box::pin(crate::backend::RedisBackend::connect(url)).await?,

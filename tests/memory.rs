@@ -265,6 +265,21 @@ async fn bad_input_is_a_clear_error_before_any_io() {
     assert_eq!(backend.stats().keys, 0);
 }
 
+/// An unset `DISTLOCK_URL` read as "" must not give in-process locks that exclude nothing
+/// across replicas: in-process locks are asked for by name.
+#[tokio::test]
+async fn an_empty_url_is_an_error_and_memory_is_asked_for_by_name() {
+    for url in ["", "  "] {
+        let err = LockClient::connect(url).await.unwrap_err();
+        assert!(err.is_invalid_config(), "{url:?}: {err:?}");
+        assert!(err.to_string().contains("memory:"), "{err}");
+        assert!(LockClient::builder_for(url).await.is_err());
+    }
+    let client = LockClient::connect("memory:").await.unwrap();
+    drop(client.mutex("k").lock().await.unwrap());
+    client.shutdown().await;
+}
+
 #[test]
 fn outside_a_runtime_lock_is_an_error_not_a_panic() {
     let c = LockClient::memory();

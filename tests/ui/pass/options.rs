@@ -33,7 +33,7 @@ async fn no_placeholders() -> Result<(), Boxed> {
 // `?` converts errors in the body as it would without the attribute.
 #[distributed_lock("parse:{text}")]
 async fn question_mark(text: &str) -> std::io::Result<u32> {
-    let client = LockClient::connect("").await?;
+    let client = LockClient::connect("memory:").await?;
     drop(client);
     let n: u32 = text.parse().map_err(std::io::Error::other)?;
     if n == 0 {
