@@ -584,3 +584,45 @@ async fn rust_holds_and_curator_queues_in_fifo_order() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A connect string with a chroot that does not exist yet (`zk://host/apps` on a fresh server,
+/// the README's own form) works: the chroot is made, as Curator makes its namespace, and the
+/// locks live under it. Where the client may not create it, the error is a configuration error
+/// that names the chroot, not a retryable outage.
+#[tokio::test]
+async fn a_missing_chroot_is_created_or_named() {
+    let ns = test_namespace!();
+    let connect = shared_zookeeper().connect_string();
+    let chroot = format!("/{ns}.root/apps");
+    let a = client_at(&format!("{connect}{chroot}"), &ns, SESSION).await;
+    let b = client_at(&format!("{connect}{chroot}"), &ns, SESSION).await;
+    let held = a.mutex("k").lock().await.unwrap();
+    assert!(b.mutex("k").try_lock().await.unwrap_err().is_would_block());
+    let zk = raw(&connect).await;
+    assert_eq!(children(&zk, &format!("{chroot}/{ns}/k")).await.len(), 1);
+    held.release().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+
+    // A parent only readable by anyone: the chroot cannot be made under it.
+    let sealed = format!("/{ns}.sealed");
+    let read_only = [zookeeper_client::Acl::new_const(
+        zookeeper_client::Permission::READ,
+        "world",
+        "anyone",
+    )];
+    let options = zookeeper_client::CreateMode::Persistent
+        .with_acls(zookeeper_client::Acls::new(&read_only));
+    zk.create(&sealed, &[], &options).await.unwrap();
+    let err = ZkBackend::builder(format!("{connect}{sealed}/apps"))
+        .session_timeout(SESSION)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_config(), "{err:?}");
+    assert!(!err.is_transient(), "{err:?}");
+    assert!(err.to_string().contains(&format!("{sealed}/apps")), "{err}");
+    for path in [sealed, chroot.clone(), format!("/{ns}.root")] {
+        let _ = zk.delete(&path, None).await;
+    }
+}

@@ -210,6 +210,7 @@ pub(super) async fn connect(
             .transient())
         }
     };
+    ensure_chroot(&client, settings).await?;
     let granted = client.session_timeout();
     if granted != settings.session_timeout {
         tracing::info!(
@@ -240,6 +241,48 @@ pub(super) async fn connect(
         call_timeout: settings.call_timeout,
         acl: settings.acl,
     }))
+}
+
+/// Creates the connect string's chroot (`host:2181/apps`) if it is missing, as a persistent
+/// node with the backend's ACL, the way Curator creates its namespace: every lock path lives
+/// under it, and on a fresh server nothing else would make it. Looked at first, so a chroot
+/// that exists needs no create permission on its parent.
+async fn ensure_chroot(client: &zkc::Client, settings: &Settings) -> crate::Result<()> {
+    let chroot = client.path().to_owned();
+    if chroot == "/" {
+        return Ok(());
+    }
+    let root = client.clone().chroot("/").unwrap_or_else(|same| same);
+    let failed = |e: zkc::Error| match e {
+        zkc::Error::NoAuth | zkc::Error::InvalidAcl => Error::invalid_config(format_args!(
+            "the zookeeper chroot `{chroot}` does not exist and this client may not create it: create it, or grant create on its parent"
+        )),
+        other => Error::new(
+            ErrorKind::Backend,
+            format!("cannot create the zookeeper chroot `{chroot}`"),
+        )
+        .with_source(other)
+        .transient(),
+    };
+    let made = async {
+        if root.check_stat(&chroot).await?.is_some() {
+            return Ok(());
+        }
+        let options = zkc::CreateMode::Persistent.with_acls(acls(settings.acl));
+        root.mkdir(&chroot, &options).await
+    };
+    match tokio::time::timeout(settings.call_timeout, made).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(failed(e)),
+        Err(_) => Err(Error::new(
+            ErrorKind::Backend,
+            format!(
+                "no reply within {:?} while creating the zookeeper chroot `{chroot}`",
+                settings.call_timeout
+            ),
+        )
+        .transient()),
+    }
 }
 
 impl Session {
