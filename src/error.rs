@@ -94,7 +94,8 @@ impl Error {
     }
 
     /// Marks the failure as passing (a dropped connection, a timeout): a queued `lock()`
-    /// retries it instead of giving up. Backends mark what they know to be transient.
+    /// retries it instead of giving up. Backends mark what they know to be transient, by the
+    /// rule [`is_transient`](Self::is_transient) states.
     ///
     /// # Examples
     ///
@@ -109,7 +110,30 @@ impl Error {
         self
     }
 
-    /// Whether the failure is known to be passing; see [`transient`](Self::transient).
+    /// Whether the same call may succeed later with nothing changed, on every backend alike:
+    ///
+    /// - **true** when the service was not reached or did not answer: connection refused,
+    ///   reset or dropped, a call or connect timed out, no session (ZooKeeper), or the server
+    ///   said "not now" (Redis `LOADING`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`
+    ///   during a failover; PostgreSQL connection errors, shutdown, too many connections,
+    ///   serialization failure or deadlock);
+    /// - **false** for answers that will not change by themselves: bad input or configuration,
+    ///   authentication or permission refused, a key held as another kind of lock, a missing
+    ///   schema, an unsupported operation; and for every kind other than
+    ///   [`ErrorKind::Backend`] (a busy lock or a timed-out wait is not a failure of the
+    ///   service).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let client = distlock::LockClient::memory();
+    /// let _held = client.mutex("k").lock().await.unwrap();
+    /// let busy = client.mutex("k").try_lock().await.unwrap_err();
+    /// assert!(!busy.is_transient());
+    /// # }
+    /// ```
     pub fn is_transient(&self) -> bool {
         self.transient
     }
@@ -248,10 +272,19 @@ impl fmt::Display for Error {
 }
 
 impl StdError for Error {
+    /// The cause: the innermost error that still says something new. A client library's error
+    /// that ends with its own cause's text (redis-rs around an I/O error, tokio-postgres'
+    /// "error connecting to server: …") is passed over for that cause, so a report of the
+    /// chain says each thing once.
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn StdError + 'static))
+        let mut cause: &(dyn StdError + 'static) = self.source.as_deref()?;
+        while let Some(inner) = cause.source() {
+            if !cause.to_string().ends_with(&inner.to_string()) {
+                break;
+            }
+            cause = inner;
+        }
+        Some(cause)
     }
 }
 

@@ -126,6 +126,15 @@ fn no_wait_on_a_busy_key_exits_75_and_the_token_reaches_the_command() {
             &["run", "--timeout", "300ms", "k", "--", "true"],
         ));
         assert_eq!(timed.status.code(), Some(124), "{timed:?}");
+        // flock(1)'s short options say the same.
+        let busy = output(distlock(&url, &ns, &["run", "-n", "k", "--", "true"]));
+        assert_eq!(busy.status.code(), Some(BUSY), "{busy:?}");
+        let timed = output(distlock(
+            &url,
+            &ns,
+            &["run", "-w", "300ms", "k", "--", "true"],
+        ));
+        assert_eq!(timed.status.code(), Some(124), "{timed:?}");
         holder.kill().unwrap();
         holder.wait().unwrap();
     }
@@ -267,4 +276,42 @@ fn schema_prints_the_postgres_sql() {
     let sql = String::from_utf8(out.stdout).unwrap();
     assert_eq!(sql, distlock::backend::PgBackend::schema_sql());
     assert!(sql.contains("CREATE FUNCTION distlock.acquire("));
+}
+
+/// `--help` names every kind of service URL and says what KEY is; an unreachable service is
+/// reported with its cause, once; `memory:` is refused with the services that work.
+#[test]
+fn help_names_every_service_and_errors_say_their_cause_once() {
+    let help = output(distlock("redis://unused", "ns", &["run", "--help"]));
+    let text = String::from_utf8_lossy(&help.stdout);
+    for needle in [
+        "redis://",
+        "rediss://",
+        "redis+cluster://",
+        "redis+sentinel://",
+        "redlock://",
+        "zk://",
+        "postgres://",
+        "user:password@",
+        "The lock's name",
+        "-w, --timeout",
+        "-n, --no-wait",
+    ] {
+        assert!(text.contains(needle), "--help lacks {needle:?}:\n{text}");
+    }
+    let port = support::free_port();
+    let down = output(distlock(
+        &format!("redis://127.0.0.1:{port}"),
+        "ns",
+        &["inspect", "k"],
+    ));
+    assert_eq!(down.status.code(), Some(69), "{down:?}");
+    let err = String::from_utf8_lossy(&down.stderr);
+    assert_eq!(err.matches("Connection refused").count(), 1, "{err}");
+    let memory = output(distlock("memory:", "ns", &["inspect", "k"]));
+    assert_eq!(memory.status.code(), Some(2), "{memory:?}");
+    assert!(
+        String::from_utf8_lossy(&memory.stderr).contains("postgres://"),
+        "{memory:?}"
+    );
 }

@@ -611,8 +611,8 @@ async fn a_missing_chroot_is_created_or_named() {
         "world",
         "anyone",
     )];
-    let options = zookeeper_client::CreateMode::Persistent
-        .with_acls(zookeeper_client::Acls::new(&read_only));
+    let options =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::new(&read_only));
     zk.create(&sealed, &[], &options).await.unwrap();
     let err = ZkBackend::builder(format!("{connect}{sealed}/apps"))
         .session_timeout(SESSION)

@@ -1,13 +1,13 @@
 //! `distlock`: hold a distributed lock while a command runs, or look at who holds one.
 //!
 //! ```text
-//! distlock run KEY [--timeout 30s] [--ttl 15s] [--no-wait] -- CMD ARGS...
+//! distlock run KEY [-w|--timeout 30s] [--ttl 15s] [-n|--no-wait] -- CMD ARGS...
 //! distlock inspect KEY [--json]
 //! distlock schema            # the PostgreSQL schema's SQL, for a migration tool
 //! ```
 //!
-//! The service comes from `--url` or `DISTLOCK_URL` (`redis://…`, `rediss://…`, `zk://…`,
-//! `postgres://…`).
+//! The service comes from `--url` or `DISTLOCK_URL` (`redis://…`, `rediss://…`,
+//! `redis+cluster://…`, `redis+sentinel://…`, `redlock://…`, `zk://…`, `postgres://…`).
 //! Exit status of `run`: the command's own (128 + N if a signal N ended it), or one of
 //! [`exit`]'s codes.
 
@@ -49,8 +49,11 @@ mod exit {
                   125 lock lost (command terminated), 127 command not started, 130 interrupted."
 )]
 struct Cli {
-    /// The lock service: redis://host:port, rediss://..., zk://host:port[,host:port][/chroot],
-    /// postgres://user@host:port/database.
+    /// The lock service: redis://[user:password@]host:port[/db], rediss://... (TLS),
+    /// redis+cluster://[user:password@]host:port,host:port (seed nodes),
+    /// redis+sentinel://[user:password@]host:port,host:port/<master>[/db],
+    /// redlock://[user:password@]host:port,host:port,host:port[/db],
+    /// zk://host:port[,host:port][/chroot], postgres://user[:password]@host:port/database.
     #[arg(long, env = "DISTLOCK_URL", global = true)]
     url: Option<String>,
     /// The namespace keys live under (shared by every client of a key).
@@ -65,15 +68,18 @@ enum Cmd {
     /// Runs CMD while holding KEY; the command gets the fencing token in
     /// DISTLOCK_FENCING_TOKEN.
     Run {
+        /// The lock's name, e.g. `migrations` or `orders:42`: every process that runs with the
+        /// same KEY, namespace and service excludes the others (1 to 512 bytes, no NUL).
         key: String,
-        /// Give up after this long (e.g. 30s, 2m); waits for ever without it.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        /// Give up after this long (e.g. 30s, 2m), with status 124; waits for ever without it
+        /// (flock's -w).
+        #[arg(short = 'w', long, value_parser = humantime::parse_duration)]
         timeout: Option<Duration>,
         /// The lease, renewed in the background while the command runs.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
         ttl: Duration,
-        /// Fail at once (status 75) if the lock is held elsewhere.
-        #[arg(long)]
+        /// Fail at once (status 75) if the lock is held elsewhere (flock's -n).
+        #[arg(short = 'n', long, visible_alias = "nonblock")]
         no_wait: bool,
         /// How long a terminated command gets between SIGTERM and SIGKILL.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
@@ -87,6 +93,7 @@ enum Cmd {
     },
     /// Shows who holds KEY and who waits.
     Inspect {
+        /// The lock's name, as given to `run` (or to the library).
         key: String,
         /// Machine-readable output.
         #[arg(long)]
@@ -120,14 +127,14 @@ async fn run_cli(cli: Cli) -> u8 {
     }
     let Some(url) = cli.url.filter(|u| !u.is_empty()) else {
         eprintln!(
-            "distlock: no lock service: pass --url or set DISTLOCK_URL (redis://..., zk://..., postgres://...)"
+            "distlock: no lock service: pass --url or set DISTLOCK_URL (redis://..., redis+cluster://..., redis+sentinel://..., redlock://..., zk://..., postgres://...)"
         );
         return exit::USAGE;
     };
     let client = match connect(&url, &cli.namespace).await {
         Ok(client) => client,
         Err(e) => {
-            eprintln!("distlock: {e}");
+            eprintln!("distlock: {}", report(&e));
             return if e.is_invalid_config() || e.is_invalid_key() {
                 exit::USAGE
             } else {
@@ -168,13 +175,29 @@ async fn connect(url: &str, namespace: &str) -> distlock::Result<LockClient> {
     if matches!(scheme.trim_end_matches(':'), "" | "memory") {
         return Err(distlock::Error::new(
             distlock::ErrorKind::InvalidConfig,
-            "an in-process lock protects nothing across processes: use redis://, rediss:// or zk://",
+            "an in-process lock protects nothing across processes: use redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://, zk:// or postgres://",
         ));
     }
     LockClient::builder_for(url)
         .await?
         .namespace(namespace)
         .build()
+}
+
+/// An error and its causes on one line, each said once: `redis connect failed: the server
+/// refused the connection: Connection refused (os error 111)`.
+fn report(e: &distlock::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
 }
 
 struct RunOptions {
@@ -243,7 +266,7 @@ async fn run(client: &LockClient, key: &str, opts: &RunOptions, cmd: &[String]) 
             return exit::TIMEOUT;
         }
         Err(e) => {
-            eprintln!("distlock: {e}");
+            eprintln!("distlock: {}", report(&e));
             return if e.is_invalid_key() || e.is_invalid_config() {
                 exit::USAGE
             } else {
@@ -290,7 +313,10 @@ async fn run(client: &LockClient, key: &str, opts: &RunOptions, cmd: &[String]) 
     };
     if let Err(e) = guard.release().await {
         if code != exit::LOST && !e.is_lost() {
-            eprintln!("distlock: release failed (the lease will expire): {e}");
+            eprintln!(
+                "distlock: release failed (the lease will expire): {}",
+                report(&e)
+            );
         }
     }
     code
@@ -352,7 +378,7 @@ async fn inspect(client: &LockClient, key: &str, json: bool) -> u8 {
     let seen = match client.inspect(key).await {
         Ok(seen) => seen,
         Err(e) => {
-            eprintln!("distlock: {e}");
+            eprintln!("distlock: {}", report(&e));
             return if e.is_invalid_key() {
                 exit::USAGE
             } else {

@@ -225,7 +225,28 @@ pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
         }
         Some("3D000") => format!("postgres {what} failed: the database does not exist"),
         Some(code) => format!("postgres {what} failed ({code})"),
-        None => format!("postgres {what} failed: {e}"),
+        None => format!("postgres {what} failed"),
     };
-    Error::new(ErrorKind::Backend, message).with_source(e)
+    let err = Error::new(ErrorKind::Backend, message);
+    // The crate's one rule (`Error::is_transient`): not reached, or "not now".
+    let err = if passing_pg(&e) { err.transient() } else { err };
+    err.with_source(e)
+}
+
+/// Whether `e` may pass with nothing changed: the server was not reached or dropped the
+/// connection, or its SQLSTATE says "not now" (connection exceptions, shutdown or startup,
+/// too many connections or other resources, serialization failure, deadlock).
+fn passing_pg(e: &tokio_postgres::Error) -> bool {
+    match e.code().map(|c| c.code()) {
+        Some(code) => {
+            code.starts_with("08")
+                || code.starts_with("53")
+                || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
+        }
+        None => {
+            e.is_closed()
+                || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+                || e.to_string().starts_with("timeout")
+        }
+    }
 }

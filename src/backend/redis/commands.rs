@@ -229,18 +229,16 @@ impl Commands {
 /// connection follows in one call (or a script that met a key already migrated), a replica
 /// that lost its primary, a server loading its data, or a primary just turned replica. Waiters and renewals ride it out.
 fn passing(failure: &Failure) -> bool {
+    matches!(failure, Failure::Redis(e) if not_now(e))
+}
+
+/// The server's "not now" answers: a failover, a migration or a load under way.
+fn not_now(e: &RedisError) -> bool {
     use ::redis::{ErrorKind as K, ServerErrorKind as S};
-    let Failure::Redis(e) = failure else {
-        return false;
-    };
     // A script that touched a key of a slot in migration that already left this node (the
     // call is idempotent: asked again, it runs where the slot now is).
-    if e.to_string().contains("non local key") {
-        return true;
-    }
-    matches!(
-        failure,
-        Failure::Redis(e) if matches!(
+    e.to_string().contains("non local key")
+        || matches!(
             e.kind(),
             K::Server(
                 S::ClusterDown
@@ -252,7 +250,11 @@ fn passing(failure: &Failure) -> bool {
                     | S::ReadOnly
             )
         )
-    )
+}
+
+/// The connection failed: the server was not reached, or did not answer.
+pub(crate) fn unreachable(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal()
 }
 
 #[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]
@@ -289,5 +291,12 @@ pub(crate) fn redis_error(what: &str, e: RedisError) -> Error {
     } else {
         format!("redis {what} failed")
     };
-    Error::new(ErrorKind::Backend, message).with_source(e)
+    let err = Error::new(ErrorKind::Backend, message);
+    // The crate's one rule (`Error::is_transient`): unreachable or "not now" may pass.
+    let err = if unreachable(&e) || not_now(&e) {
+        err.transient()
+    } else {
+        err
+    };
+    err.with_source(e)
 }

@@ -253,7 +253,7 @@ impl Call<'_> {
 
 /// Whether the server answered (with an error), rather than the connection failing.
 fn answered(e: &::redis::RedisError) -> bool {
-    !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal())
+    !super::commands::unreachable(e)
 }
 
 /// Whether the server's error says `what` (compared in lowercase).

@@ -122,10 +122,7 @@ impl Sentinel {
 
 /// Whether `e` says the connection no longer reaches the primary.
 pub(crate) fn stale(e: &::redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
+    super::commands::unreachable(e)
         || matches!(
             e.kind(),
             ::redis::ErrorKind::Server(::redis::ServerErrorKind::ReadOnly)

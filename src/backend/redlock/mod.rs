@@ -347,6 +347,14 @@ impl RedlockBackendBuilder {
                     nodes.len()
                 ),
             );
+            // Passing only if every node that failed was unreachable: a refusal (credentials,
+            // permissions) stays.
+            if probes
+                .iter()
+                .all(|p| p.as_ref().map_or_else(Error::is_transient, |_| true))
+            {
+                err = err.transient();
+            }
             if let Some(Err(cause)) = probes.into_iter().find(Result::is_err) {
                 err = err.with_source(cause);
             }

@@ -253,7 +253,8 @@ async fn ensure_chroot(client: &zkc::Client, settings: &Settings) -> crate::Resu
         return Ok(());
     }
     let root = client.clone().chroot("/").unwrap_or_else(|same| same);
-    let failed = |e: zkc::Error| match e {
+    let failed = |e: zkc::Error| {
+        match e {
         zkc::Error::NoAuth | zkc::Error::InvalidAcl => Error::invalid_config(format_args!(
             "the zookeeper chroot `{chroot}` does not exist and this client may not create it: create it, or grant create on its parent"
         )),
@@ -263,6 +264,7 @@ async fn ensure_chroot(client: &zkc::Client, settings: &Settings) -> crate::Resu
         )
         .with_source(other)
         .transient(),
+    }
     };
     let made = async {
         if root.check_stat(&chroot).await?.is_some() {

@@ -1,0 +1,112 @@
+//! One rule for errors on every backend: a service that cannot be reached is a transient
+//! backend error, a refusal that will not change by itself is not (`Error::is_transient`), and
+//! a printed chain of causes says each thing once.
+#![cfg(all(
+    feature = "redis",
+    feature = "redlock",
+    feature = "zookeeper",
+    feature = "postgres"
+))]
+
+mod support;
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use distlock::backend::{PgBackend, RedisBackend, RedlockBackend, ZkBackend};
+use distlock::{Error, LockClient};
+
+/// The messages of `err` and each cause below it, as a reporter prints them.
+fn chain(err: &Error) -> Vec<String> {
+    let mut out = vec![err.to_string()];
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        out.push(c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
+/// An unreachable service: a backend error, transient, whose chain names the refusal once.
+fn assert_unreachable(service: &str, err: &Error) {
+    let chain = chain(err);
+    assert!(err.is_backend(), "{service}: {err:?}");
+    assert!(err.is_transient(), "{service}: not transient: {chain:?}");
+    for pair in chain.windows(2) {
+        assert!(
+            !pair[0].ends_with(&pair[1]),
+            "{service}: a cause repeats the message above it: {chain:?}"
+        );
+    }
+}
+
+/// A loopback port nobody listens on.
+fn closed_port() -> u16 {
+    support::free_port()
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_transient_on_every_backend() {
+    let port = closed_port();
+    let redis = RedisBackend::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert_unreachable("redis", &redis);
+    assert!(
+        chain(&redis).last().unwrap().contains("refused"),
+        "{:?}",
+        chain(&redis)
+    );
+
+    let pg = PgBackend::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+        .await
+        .unwrap_err();
+    assert_unreachable("postgres", &pg);
+    assert!(
+        chain(&pg).last().unwrap().contains("refused"),
+        "{:?}",
+        chain(&pg)
+    );
+
+    let zk = ZkBackend::builder(format!("127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap_err();
+    assert_unreachable("zookeeper", &zk);
+
+    let urls = (0..3).map(|_| format!("redis://127.0.0.1:{}", closed_port()));
+    let redlock = RedlockBackend::connect(urls).await.unwrap_err();
+    assert_unreachable("redlock", &redlock);
+
+    // Through the URL entry point as well: the same answers.
+    let via_url = LockClient::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert!(via_url.is_transient(), "{via_url:?}");
+}
+
+#[tokio::test]
+async fn a_refusal_that_will_not_pass_is_not_transient() {
+    // Wrong credentials on a live Redis.
+    let server = support::shared_redis();
+    let url = server.url().replace("redis://", "redis://nobody:wrong@");
+    let err = RedisBackend::connect(&url).await.unwrap_err();
+    assert!(err.is_backend() && !err.is_transient(), "{:?}", chain(&err));
+    assert!(err.to_string().contains("authentication"), "{err}");
+
+    // A database that does not exist on a live PostgreSQL.
+    let pg = support::shared_postgres().url();
+    let (base, _) = pg.rsplit_once('/').unwrap();
+    let err = PgBackend::connect(&format!("{base}/no_such_database"))
+        .await
+        .unwrap_err();
+    assert!(err.is_backend() && !err.is_transient(), "{:?}", chain(&err));
+    assert!(err.to_string().contains("does not exist"), "{err}");
+
+    // Bad input is never transient.
+    let err = LockClient::connect("redis://127.0.0.1:notaport")
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_config() && !err.is_transient(), "{err:?}");
+}
