@@ -17,15 +17,17 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> syn::Result<TokenStream> {
 
     if item.sig.asyncness.is_some() {
         let ret = result_type(&item.sig.output, &item)?;
-        let block = &item.block;
+        let stmts = &item.block.stmts;
         // Tells inference the block's output type, so `?` in the body converts errors as it
-        // did in the function (the way async-trait does it; no lint fires on user code).
+        // did in the function (the way async-trait does it). The body's statements follow
+        // in the same block, not inside their own braces: a one-line `{ Ok(()) }` in braces
+        // of its own would trip `unused_braces` in the user's crate.
         let body = quote!({
             if let ::core::option::Option::Some(__distlock_ret) = ::core::option::Option::None::<#ret> {
                 #[allow(unreachable_code)]
                 return __distlock_ret;
             }
-            #block
+            #(#stmts)*
         });
         let wrapped = locked(&args, body);
         *item.block = syn::parse_quote!({ #wrapped });
