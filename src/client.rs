@@ -338,6 +338,7 @@ impl LockClient {
     }
 
     fn from_parts(backend: Arc<dyn DynBackend>, config: Config) -> Self {
+        crate::core::metrics::describe_once();
         Self {
             inner: Arc::new(Core::new(backend, config)),
         }

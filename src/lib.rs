@@ -103,6 +103,22 @@ mod rw_lock;
 mod semaphore;
 
 pub use client::{LockClient, LockClientBuilder, DEFAULT_NAMESPACE, DEFAULT_TTL};
+
+/// Describes distlock's metrics (type, unit, help text) to the `metrics` recorder installed
+/// now. The first [`LockClient`] of the process does this by itself; call it again if the
+/// recorder (a Prometheus exporter, say) is installed after that.
+///
+/// # Examples
+///
+/// ```
+/// // After installing the exporter:
+/// distlock::describe_metrics();
+/// ```
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub fn describe_metrics() {
+    core::metrics::describe();
+}
 pub use core::rules::{MAX_KEY_LEN, MAX_NAMESPACE_LEN, MIN_TTL};
 pub use error::{Error, ErrorKind, Result};
 pub use inspect::{Holder, Inspection, Waiter};

@@ -102,6 +102,13 @@ async fn a_scripted_run_records_what_happened() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(r.is_lost());
     drop(r);
+    // A write hold downgraded after 100 ms and released 300 ms later: a write hold of 0.1 s
+    // and a read hold of 0.3 s.
+    let w = client.rw_lock("d").write().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = w.downgrade().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    r.release().await.unwrap();
     for c in [client, other, stale] {
         c.shutdown().await;
     }
@@ -136,6 +143,27 @@ async fn a_scripted_run_records_what_happened() {
         counter(&snap, "distlock_lost_total", &[("kind", "mutex")]),
         0
     );
+    let writes = samples(&snap, "distlock_hold_seconds", &[("kind", "write")]);
+    assert!(
+        writes.len() == 1 && (0.099..0.15).contains(&writes[0]),
+        "the write part of a downgraded hold: {writes:?}"
+    );
+    let reads = samples(&snap, "distlock_hold_seconds", &[("kind", "read")]);
+    assert!(
+        reads.iter().any(|h| (0.299..0.35).contains(h)),
+        "the read part of a downgraded hold: {reads:?}"
+    );
+    // Every metric comes with its unit and help text (an exporter's `# HELP` line).
+    for (key, unit, help, _) in &snap {
+        let name = key.key().name();
+        assert!(help.is_some(), "{name} has no description");
+        let want = if name.ends_with("_seconds") {
+            metrics::Unit::Seconds
+        } else {
+            metrics::Unit::Count
+        };
+        assert_eq!(*unit, Some(want), "{name}");
+    }
     let renewals = samples(&snap, "distlock_renewal_seconds", &[("backend", "memory")]);
     assert!(renewals.len() >= 2, "{renewals:?}");
     assert_eq!(counter(&snap, "distlock_renewal_failures_total", &[]), 0);

@@ -133,6 +133,14 @@ impl Lease {
         s.confirm = span + ttl / 20 + Duration::from_millis(5) < ttl;
     }
 
+    /// Starts the hold's clock again (a write hold became a read hold); returns how long it ran.
+    pub(crate) fn restart_hold(&self) -> Option<std::time::Duration> {
+        let now = Instant::now();
+        let mut s = self.schedule();
+        let since = s.held_since.replace(now)?;
+        Some(now.saturating_duration_since(since))
+    }
+
     pub(crate) fn fence(&self) -> u64 {
         self.schedule().held.map_or(0, |g| g.fence)
     }
@@ -310,6 +318,10 @@ impl Held {
             .backend
             .downgrade(&self.lease.claim, &self.lease.ticket)
             .await?;
+        // The hold so far was a write hold: recorded as one, and the read hold starts now.
+        if let Some(held) = self.lease.restart_hold() {
+            super::metrics::released(self.client.backend.name(), self.lease.claim.kind(), held);
+        }
         self.lease.claim.set_downgraded();
         // A downgrade that also refreshed the lease moves it, by the usual rule.
         let _ = self.lease.extend(generation, sent, grant.valid_until);

@@ -16,6 +16,51 @@ use std::time::Duration;
 use crate::backend::LockKind;
 use crate::error::Error;
 
+/// Each metric's name, type, unit and description: the `# HELP` and unit an exporter shows.
+#[cfg(feature = "metrics")]
+pub(crate) fn describe() {
+    use metrics::Unit;
+    metrics::describe_counter!(
+        "distlock_acquisitions_total",
+        Unit::Count,
+        "Acquisitions that ended, by outcome: granted, would_block, timeout or error."
+    );
+    metrics::describe_histogram!(
+        "distlock_wait_seconds",
+        Unit::Seconds,
+        "Time from the call to the grant, for granted acquisitions."
+    );
+    metrics::describe_histogram!(
+        "distlock_hold_seconds",
+        Unit::Seconds,
+        "Time from the grant to the release; a downgraded write hold counts its write part as write and the rest as read."
+    );
+    metrics::describe_counter!(
+        "distlock_lost_total",
+        Unit::Count,
+        "Claims marked lost: renewal refused, lease run out, or session ended."
+    );
+    metrics::describe_histogram!(
+        "distlock_renewal_seconds",
+        Unit::Seconds,
+        "Duration of one renewal call (a batch of leases)."
+    );
+    metrics::describe_counter!(
+        "distlock_renewal_failures_total",
+        Unit::Count,
+        "Leases whose renewal call failed (retried until the lease runs out)."
+    );
+}
+
+/// [`describe`] once per process, when the first client is made.
+pub(crate) fn describe_once() {
+    #[cfg(feature = "metrics")]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(describe);
+    }
+}
+
 /// The `kind` label.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 fn kind_label(kind: LockKind) -> &'static str {
