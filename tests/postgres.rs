@@ -515,3 +515,89 @@ async fn statements_through_a_deadpool_pool() {
     contend(cs, "pool", 15, Duration::from_micros(300)).await;
     assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
 }
+
+/// TLS as libpq's `sslmode` says, against a server that takes TLS only for the lock database
+/// and whose certificate names `localhost` alone: `verify-full` by name with the CA works
+/// (contention with handoffs: the LISTEN connection is TLS too), by address it is refused for
+/// the name; `verify-ca` and `require` accept the address; without the CA `verify-full` is
+/// refused; `disable` is refused by the server. Refusals are not transient.
+#[cfg(feature = "postgres-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_as_sslmode_says() {
+    let ca = support::tls::TestCa::new();
+    let (cert, key) = ca.issue("localhost", "DNS:localhost");
+    let server = support::PgServer::start_tls(&cert, &key);
+    connection(&server.url())
+        .await
+        .batch_execute("CREATE DATABASE locks")
+        .await
+        .unwrap();
+    let port = server.port();
+    let root = ca.pem_path().display().to_string();
+    let url =
+        |host: &str, params: &str| format!("postgres://postgres@{host}:{port}/locks?{params}");
+    let client = |url: String| async move {
+        let backend = PgBackend::builder(url).build().await?;
+        LockClient::builder(backend).build()
+    };
+
+    let full = url(
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={root}"),
+    );
+    let mut cs = Vec::new();
+    for _ in 0..3 {
+        cs.push(client(full.clone()).await.unwrap());
+    }
+    contend(cs, "tls", 10, Duration::from_micros(300)).await;
+
+    for ok in [
+        url(
+            "127.0.0.1",
+            &format!("sslmode=verify-ca&sslrootcert={root}"),
+        ),
+        url("127.0.0.1", "sslmode=require"),
+    ] {
+        let c = client(ok.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{ok}: {e:?}"));
+        c.mutex("k").lock().await.unwrap().release().await.unwrap();
+        c.shutdown().await;
+    }
+    // The CA given to the builder instead of in the URL.
+    let backend = PgBackend::builder(url("localhost", "sslmode=verify-full"))
+        .tls_root_certificate(ca.pem())
+        .build()
+        .await
+        .unwrap();
+    let c = LockClient::builder(backend).build().unwrap();
+    c.mutex("k").lock().await.unwrap().release().await.unwrap();
+    c.shutdown().await;
+
+    for (refused, why) in [
+        (
+            url(
+                "127.0.0.1",
+                &format!("sslmode=verify-full&sslrootcert={root}"),
+            ),
+            "TLS",
+        ),
+        (url("localhost", "sslmode=verify-full"), "TLS"),
+        (
+            url("127.0.0.1", "sslmode=disable"),
+            "authentication refused",
+        ),
+    ] {
+        let err = client(refused.clone()).await.unwrap_err();
+        assert!(err.is_backend(), "{refused}: {err:?}");
+        assert!(!err.is_transient(), "{refused}: {err:?}");
+        assert!(err.to_string().contains(why), "{refused}: {err}");
+    }
+    let err = client(url(
+        "localhost",
+        "sslmode=verify-full&sslrootcert=/nonexistent.pem",
+    ))
+    .await
+    .unwrap_err();
+    assert!(err.is_invalid_config(), "{err:?}");
+}

@@ -25,6 +25,7 @@ pub mod redis;
 pub mod redlock;
 #[cfg(feature = "redis-sentinel")]
 pub mod sentinel;
+pub mod tls;
 #[cfg(feature = "zookeeper")]
 pub mod zk;
 
@@ -307,107 +308,32 @@ pub struct TlsRedis {
     pub tls_port: u16,
     /// The CA certificate (PEM) that signed the server's certificate for 127.0.0.1.
     pub ca: Vec<u8>,
-    _certs: tempfile::TempDir,
+    _certs: tls::TestCa,
 }
 
 impl TlsRedis {
     pub fn start() -> Self {
-        let openssl = require_binary("openssl");
-        let certs = tempfile::tempdir().expect("tempdir");
-        let dir = certs.path();
-        let run = |args: &[&str]| {
-            let out = Command::new(&openssl)
-                .args(args)
-                .current_dir(dir)
-                .output()
-                .expect("run openssl");
-            assert!(
-                out.status.success(),
-                "openssl {args:?} failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
-        run(&[
-            &["req", "-x509"][..],
-            &ec,
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=distlock test CA",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-        ]
-        .concat());
-        run(&[
-            &["req"][..],
-            &ec,
-            &[
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=127.0.0.1",
-            ],
-        ]
-        .concat());
-        std::fs::write(
-            dir.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-        )
-        .expect("write server.ext");
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ]);
+        let ca = tls::TestCa::new();
+        let (cert, key) = ca.issue("server", "IP:127.0.0.1");
         let tls_port = free_port();
-        let path = |f: &str| dir.join(f).display().to_string();
+        let path = |p: &Path| p.display().to_string();
         let server = RedisServer::start_with(&[
             "--tls-port",
             &tls_port.to_string(),
             "--tls-cert-file",
-            &path("server.crt"),
+            &path(&cert),
             "--tls-key-file",
-            &path("server.key"),
+            &path(&key),
             "--tls-ca-cert-file",
-            &path("ca.crt"),
+            &path(&ca.pem_path()),
             "--tls-auth-clients",
             "no",
         ]);
-        let ca = std::fs::read(dir.join("ca.crt")).expect("read ca.crt");
         Self {
             server,
             tls_port,
-            ca,
-            _certs: certs,
+            ca: ca.pem(),
+            _certs: ca,
         }
     }
 
@@ -700,6 +626,46 @@ impl PgServer {
     /// Creates a cluster (`initdb`) and starts the server, waiting until it serves. Panics with
     /// its log if it does not, and with the install hint if PostgreSQL is missing.
     pub fn start() -> Self {
+        Self::start_configured(|_| Vec::new())
+    }
+
+    /// A server with `ssl=on` and the certificate `cert`/`key`: a plain connection reaches only
+    /// database `postgres` as `postgres` (the readiness probe); every other database takes TLS
+    /// only (`hostssl`).
+    pub fn start_tls(cert: &Path, key: &Path) -> Self {
+        let (cert, key) = (cert.to_path_buf(), key.to_path_buf());
+        Self::start_configured(move |dir| {
+            for (from, to) in [(&cert, "server.crt"), (&key, "server.key")] {
+                std::fs::copy(from, dir.join(to)).expect("copy the certificate");
+            }
+            // PostgreSQL refuses a key others may read.
+            std::fs::set_permissions(
+                dir.join("server.key"),
+                std::os::unix::fs::PermissionsExt::from_mode(0o600),
+            )
+            .expect("chmod the key");
+            std::fs::write(
+                dir.join("data").join("pg_hba.conf"),
+                "local all all trust\n\
+                 hostnossl postgres postgres 127.0.0.1/32 trust\n\
+                 hostnossl all all 127.0.0.1/32 reject\n\
+                 hostssl all all 127.0.0.1/32 trust\n",
+            )
+            .expect("write pg_hba.conf");
+            [
+                "ssl=on".to_owned(),
+                format!("ssl_cert_file={}", dir.join("server.crt").display()),
+                format!("ssl_key_file={}", dir.join("server.key").display()),
+            ]
+            .into_iter()
+            .flat_map(|setting| ["-c".to_owned(), setting])
+            .collect()
+        })
+    }
+
+    /// [`start`](Self::start) with `extra` arguments for the server, made once `initdb` has
+    /// run in the directory it is given (before the directory is handed to the server's user).
+    fn start_configured(extra: impl Fn(&Path) -> Vec<String>) -> Self {
         let postgres = require_pg_binary("postgres");
         let initdb = require_pg_binary("initdb");
         let (process, port, dir) = launch(
@@ -731,7 +697,9 @@ impl PgServer {
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr)
                 );
-                as_server_user(&postgres, pg_args(port, dir), dir)
+                let mut args = pg_args(port, dir);
+                args.extend(extra(dir));
+                as_server_user(&postgres, args, dir)
             },
             pg_ready,
         );

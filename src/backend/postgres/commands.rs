@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Config, NoTls, Row};
+use tokio_postgres::{Client, Row};
+
+use super::tls::Endpoint;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -43,16 +45,16 @@ pub(crate) enum Commands {
 /// Our own connections, opened on first use. A claim's calls all go to the same one (chosen by
 /// its owner token), so a release queued behind a cancelled acquire runs after it.
 pub(crate) struct Own {
-    config: Config,
+    endpoint: Endpoint,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Client>>>>,
 }
 
 impl Own {
     /// `connections` slots, the first holding `first` (already open).
-    pub(crate) fn new(config: Config, connections: usize, first: Client) -> Self {
+    pub(crate) fn new(endpoint: Endpoint, connections: usize, first: Client) -> Self {
         let mut first = Some(Arc::new(first));
         Self {
-            config,
+            endpoint,
             slots: (0..connections.max(1))
                 .map(|_| tokio::sync::Mutex::new(first.take()))
                 .collect(),
@@ -66,15 +68,17 @@ impl Own {
             return Ok(client.clone());
         }
         *slot = None;
-        let client = Arc::new(connect(&self.config).await.map_err(Failure::Pg)?);
+        let client = Arc::new(connect(&self.endpoint).await.map_err(Failure::Pg)?);
         *slot = Some(client.clone());
         Ok(client)
     }
 }
 
 /// Opens a connection and drives it in a task of its own until it closes.
-pub(crate) async fn connect(config: &Config) -> std::result::Result<Client, tokio_postgres::Error> {
-    let (client, connection) = config.connect(NoTls).await?;
+pub(crate) async fn connect(
+    endpoint: &Endpoint,
+) -> std::result::Result<Client, tokio_postgres::Error> {
+    let (client, connection) = endpoint.connect().await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "postgres connection closed");
@@ -225,12 +229,20 @@ pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
         }
         Some("3D000") => format!("postgres {what} failed: the database does not exist"),
         Some(code) => format!("postgres {what} failed ({code})"),
+        None if tls_failed(&e) => format!(
+            "postgres {what} failed: the TLS handshake failed (the server's certificate, or the sslmode and sslrootcert settings)"
+        ),
         None => format!("postgres {what} failed"),
     };
     let err = Error::new(ErrorKind::Backend, message);
     // The crate's one rule (`Error::is_transient`): not reached, or "not now".
     let err = if passing_pg(&e) { err.transient() } else { err };
     err.with_source(e)
+}
+
+/// Whether the TLS handshake failed (tokio-postgres has no other way to say so).
+fn tls_failed(e: &tokio_postgres::Error) -> bool {
+    e.to_string().starts_with("error performing TLS handshake")
 }
 
 /// Whether `e` may pass with nothing changed: the server was not reached or dropped the
@@ -243,6 +255,8 @@ fn passing_pg(e: &tokio_postgres::Error) -> bool {
                 || code.starts_with("53")
                 || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
         }
+        // A certificate refused stays refused.
+        None if tls_failed(e) => false,
         None => {
             e.is_closed()
                 || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())

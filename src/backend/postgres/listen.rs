@@ -17,7 +17,9 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 use tokio::sync::watch;
-use tokio_postgres::{AsyncMessage, Config, NoTls};
+use tokio_postgres::AsyncMessage;
+
+use super::tls::Endpoint;
 
 use crate::backend::handoff::{parse, Mailbox, Wake};
 use crate::backend::poll_some;
@@ -70,7 +72,7 @@ impl Drop for Registration {
 impl Hub {
     /// Starts the hub task on the current runtime, listening on `channel` (a plain identifier).
     /// The connection is made in the background; see [`ready`](Self::ready).
-    pub(crate) fn start(config: Config, channel: String) -> Self {
+    pub(crate) fn start(endpoint: Endpoint, channel: String) -> Self {
         let inner = Arc::new(HubInner {
             mailboxes: StdMutex::new(HashMap::new()),
             reconnects: watch::Sender::new(0),
@@ -78,7 +80,7 @@ impl Hub {
             stop: watch::Sender::new(false),
         });
         let stop = inner.stop.subscribe();
-        tokio::spawn(run(config, channel, Arc::downgrade(&inner), stop));
+        tokio::spawn(run(endpoint, channel, Arc::downgrade(&inner), stop));
         Self { inner }
     }
 
@@ -143,7 +145,7 @@ async fn pause(backoff: &mut Duration, stop: &mut watch::Receiver<bool>) -> bool
 }
 
 async fn run(
-    config: Config,
+    endpoint: Endpoint,
     channel: String,
     hub: Weak<HubInner>,
     mut stop: watch::Receiver<bool>,
@@ -152,7 +154,7 @@ async fn run(
     let mut first = true;
     loop {
         let connected = tokio::select! {
-            c = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls)) => c,
+            c = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect()) => c,
             () = stopped(&mut stop) => return,
         };
         let (client, mut connection) = match connected {

@@ -18,6 +18,7 @@
 mod commands;
 mod listen;
 mod schema;
+mod tls;
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -28,6 +29,7 @@ use tokio_postgres::Row;
 
 use self::commands::{route_of, Commands, Own, Params};
 use self::listen::{Hub, Registration};
+use self::tls::Endpoint;
 use super::handoff::{
     self, check_handoff_ttl, parse_family, wait_for_handoff, Mailbox, ServerClock,
     DEFAULT_HANDOFF_TTL,
@@ -112,6 +114,7 @@ pub struct PgBackendBuilder {
     connections: usize,
     handoff_ttl: Duration,
     create_schema: bool,
+    root_certificate: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for PgBackendBuilder {
@@ -129,7 +132,9 @@ impl PgBackend {
     /// (`postgres://[user[:password]@]host[:port]/database[?options]`, or a `key=value`
     /// connection string). The URL is used for the LISTEN connection (unless
     /// [`listen_url`](PgBackendBuilder::listen_url) says otherwise), and for statements unless
-    /// a pool is given. TLS is not supported yet: use `sslmode=disable` or `prefer`.
+    /// a pool is given. TLS follows libpq's `sslmode` and `sslrootcert` URL parameters
+    /// (`require`, `verify-ca`, `verify-full` need the `postgres-tls` feature): see
+    /// [`tls_root_certificate`](PgBackendBuilder::tls_root_certificate).
     ///
     /// # Examples
     ///
@@ -152,6 +157,7 @@ impl PgBackend {
             connections: DEFAULT_CONNECTIONS,
             handoff_ttl: DEFAULT_HANDOFF_TTL,
             create_schema: true,
+            root_certificate: None,
         }
     }
 
@@ -205,6 +211,42 @@ impl PgBackendBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres-deadpool")))]
     pub fn deadpool(mut self, pool: deadpool_postgres::Pool) -> Self {
         self.source = Source::Deadpool(pool);
+        self
+    }
+
+    /// Trusts the CA certificate(s) `pem` (PEM) for TLS instead of the system roots, where
+    /// the URL names no `sslrootcert` file: for `sslmode=verify-ca` or `verify-full` against a
+    /// server with a private CA (`require` with a root certificate checks the chain too, as
+    /// libpq does). Used by every connection the backend opens itself; a pool's connections
+    /// are the pool's to configure.
+    ///
+    /// | `sslmode` | encrypted | server checked |
+    /// |---|---|---|
+    /// | `disable` | no | — |
+    /// | `allow`, `prefer` (the default) | if the server offers TLS | no (as libpq) |
+    /// | `require` | yes | no; with a root certificate given, as `verify-ca` |
+    /// | `verify-ca` | yes | chain to a trusted root |
+    /// | `verify-full` | yes | chain to a trusted root, and the certificate names the host |
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/ssl/db-ca.pem")?;
+    /// let backend =
+    ///     distlock::backend::PgBackend::builder("postgres://app@db.internal/app?sslmode=verify-full")
+    ///         .tls_root_certificate(ca)
+    ///         .build()
+    ///         .await?;
+    /// # drop(backend);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "postgres-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres-tls")))]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificate = Some(pem.into());
         self
     }
 
@@ -275,14 +317,19 @@ impl PgBackendBuilder {
                 "a postgres backend needs at least one connection",
             ));
         }
-        let config = parse_url(&self.url)?;
+        let root = self.root_certificate.as_deref();
+        let config = parse_url(&self.url, root)?;
         let mut listen = match &self.listen_url {
-            Some(url) => parse_url(url)?,
+            Some(url) => parse_url(url, root)?,
             None => config.clone(),
         };
         // Tells the LISTEN connection apart in `pg_stat_activity`: `<name>-listen`.
-        if let Some(name) = listen.get_application_name().map(|n| format!("{n}-listen")) {
-            listen.application_name(&name);
+        if let Some(name) = listen
+            .config
+            .get_application_name()
+            .map(|n| format!("{n}-listen"))
+        {
+            listen.config.application_name(&name);
         }
         tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
 
@@ -325,17 +372,23 @@ impl PgBackendBuilder {
     }
 }
 
-fn parse_url(url: &str) -> Result<tokio_postgres::Config> {
-    let mut config: tokio_postgres::Config = url
+/// The URL's settings and TLS (its `sslmode` and `sslrootcert`, else `root_pem`).
+fn parse_url(url: &str, root_pem: Option<&[u8]>) -> Result<Endpoint> {
+    let (rest, tls_settings) = tls::split(url)?;
+    let mut config: tokio_postgres::Config = rest
         .parse()
         .map_err(|e| Error::invalid_config("malformed postgres url").with_source(e))?;
+    config.ssl_mode(tls_settings.ssl_mode());
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(commands::CALL_TIMEOUT);
     }
     if config.get_application_name().is_none() {
         config.application_name("distlock");
     }
-    Ok(config)
+    Ok(Endpoint {
+        config,
+        tls: tls::connector(&tls_settings, root_pem)?,
+    })
 }
 
 /// What one claim keeps between calls: its mailbox while it waits, and the pairing of local and
