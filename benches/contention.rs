@@ -4,7 +4,7 @@
 //!
 //! `<impl> workers=W cs_ms=C acq_per_s=… p50_ms=… p99_ms=… max_ms=… fairness_min_over_max=… server_ops_per_acq=… overlaps=0`
 //!
-//! Run: `cargo bench --bench contention --all-features [-- --workers 8 --cs-ms 1 --secs 5 --impl memory,redis,rslock --lock mutex,rwlock,semaphore --rounds 5]`.
+//! Run: `cargo bench -p distlock-bench --bench contention [-- --workers 8 --cs-ms 1 --secs 5 --impl memory,redis,rslock --lock mutex,rwlock,semaphore --rounds 5]`.
 //! `--rounds R` runs everything R times, the impls taking turns, and ends with the median round
 //! of each impl and configuration (this machine's speed drifts between runs).
 //! `--workers`, `--cs-ms`, `--impl` and `--lock` take comma-separated lists. `--lock` picks the
@@ -171,7 +171,7 @@ impl Locker {
     /// How acquisition number `i` of worker `w` holds the key.
     fn hold(&self, w: usize, i: usize) -> Hold {
         match self {
-            Self::Distlock(_, Prim::RwLock) if (w + i) % 10 != 0 => Hold::Read,
+            Self::Distlock(_, Prim::RwLock) if !(w + i).is_multiple_of(10) => Hold::Read,
             Self::Distlock(_, Prim::Semaphore(n)) => Hold::Permit(*n),
             _ => Hold::Exclusive,
         }

@@ -1,7 +1,7 @@
 //! Scale in one process: many waiters and many held locks through one client.
 //!
 //! ```text
-//! cargo bench --all-features --bench scale [-- --impl redis,redis-cluster,postgres --waiters 10000 --keys 100 --held 10000]
+//! cargo bench -p distlock-bench --bench scale [-- --impl redis,redis-cluster,postgres --waiters 10000 --keys 100 --held 10000]
 //! ```
 //!
 //! Two lines per service:

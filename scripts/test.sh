@@ -10,7 +10,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
 echo "== cargo clippy"
-cargo clippy --locked --all-targets --all-features -- -D warnings
+cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
 
 echo "== every feature alone, with and without the defaults, and the README's combinations"
 bash scripts/features.sh

@@ -175,7 +175,7 @@ impl MemoryBackend {
         let mut state = self.lock_state();
         let now = Instant::now();
         state.ops += 1;
-        if state.ops % SWEEP_EVERY == 0 {
+        if state.ops.is_multiple_of(SWEEP_EVERY) {
             state.keys.retain(|_, ks| {
                 ks.expire_holders(now);
                 !ks.is_idle()

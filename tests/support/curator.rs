@@ -41,7 +41,12 @@ fn classes() -> &'static PathBuf {
     DIR.get_or_init(|| {
         let javac = require_binary("javac");
         let dir = tempfile::tempdir().expect("tempdir").keep();
-        let sources = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/java");
+        // The crate's own tests, or the benchmarks' crate one level down.
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let sources = [root.join("tests/java"), root.join("../tests/java")]
+            .into_iter()
+            .find(|p| p.is_dir())
+            .expect("tests/java beside the crate");
         let out = Command::new(javac)
             .arg("-d")
             .arg(&dir)
