@@ -15,6 +15,9 @@ cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
 echo "== every feature alone, with and without the defaults, and the README's combinations"
 bash scripts/features.sh
 
+echo "== release checks: rust-version, docs, publish dry run"
+bash scripts/release-check.sh
+
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
