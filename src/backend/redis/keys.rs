@@ -1,0 +1,96 @@
+//! The names of one lock's keys and channels, and a claim's owner token: one layout for a single
+//! server, a Cluster and every Redlock node.
+
+use std::time::Duration;
+
+use super::script::Call;
+use crate::backend::handoff;
+use crate::backend::Claim;
+
+/// The names of one lock's keys and channels, and a claim's owner token, as one client sees
+/// them (on one server, a Cluster, and each Redlock node alike).
+pub(crate) struct Keys {
+    pub(crate) lock: String,
+    /// Read-write locks and semaphores: holder -> lease deadline.
+    pub(crate) holders: String,
+    pub(crate) queue: String,
+    pub(crate) waiters: String,
+    pub(crate) fence: String,
+    /// Every client's channel for this lock starts with this; the client id follows.
+    pub(crate) channels: String,
+    /// This client's channel for this lock.
+    pub(crate) channel: String,
+    /// The claim's owner token: `<client id>.<claim owner>`.
+    pub(crate) owner: String,
+}
+
+impl Keys {
+    pub(super) fn new(claim: &Claim, client_id: &str) -> Self {
+        Self::named(claim.namespace(), claim.key(), client_id, claim.owner())
+    }
+
+    pub(super) fn named(namespace: &str, key: &str, client_id: &str, claim_owner: &str) -> Self {
+        Self::layout(namespace, key, client_id, claim_owner, "q", "w")
+    }
+
+    /// The names, with the queue and waiters keys ending in `queue` and `waiters` (Redlock
+    /// keeps its queues, zsets by priority, under names of their own).
+    pub(crate) fn layout(
+        namespace: &str,
+        key: &str,
+        client_id: &str,
+        claim_owner: &str,
+        queue: &str,
+        waiters: &str,
+    ) -> Self {
+        // Namespaces hold no braces or colons, so `<ns>:{` starts every name, and every name
+        // of one key shares its hash tag. Suffixes end in distinct letters, and lock names end
+        // in `}`, so no two keys' names can coincide.
+        let lock = lock_name(namespace, key);
+        let channels = format!("{lock}:c:");
+        Self {
+            holders: format!("{lock}:h"),
+            queue: format!("{lock}:{queue}"),
+            waiters: format!("{lock}:{waiters}"),
+            fence: format!("{lock}:fence"),
+            channel: format!("{channels}{client_id}"),
+            channels,
+            owner: handoff::owner_token(client_id, claim_owner),
+            lock,
+        }
+    }
+
+    /// Adds this claim to a renewal call: its four keys (base, holders, waiters, queue) and
+    /// its owner and TTL, as `renew.lua` takes them.
+    pub(crate) fn add_renewal(&self, inv: &mut Call<'_>, ttl: Duration) {
+        inv.key(&self.lock)
+            .key(&self.holders)
+            .key(&self.waiters)
+            .key(&self.queue)
+            .arg(&self.owner)
+            .arg(millis(ttl));
+    }
+}
+
+/// The name of a lock's main key, `<ns>:{<key>}`: every other name of the lock starts with it.
+pub(crate) fn lock_name(namespace: &str, key: &str) -> String {
+    format!("{namespace}:{{{key}}}")
+}
+
+/// A duration in whole milliseconds for a script argument, at least 1.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Keys {
+    /// Adds this lock's keys to a call in the order the scripts take them: the mutex scripts'
+    /// (lock, queue, waiters, fence), or with `shared` the read-write lock and semaphore
+    /// scripts' (base, holders, queue, waiters, fence).
+    pub(crate) fn add_keys(&self, inv: &mut Call<'_>, shared: bool) {
+        inv.key(&self.lock);
+        if shared {
+            inv.key(&self.holders);
+        }
+        inv.key(&self.queue).key(&self.waiters).key(&self.fence);
+    }
+}

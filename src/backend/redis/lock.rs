@@ -1,0 +1,229 @@
+//! The lock operations: acquire (grant, or subscribe then queue), wait for a handoff, release
+//! (handing on), downgrade.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{millis, Keys, RedisBackend, RedisTicket};
+use crate::backend::handoff::{self, wait_for_handoff};
+use crate::backend::{Attempt, Claim, Grant, LockKind};
+use crate::error::{Error, ErrorKind, Result};
+
+/// How long the fencing counter of an unused key lives. After it expires, the next grant starts
+/// from server time in microseconds, which is larger than any token handed out before.
+pub(crate) const FENCE_TTL: Duration = Duration::from_secs(3600);
+
+fn fence_of(raw: i64) -> Result<u64> {
+    handoff::fence_of("redis", raw)
+}
+
+impl RedisBackend {
+    pub(super) async fn acquire_claim(
+        &self,
+        claim: &Claim,
+        ticket: &RedisTicket,
+        wait: bool,
+    ) -> Result<Attempt> {
+        let attempt = self.acquire_here(claim, ticket, wait).await?;
+        match (&attempt, self.inner.replicas_ack) {
+            (Attempt::Granted(_), Some(ack)) => {
+                self.acknowledged(claim, ticket, ack).await?;
+                Ok(attempt)
+            }
+            _ => Ok(attempt),
+        }
+    }
+
+    /// Takes the lock, or joins or keeps the claim's place in its queue (see
+    /// [`Backend::acquire`]), without the replicas' acknowledgement.
+    async fn acquire_here(
+        &self,
+        claim: &Claim,
+        ticket: &RedisTicket,
+        wait: bool,
+    ) -> Result<Attempt> {
+        let keys = ticket.keys(claim, &self.inner.client_id);
+        if wait && !ticket.subscribed() {
+            // A claim subscribes before it queues, so no handoff to it is published unheard.
+            // On a channel this client already listens to that costs nothing; otherwise look
+            // first without queueing, so a free lock costs one round trip, and subscribe only
+            // if we must wait.
+            if let Some(sub) = self
+                .inner
+                .hub
+                .subscribe_if_ready(&keys.channel, &keys.owner)
+            {
+                ticket.set_sub(Some(sub));
+            } else {
+                let first = self.run_acquire(claim, ticket, keys, false).await?;
+                if matches!(first, Attempt::Granted(_)) {
+                    return Ok(first);
+                }
+                let sub = self.inner.hub.subscribe(&keys.channel, &keys.owner).await?;
+                ticket.set_sub(Some(sub));
+            }
+        }
+        let attempt = self.run_acquire(claim, ticket, keys, wait).await?;
+        if matches!(attempt, Attempt::Granted(_)) {
+            ticket.set_sub(None);
+        }
+        Ok(attempt)
+    }
+
+    async fn run_acquire(
+        &self,
+        claim: &Claim,
+        ticket: &RedisTicket,
+        keys: &Keys,
+        wait: bool,
+    ) -> Result<Attempt> {
+        let shared = Shared::of(claim.kind());
+        let script = if shared.is_some() {
+            &self.inner.scripts.acquire_shared
+        } else {
+            &self.inner.scripts.acquire
+        };
+        let mut inv = self.call_on(script, keys, shared.is_some());
+        inv.arg(&keys.owner)
+            .arg(millis(claim.ttl()))
+            .arg(u8::from(wait))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channels);
+        if let Some(shared) = &shared {
+            inv.arg(&shared.kind).arg(shared.max);
+        }
+        let (reply, sent): (Vec<::redis::Value>, Instant) =
+            self.inner.commands.invoke_timed("acquire", &inv).await?;
+        let (code, value, server_ms) = parse_acquire(claim, &reply)?;
+        if code == 1 {
+            return Ok(Attempt::Granted(Grant {
+                fence: fence_of(value)?,
+                valid_until: sent + claim.ttl(),
+            }));
+        }
+        // Queued: remember when the server's clock read `server_ms`, to place a handoff.
+        ticket.clock.pair(sent, server_ms);
+        // How long the blocking lease has left. 0 in its last millisecond (and -2 once it is
+        // gone): look again at once. -1 (a key without expiry, not ours): after our own TTL.
+        let wait_for = match value {
+            -1 => claim.ttl(),
+            ms => Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1)),
+        };
+        Ok(Attempt::Queued {
+            recheck_at: Some(Instant::now() + wait_for),
+        })
+    }
+
+    pub(super) async fn wait_claim(
+        &self,
+        _claim: &Claim,
+        ticket: &RedisTicket,
+        recheck_at: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let mailbox = ticket.mailbox();
+        let heard = wait_for_handoff(mailbox.as_deref(), &ticket.clock, recheck_at, || {
+            ticket.set_sub(None);
+        })
+        .await?;
+        // A handoff must be acknowledged like any grant: `acquire` confirms it (a write of
+        // ours, replicated after the handoff) and waits for the replicas.
+        Ok(heard.filter(|_| self.inner.replicas_ack.is_none()))
+    }
+
+    pub(super) async fn release_claim(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
+        ticket.set_sub(None);
+        let keys = ticket.keys(claim, &self.inner.client_id);
+        let shared = Shared::of(claim.kind());
+        let script = if shared.is_some() {
+            &self.inner.scripts.release_shared
+        } else {
+            &self.inner.scripts.release
+        };
+        let mut inv = self.call_on(script, keys, shared.is_some());
+        inv.arg(&keys.owner)
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channels);
+        if let Some(shared) = &shared {
+            inv.arg(format!("{}:{}", shared.kind, keys.owner));
+        }
+        let (held, in_doubt, _): (i64, bool, Instant) = self
+            .inner
+            .commands
+            .invoke_noting_doubt("release", &inv)
+            .await?;
+        // An attempt whose reply was lost may have released the lock already, so a retry that
+        // finds nothing is no sign of loss: the lease was valid when the release was asked for
+        // (the layer above checks that locally).
+        Ok(held == 1 || in_doubt)
+    }
+
+    pub(super) async fn downgrade_claim(
+        &self,
+        claim: &Claim,
+        ticket: &RedisTicket,
+    ) -> Result<Grant> {
+        let keys = ticket.keys(claim, &self.inner.client_id);
+        let mut inv = self.call_on(&self.inner.scripts.downgrade, keys, true);
+        inv.arg(&keys.owner)
+            .arg(millis(claim.ttl()))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channels);
+        let ((done, fence), sent): ((i64, i64), Instant) =
+            self.inner.commands.invoke_timed("downgrade", &inv).await?;
+        if done != 1 {
+            return Err(Error::lost(claim.key()));
+        }
+        Ok(Grant {
+            fence: fence_of(fence)?,
+            valid_until: sent + claim.ttl(),
+        })
+    }
+}
+
+/// How a read-write lock or semaphore claim is written in the shared scripts; `None` for a
+/// mutex.
+struct Shared {
+    /// `r`, `w`, or the permit count.
+    kind: String,
+    /// The semaphore's permits (0 for a read-write lock).
+    max: u32,
+}
+
+impl Shared {
+    fn of(kind: LockKind) -> Option<Self> {
+        let (kind, max) = match kind {
+            LockKind::Read => ("r".to_owned(), 0),
+            LockKind::Write => ("w".to_owned(), 0),
+            LockKind::Permits { count, max } => (count.to_string(), max),
+            _ => return None,
+        };
+        Some(Self { kind, max })
+    }
+}
+
+/// Reads an acquire script's reply: `{1, fence, 0}`, `{0, ms to wait, server ms}`, or
+/// `{-1, family}` when the key is another kind of lock.
+fn parse_acquire(claim: &Claim, reply: &[::redis::Value]) -> Result<(i64, i64, i64)> {
+    let int = |i: usize| -> Option<i64> { ::redis::from_redis_value_ref(reply.get(i)?).ok() };
+    match (int(0), reply.get(1)) {
+        (Some(-1), Some(family)) => {
+            let family: String = ::redis::from_redis_value_ref(family).unwrap_or_default();
+            Err(handoff::kind_mismatch(claim.key(), &family, claim.kind()))
+        }
+        (Some(code), _) => match (int(1), int(2)) {
+            (Some(value), Some(server_ms)) => Ok((code, value, server_ms)),
+            _ => Err(Error::new(
+                ErrorKind::Backend,
+                "redis acquire returned a malformed reply",
+            )),
+        },
+        _ => Err(Error::new(
+            ErrorKind::Backend,
+            "redis acquire returned a malformed reply",
+        )),
+    }
+}

@@ -1,0 +1,52 @@
+//! What the backend keeps about one claim between calls.
+
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
+
+use super::notify::Subscription;
+use super::Keys;
+use crate::backend::handoff::{Mailbox, ServerClock};
+use crate::backend::Claim;
+
+/// What one claim keeps between calls: its keys' names, its subscription while it waits, and
+/// the pairing of local and server clocks from its last request, to place a handoff on the
+/// local clock.
+#[derive(Default)]
+pub struct RedisTicket {
+    keys: OnceLock<Keys>,
+    sub: StdMutex<Option<Subscription>>,
+    pub(super) clock: ServerClock,
+}
+
+impl std::fmt::Debug for RedisTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTicket").finish_non_exhaustive()
+    }
+}
+
+impl RedisTicket {
+    /// The claim's keys and owner token, named at its first call (a ticket serves one claim).
+    pub(super) fn keys(&self, claim: &Claim, client_id: &str) -> &Keys {
+        self.keys.get_or_init(|| Keys::new(claim, client_id))
+    }
+
+    pub(super) fn subscribed(&self) -> bool {
+        self.sub.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    pub(super) fn set_sub(&self, sub: Option<Subscription>) {
+        // Dropped outside the lock: dropping unregisters from the hub.
+        let old = std::mem::replace(
+            &mut *self.sub.lock().unwrap_or_else(|p| p.into_inner()),
+            sub,
+        );
+        drop(old);
+    }
+
+    pub(super) fn mailbox(&self) -> Option<Arc<Mailbox>> {
+        self.sub
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|s| s.mailbox.clone())
+    }
+}
