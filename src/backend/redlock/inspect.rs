@@ -4,10 +4,15 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::future::join_all;
 use tokio::time::Instant;
 
+use super::keys::Keys;
+use super::library::INSPECT;
 use super::quorum::held_until;
+use super::RedlockBackend;
 use crate::backend::{Family, LockKind};
+use crate::error::Result;
 use crate::inspect::{Holder, Inspection, Waiter};
 
 /// The inspect script's reply: the family (`''`, `mutex` or `rw`), holders as owner, kind,
@@ -118,4 +123,37 @@ pub(super) fn merge(key: &str, quorum: usize, views: Vec<(NodeView, Instant)>) -
         seen.family = family;
     }
     seen
+}
+
+impl RedlockBackend {
+    pub(super) async fn inspect_key(&self, namespace: &str, key: &str) -> Result<Inspection> {
+        let keys = Keys::named(namespace, key, &self.inner.client_id, "");
+        let mut inv = INSPECT.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.holders)
+            .key(&keys.queue)
+            .key(&keys.waiters);
+        let calls = self.inner.nodes.iter().map(|node| {
+            let inv = &inv;
+            async move { node.call::<Reply>("inspect", inv).await }
+        });
+        let mut views = Vec::new();
+        let mut first_error = None;
+        for reply in join_all(calls).await {
+            match reply {
+                Ok((reply, sent)) => views.push((NodeView::parse(reply), sent)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if views.len() < self.inner.quorum {
+            let err = self.no_quorum(views.len(), "inspect");
+            return Err(match first_error {
+                Some(cause) => err.with_source(cause),
+                None => err,
+            });
+        }
+        Ok(merge(key, self.inner.quorum, views))
+    }
 }

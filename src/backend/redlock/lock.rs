@@ -1,0 +1,209 @@
+//! The lock operations over the quorum: acquire (subscribe on every node, then a round), wait
+//! for grant messages from a majority, release everywhere, downgrade.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::time::Instant;
+
+use super::keys::Keys;
+use super::library::DOWNGRADE;
+use super::quorum::held_until;
+use super::round::Held;
+use super::{RedlockBackend, RedlockTicket};
+use crate::backend::handoff::{before, earliest, fence_of, next_in_line, recheck, Mailbox, Wake};
+use crate::backend::redis::{millis, FENCE_TTL};
+use crate::backend::{Attempt, Claim, Grant};
+use crate::error::{Error, Result};
+
+/// How long a waiter that heard of grants from a minority of nodes waits for the rest before
+/// it asks every node.
+const SPLIT_GRACE: Duration = Duration::from_millis(10);
+
+impl RedlockBackend {
+    pub(super) async fn acquire_claim(
+        &self,
+        claim: &Claim,
+        ticket: &RedlockTicket,
+        wait: bool,
+    ) -> Result<Attempt> {
+        let keys = Keys::new(claim, &self.inner.client_id);
+        if wait && !self.subscribed_everywhere(ticket, &keys) {
+            // Subscribe before queueing, so no handoff is published unheard; but look first
+            // without queueing, so a free lock costs one round trip.
+            let first = self.round(claim, ticket, &keys, false).await?;
+            if matches!(first, Attempt::Granted(_)) {
+                return Ok(first);
+            }
+            self.subscribe_all(ticket, &keys).await;
+        }
+        self.round(claim, ticket, &keys, wait).await
+    }
+
+    pub(super) async fn wait_claim(
+        &self,
+        claim: &Claim,
+        ticket: &RedlockTicket,
+        recheck_at: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let tickets = ticket.nodes(self.inner.nodes.len());
+        let mailboxes: Vec<(usize, Arc<Mailbox>)> = tickets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, nt)| {
+                let sub = nt.sub.lock().unwrap_or_else(|p| p.into_inner());
+                sub.as_ref().map(|s| (i, s.mailbox.clone()))
+            })
+            .collect();
+        if mailboxes.is_empty() {
+            return recheck(recheck_at).await;
+        }
+        let mut deadline = recheck_at;
+        // Grants announced to us so far, per node.
+        let mut heard: Vec<Held> = Vec::new();
+        loop {
+            let next = futures::future::select_all(
+                mailboxes
+                    .iter()
+                    .map(|(i, m)| Box::pin(async move { (*i, m.recv().await) })),
+            );
+            let Some(((node, wake), ..)) = before(next, deadline).await else {
+                return Ok(None);
+            };
+            let clock = &tickets[node].clock;
+            match wake {
+                Wake::Recheck => return Ok(None),
+                Wake::NextInLine(end) => {
+                    if !next_in_line(clock, end, &mut deadline) {
+                        return Ok(None);
+                    }
+                }
+                Wake::Granted(handoff) => {
+                    let Some(until) = clock.local_time(handoff.server_ms, handoff.px) else {
+                        return Ok(None);
+                    };
+                    heard.retain(|h| h.node != node);
+                    heard.push(Held {
+                        node,
+                        fence: handoff.fence,
+                        fresh: false,
+                        until,
+                    });
+                    // The other nodes' grants normally follow within a moment (the holder
+                    // released everywhere at once); if they do not, ask every node soon: the
+                    // lock may have split between waiters.
+                    earliest(&mut deadline, (Instant::now() + SPLIT_GRACE).min(until));
+                    if heard.len() >= self.inner.quorum {
+                        let keys = Keys::new(claim, &self.inner.client_id);
+                        return Ok(self
+                            .settle(claim, &keys, &heard)
+                            .await
+                            .map(|g| ticket.holds(g)));
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) async fn release_claim(
+        &self,
+        claim: &Claim,
+        ticket: &RedlockTicket,
+    ) -> Result<bool> {
+        ticket.unsubscribe();
+        let keys = Keys::new(claim, &self.inner.client_id);
+        let (held, failed) = self.release_on(claim, &keys).await;
+        if failed == self.inner.nodes.len() {
+            return Err(self.no_quorum(0, "release"));
+        }
+        // A node that could not be asked may have released already: the layer above knows
+        // locally whether the lease was still valid.
+        Ok(held + failed >= self.inner.quorum)
+    }
+
+    pub(super) async fn downgrade_claim(
+        &self,
+        claim: &Claim,
+        _ticket: &RedlockTicket,
+    ) -> Result<Grant> {
+        let keys = Keys::new(claim, &self.inner.client_id);
+        let mut inv = keys.invoke(&DOWNGRADE, true);
+        inv.arg(&keys.owner)
+            .arg(millis(claim.ttl()))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channels)
+            .arg(self.rejoin_ms());
+        let replies = join_all(self.inner.nodes.iter().map(|node| {
+            let inv = &inv;
+            async move { node.call::<(i64, i64)>("downgrade", inv).await }
+        }))
+        .await;
+        let (mut done, mut refused, mut fence) = (Vec::new(), 0, 0);
+        for reply in &replies {
+            match reply {
+                Ok(((1, f), sent)) => {
+                    done.push(*sent + claim.ttl());
+                    fence = fence.max(*f);
+                }
+                Ok(_) => refused += 1,
+                Err(_) => {}
+            }
+        }
+        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+        match held_until(done, q) {
+            // Each node keeps the token the grant settled there, the quorum's `T`.
+            Some(valid_until) => Ok(Grant {
+                fence: fence_of("redis", fence)?,
+                valid_until,
+            }),
+            None if refused > n - q => Err(Error::lost(claim.key())),
+            None => Err(self.no_quorum(n - refused, "downgrade")),
+        }
+    }
+
+    /// Subscribes the claim to its channel on every node where it is not yet, each within the
+    /// node timeout; a node whose pub/sub is down is skipped (its grants are found by the
+    /// re-check at the holder's deadline instead).
+    async fn subscribe_all(&self, ticket: &RedlockTicket, keys: &Keys) {
+        let tickets = ticket.nodes(self.inner.nodes.len());
+        let calls = self
+            .inner
+            .nodes
+            .iter()
+            .zip(tickets)
+            .map(|(node, nt)| async move {
+                if nt.sub.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                    return;
+                }
+                let sub = match node.hub.subscribe_if_ready(&keys.channel, &keys.owner) {
+                    Some(sub) => Some(sub),
+                    None => tokio::time::timeout(
+                        self.inner.node_timeout,
+                        node.hub.subscribe(&keys.channel, &keys.owner),
+                    )
+                    .await
+                    .ok()
+                    .and_then(Result::ok),
+                };
+                *nt.sub.lock().unwrap_or_else(|p| p.into_inner()) = sub;
+            });
+        join_all(calls).await;
+    }
+
+    /// Whether the claim is subscribed on every node, registering it where the channel is
+    /// subscribed already (no I/O).
+    fn subscribed_everywhere(&self, ticket: &RedlockTicket, keys: &Keys) -> bool {
+        let tickets = ticket.nodes(self.inner.nodes.len());
+        let mut all = true;
+        for (node, nt) in self.inner.nodes.iter().zip(tickets) {
+            let mut sub = nt.sub.lock().unwrap_or_else(|p| p.into_inner());
+            if sub.is_none() {
+                *sub = node.hub.subscribe_if_ready(&keys.channel, &keys.owner);
+                all &= sub.is_some();
+            }
+        }
+        all
+    }
+}

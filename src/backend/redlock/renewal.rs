@@ -1,0 +1,78 @@
+//! Renewal: each node renews its share of a round's leases in one call; a lease holds while a
+//! majority renewed it.
+
+use std::sync::atomic::Ordering;
+
+use futures::future::join_all;
+
+use super::keys::{shared_kind, Keys};
+use super::library::RENEW;
+use super::quorum::held_until;
+use super::{RedlockBackend, RedlockTicket};
+use crate::backend::{Claim, Renewal, MIN_RENEW_CALL};
+
+impl RedlockBackend {
+    pub(super) async fn renew_claims(&self, claims: &[(&Claim, &RedlockTicket)]) -> Vec<Renewal> {
+        let n = self.inner.nodes.len();
+        let q = self.inner.quorum;
+        let mut inv = RENEW.prepare_invoke();
+        for (claim, ticket) in claims {
+            let keys = Keys::new(claim, &self.inner.client_id);
+            let mode = match (
+                ticket.held.load(Ordering::Acquire),
+                shared_kind(claim.kind()),
+            ) {
+                (true, None) => "h",
+                (true, Some(_)) => "H",
+                (false, _) => "w",
+            };
+            keys.add_renewal(&mut inv, claim.ttl());
+            inv.arg(mode);
+        }
+        // Bounded per node, within half the window the renewal engine gives the whole call (a
+        // third of the shortest TTL, at least 50 ms), so one silent node cannot hold up the
+        // others' answers until the engine gives up on all of them.
+        let limit = claims
+            .iter()
+            .map(|(c, _)| c.ttl() / 3)
+            .min()
+            .unwrap_or_default()
+            .max(MIN_RENEW_CALL)
+            / 2;
+        let per_node = join_all(self.inner.nodes.iter().map(|node| {
+            let inv = &inv;
+            async move {
+                match node.call_within::<Vec<i64>>(limit, "renew", inv).await {
+                    Ok((r, sent)) if r.len() == claims.len() => Some((r, sent)),
+                    _ => None,
+                }
+            }
+        }))
+        .await;
+        claims
+            .iter()
+            .enumerate()
+            .map(|(i, (claim, _))| {
+                let mut extended = Vec::new();
+                let (mut kept, mut refused) = (None, 0);
+                for (r, sent) in per_node.iter().flatten() {
+                    match r.get(i) {
+                        Some(1) => extended.push(*sent + claim.ttl()),
+                        Some(2) => kept = Some(*sent + claim.ttl()),
+                        Some(0) => refused += 1,
+                        _ => {}
+                    }
+                }
+                if let Some(until) = held_until(extended, q) {
+                    Renewal::Extended(until)
+                } else if let Some(until) = kept {
+                    Renewal::Queued(until)
+                } else if refused > n - q {
+                    Renewal::NotOwner
+                } else {
+                    Renewal::Failed(self.no_quorum(n - refused, "renew"))
+                }
+            })
+            .collect()
+    }
+}
