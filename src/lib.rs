@@ -101,6 +101,7 @@ mod multi;
 mod mutex;
 mod rw_lock;
 mod semaphore;
+mod sync;
 
 pub use client::{LockClient, LockClientBuilder, DEFAULT_NAMESPACE, DEFAULT_TTL};
 

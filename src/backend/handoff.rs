@@ -16,6 +16,7 @@ use tokio::time::{sleep_until, Instant};
 
 use super::{Family, Grant, LockKind};
 use crate::error::{Error, ErrorKind, Result};
+use crate::sync::LockExt;
 
 /// The lease a handed-off lock gets until its new owner confirms it, unless configured: it
 /// bounds how long a lock handed to a waiter that just died stays stuck.
@@ -134,7 +135,7 @@ pub(crate) struct Mailbox {
 
 impl Mailbox {
     pub(crate) fn put(&self, wake: Wake) {
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.slot.locked();
         // A grant is never overwritten, nor a re-check by a mere hint.
         let keep = matches!(
             (*slot, wake),
@@ -150,7 +151,7 @@ impl Mailbox {
     /// Waits for the next wake-up.
     pub(crate) async fn recv(&self) -> Wake {
         loop {
-            let wake = self.slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let wake = self.slot.locked().take();
             if let Some(wake) = wake {
                 return wake;
             }
@@ -168,13 +169,13 @@ impl ServerClock {
     /// Records that a request sent at `sent` was answered with the server's clock at
     /// `server_ms` (so the server's clock read at most that when the request was sent).
     pub(crate) fn pair(&self, sent: Instant, server_ms: i64) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent, server_ms));
+        *self.0.locked() = Some((sent, server_ms));
     }
 
     /// Places `server_ms + px` (server clock) on the local clock, no later than it really is.
     /// `None` if we never learned the server's clock, or the moment is from before then.
     pub(crate) fn local_time(&self, server_ms: i64, px: u64) -> Option<Instant> {
-        let (sent, at_sent) = (*self.0.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let (sent, at_sent) = (*self.0.locked())?;
         let since = u64::try_from(server_ms.checked_sub(at_sent)?).ok()?;
         Some(sent + Duration::from_millis(since.saturating_add(px)))
     }

@@ -11,6 +11,7 @@ use tokio::time::{sleep_until, Instant};
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, LostSignal, Renewal};
 use crate::error::{Error, Result};
 use crate::inspect::{Holder as Seen, Inspection, Waiter as SeenWaiting};
+use crate::sync::LockExt;
 
 /// How many operations pass between sweeps of leases that expired with nobody watching.
 const SWEEP_EVERY: u64 = 1024;
@@ -159,10 +160,7 @@ impl MemoryBackend {
     fn lock_state(&self) -> StdMutexGuard<'_, State> {
         // A panic while holding this mutex cannot leave the maps half-updated in a way that
         // breaks exclusion (each step is a single insert or remove), so keep serving.
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.shared.state.locked()
     }
 
     fn next_fence(&self) -> u64 {

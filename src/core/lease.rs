@@ -19,6 +19,7 @@ use tokio::time::{sleep_until, Instant};
 use super::Core;
 use crate::backend::{AnyTicket, Claim, Grant};
 use crate::error::{Error, Result};
+use crate::sync::LockExt;
 
 /// The smallest pause before retrying a failed renewal.
 const MIN_RETRY: Duration = Duration::from_millis(10);
@@ -109,9 +110,7 @@ impl Lease {
     }
 
     pub(crate) fn schedule(&self) -> std::sync::MutexGuard<'_, Schedule> {
-        self.schedule
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.schedule.locked()
     }
 
     pub(crate) fn drift(&self) -> fn(Duration) -> Duration {
@@ -371,14 +370,14 @@ pub(crate) struct Pending {
 
 impl Pending {
     pub(crate) fn start(self: &Arc<Self>) -> PendingToken {
-        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        *self.count.locked() += 1;
         PendingToken(self.clone())
     }
 
     pub(crate) async fn idle(&self) {
         loop {
             let notified = self.idle.notified();
-            if *self.count.lock().unwrap_or_else(|p| p.into_inner()) == 0 {
+            if *self.count.locked() == 0 {
                 return;
             }
             notified.await;
@@ -391,7 +390,7 @@ pub(crate) struct PendingToken(Arc<Pending>);
 
 impl Drop for PendingToken {
     fn drop(&mut self) {
-        let mut count = self.0.count.lock().unwrap_or_else(|p| p.into_inner());
+        let mut count = self.0.count.locked();
         *count = count.saturating_sub(1);
         if *count == 0 {
             self.0.idle.notify_waiters();

@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 
 use self::lease::{Lease, LeaseIds, Pending};
 use self::renewal::{Engine, EngineConfig};
+use crate::sync::LockExt;
 
 /// Settings shared by every lock of a client.
 #[derive(Clone)]
@@ -75,7 +76,7 @@ impl Core {
     /// The renewal task for the current runtime, started on first use (and again if the runtime
     /// that ran it has shut down).
     pub(crate) fn engine(&self, handle: &Handle) -> Result<Engine> {
-        let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.engine.locked();
         self.check_open()?;
         if let Some(engine) = slot.as_ref().filter(|e| e.is_running()) {
             return Ok(engine.clone());
@@ -106,11 +107,7 @@ impl Core {
             metrics::released(self.backend.name(), lease.claim.kind(), since.elapsed());
             tracing::debug!(key = lease.claim.key(), fence, "lock released");
         }
-        let engine = self
-            .engine
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let engine = self.engine.locked().clone();
         if let Some(engine) = engine {
             engine.forget(lease);
         }
@@ -155,7 +152,7 @@ impl Core {
     /// marked lost), pending releases are flushed, then the backend closes. Idempotent.
     pub(crate) async fn shutdown(&self) {
         let first = !self.closed.send_replace(true);
-        let engine = self.engine.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let engine = self.engine.locked().take();
         if let Some(engine) = engine {
             let (tx, rx) = oneshot::channel();
             engine.shutdown(tx);

@@ -24,6 +24,7 @@ use tokio::time::{sleep_until, Instant};
 use super::lease::{Lease, Verdict};
 use crate::backend::{AnyTicket, Claim, DynBackend, Renewal, MIN_RENEW_CALL as MIN_CALL_LIMIT};
 use crate::error::{Error, ErrorKind};
+use crate::sync::LockExt;
 
 /// Handle to the shared renewal task of one client.
 ///
@@ -83,7 +84,7 @@ impl Engine {
     }
 
     fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
-        self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.inbox.locked()
     }
 
     /// Schedules the lease (again) with its current schedule.
@@ -172,7 +173,7 @@ async fn run(backend: Arc<dyn DynBackend>, config: EngineConfig, shared: Arc<Sha
         // the same critical section, so a lease due earlier wakes us.
         let next = loop {
             let (tracks, forgets, shutdown) = {
-                let mut inbox = shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
+                let mut inbox = shared.inbox.locked();
                 if inbox.track.is_empty() && inbox.forget.is_empty() && inbox.shutdown.is_none() {
                     let next = task.timers.first().map(|(at, _)| *at);
                     inbox.asleep_until = Some(next);
@@ -213,11 +214,7 @@ async fn run(backend: Arc<dyn DynBackend>, config: EngineConfig, shared: Arc<Sha
             }
             () = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => task.round(),
         }
-        shared
-            .inbox
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .asleep_until = None;
+        shared.inbox.locked().asleep_until = None;
     }
 }
 

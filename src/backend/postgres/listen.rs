@@ -23,6 +23,7 @@ use super::tls::Endpoint;
 
 use crate::backend::handoff::{parse, Mailbox, Wake};
 use crate::backend::poll_some;
+use crate::sync::LockExt;
 
 const RECONNECT_MIN: Duration = Duration::from_millis(20);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
@@ -61,10 +62,7 @@ pub(crate) struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(hub) = self.hub.upgrade() {
-            hub.mailboxes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&self.owner);
+            hub.mailboxes.locked().remove(&self.owner);
         }
     }
 }
@@ -105,8 +103,7 @@ impl Hub {
         let mailbox = Arc::new(Mailbox::default());
         self.inner
             .mailboxes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .insert(owner.clone(), mailbox.clone());
         Registration {
             hub: Arc::downgrade(&self.inner),
@@ -122,11 +119,7 @@ impl Hub {
 }
 
 fn anyone_waits(inner: &HubInner) -> bool {
-    !inner
-        .mailboxes
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .is_empty()
+    !inner.mailboxes.locked().is_empty()
 }
 
 /// Resolves when the hub is dropped or closed.
@@ -203,12 +196,7 @@ async fn run(
         if !first {
             // Notifications sent while we were away are gone: every waiter asks the server,
             // and holders renew now, in case the server lost their locks meanwhile.
-            for mailbox in inner
-                .mailboxes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-            {
+            for mailbox in inner.mailboxes.locked().values() {
                 mailbox.put(Wake::Recheck);
             }
             inner.reconnects.send_modify(|n| *n += 1);
@@ -248,7 +236,7 @@ async fn run(
                     };
                     let Some(inner) = hub.upgrade() else { return };
                     let Some((owner, wake)) = parse(notification.payload()) else { continue };
-                    let mailboxes = inner.mailboxes.lock().unwrap_or_else(|p| p.into_inner());
+                    let mailboxes = inner.mailboxes.locked();
                     if let Some(mailbox) = mailboxes.get(owner) {
                         mailbox.put(wake);
                     }

@@ -37,6 +37,7 @@ use super::handoff::{
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter};
+use crate::sync::LockExt;
 
 /// How many connections of its own a backend opens for statements, by default.
 const DEFAULT_CONNECTIONS: usize = 2;
@@ -407,7 +408,7 @@ impl std::fmt::Debug for PgTicket {
 
 impl PgTicket {
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<Registration>> {
-        self.registration.lock().unwrap_or_else(|p| p.into_inner())
+        self.registration.locked()
     }
 
     fn set(&self, registration: Option<Registration>) {

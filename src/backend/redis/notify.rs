@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, watch};
 use crate::backend::handoff::{parse, Mailbox, Wake};
 use crate::backend::poll_some;
 use crate::error::{Error, ErrorKind, Result};
+use crate::sync::LockExt;
 
 /// How long a subscriber waits for the pub/sub connection before giving up.
 const CONNECT_WAIT: Duration = Duration::from_secs(5);
@@ -209,7 +210,7 @@ impl Drop for Subscription {
         let Some(hub) = self.hub.upgrade() else {
             return;
         };
-        let mut channels = hub.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut channels = hub.channels.locked();
         if let Some(ch) = channels.get_mut(&self.channel) {
             ch.mailboxes.remove(&self.owner);
             if ch.mailboxes.is_empty() {
@@ -247,11 +248,7 @@ impl Hub {
 
     /// Registers `owner`'s mailbox on `channel` if the channel is subscribed already (no I/O).
     pub(crate) fn subscribe_if_ready(&self, channel: &str, owner: &str) -> Option<Subscription> {
-        let mut channels = self
-            .inner
-            .channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut channels = self.inner.channels.locked();
         let ch = channels.get_mut(channel).filter(|c| c.subscribed)?;
         let owner: Arc<str> = owner.into();
         let mailbox = Arc::new(Mailbox::default());
@@ -272,11 +269,7 @@ impl Hub {
         let owner: Arc<str> = owner.into();
         let mailbox = Arc::new(Mailbox::default());
         let subscribed = {
-            let mut channels = self
-                .inner
-                .channels
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut channels = self.inner.channels.locked();
             let ch = channels.entry(channel.clone()).or_default();
             ch.mailboxes.insert(owner.clone(), mailbox.clone());
             ch.idle_since = None;
@@ -293,11 +286,7 @@ impl Hub {
             sink.subscribe(&channel).await.map_err(|e| {
                 Error::new(ErrorKind::Backend, "redis subscribe failed").with_source(e)
             })?;
-            let mut channels = self
-                .inner
-                .channels
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut channels = self.inner.channels.locked();
             if let Some(ch) = channels.get_mut(&channel) {
                 ch.subscribed = true;
             }
@@ -324,7 +313,7 @@ fn unreachable_err() -> Error {
 
 /// Tells every mailbox to re-check: messages may have been missed.
 fn recheck_all(inner: &HubInner) {
-    let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+    let channels = inner.channels.locked();
     for c in channels.values() {
         c.mailboxes.values().for_each(|m| m.put(Wake::Recheck));
     }
@@ -334,8 +323,7 @@ fn recheck_all(inner: &HubInner) {
 fn anyone_waits(inner: &HubInner) -> bool {
     inner
         .channels
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+        .locked()
         .values()
         .any(|c| !c.mailboxes.is_empty())
 }
@@ -367,7 +355,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
         let Some(inner) = hub.upgrade() else { return };
         // Resubscribe what is in use, then let every waiter re-check what it may have missed.
         let wanted: Vec<Arc<str>> = {
-            let mut channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let mut channels = inner.channels.locked();
             channels.values_mut().for_each(|c| c.subscribed = false);
             channels.keys().cloned().collect()
         };
@@ -382,7 +370,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
             continue;
         }
         {
-            let mut channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let mut channels = inner.channels.locked();
             for ch in &wanted {
                 if let Some(c) = channels.get_mut(ch) {
                     c.subscribed = true;
@@ -425,7 +413,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                     let Some((_, channel)) = idle.pop_front() else { continue };
                     let Some(inner) = hub.upgrade() else { return };
                     let expired = |inner: &HubInner| {
-                        let mut channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut channels = inner.channels.locked();
                         let done = channels.get(&channel).is_some_and(|c| {
                             c.mailboxes.is_empty()
                                 && c.idle_since.is_some_and(|t| t.elapsed() >= LINGER)
@@ -436,7 +424,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                         done
                     };
                     let in_use = |inner: &HubInner| {
-                        inner.channels.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&channel)
+                        inner.channels.locked().contains_key(&channel)
                     };
                     if expired(&inner) {
                         let _ = sink.unsubscribe(&channel).await;
@@ -453,7 +441,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                     match event {
                         Event::Message { channel, payload } => {
                             let Some((owner, wake)) = parse(&payload) else { continue };
-                            let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                            let channels = inner.channels.locked();
                             if let Some(mailbox) = channels.get(channel.as_str()).and_then(|c| c.mailboxes.get(owner)) {
                                 mailbox.put(wake);
                             }
@@ -465,11 +453,11 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                         }
                         Event::Unsubscribed(channel) => {
                             // Ours to end only once nobody uses it (then it left the map first).
-                            let in_use = inner.channels.lock().unwrap_or_else(|p| p.into_inner()).contains_key(channel.as_str());
+                            let in_use = inner.channels.locked().contains_key(channel.as_str());
                             if in_use {
                                 tracing::debug!(channel, "redis ended a subscription; subscribing again");
                                 let _ = sink.subscribe(&channel).await;
-                                let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                                let channels = inner.channels.locked();
                                 if let Some(c) = channels.get(channel.as_str()) {
                                     c.mailboxes.values().for_each(|m| m.put(Wake::Recheck));
                                 }

@@ -11,6 +11,7 @@ use ::redis::{AsyncConnectionConfig, IntoConnectionInfo, RedisResult};
 
 use super::commands::CALL_TIMEOUT;
 use crate::error::{Error, Result};
+use crate::sync::LockExt;
 
 /// The scheme of a Sentinel URL.
 pub(crate) const SCHEME: &str = "redis+sentinel://";
@@ -90,7 +91,7 @@ impl Sentinel {
 
     /// The command connection to the current primary, made if there is none.
     pub(crate) async fn connection(&self) -> RedisResult<MultiplexedConnection> {
-        let cached = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let cached = self.conn.locked().clone();
         if let Some(conn) = cached {
             return Ok(conn);
         }
@@ -103,7 +104,7 @@ impl Sentinel {
                 .await?
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
-            *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
+            *self.conn.locked() = Some(conn.clone());
             Ok(conn)
         })
         .await
@@ -111,7 +112,7 @@ impl Sentinel {
 
     /// Drops the command connection: the next call asks the sentinels again.
     pub(crate) fn forget(&self) {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.conn.locked().take();
     }
 
     /// A pub/sub connection to the current primary.

@@ -6,6 +6,7 @@ use super::notify::Subscription;
 use super::Keys;
 use crate::backend::handoff::{Mailbox, ServerClock};
 use crate::backend::Claim;
+use crate::sync::LockExt;
 
 /// What one claim keeps between calls: its keys' names, its subscription while it waits, and
 /// the pairing of local and server clocks from its last request, to place a handoff on the
@@ -30,23 +31,16 @@ impl RedisTicket {
     }
 
     pub(super) fn subscribed(&self) -> bool {
-        self.sub.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+        self.sub.locked().is_some()
     }
 
     pub(super) fn set_sub(&self, sub: Option<Subscription>) {
         // Dropped outside the lock: dropping unregisters from the hub.
-        let old = std::mem::replace(
-            &mut *self.sub.lock().unwrap_or_else(|p| p.into_inner()),
-            sub,
-        );
+        let old = std::mem::replace(&mut *self.sub.locked(), sub);
         drop(old);
     }
 
     pub(super) fn mailbox(&self) -> Option<Arc<Mailbox>> {
-        self.sub
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|s| s.mailbox.clone())
+        self.sub.locked().as_ref().map(|s| s.mailbox.clone())
     }
 }

@@ -16,6 +16,7 @@ use crate::backend::handoff::{before, earliest, fence_of, next_in_line, recheck,
 use crate::backend::redis::{millis, FENCE_TTL};
 use crate::backend::{Attempt, Claim, Grant};
 use crate::error::{Error, Result};
+use crate::sync::LockExt;
 
 /// How long a waiter that heard of grants from a minority of nodes waits for the rest before
 /// it asks every node.
@@ -52,7 +53,7 @@ impl RedlockBackend {
             .iter()
             .enumerate()
             .filter_map(|(i, nt)| {
-                let sub = nt.sub.lock().unwrap_or_else(|p| p.into_inner());
+                let sub = nt.sub.locked();
                 sub.as_ref().map(|s| (i, s.mailbox.clone()))
             })
             .collect();
@@ -174,7 +175,7 @@ impl RedlockBackend {
             .iter()
             .zip(tickets)
             .map(|(node, nt)| async move {
-                if nt.sub.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                if nt.sub.locked().is_some() {
                     return;
                 }
                 let sub = match node.hub.subscribe_if_ready(&keys.channel, &keys.owner) {
@@ -187,7 +188,7 @@ impl RedlockBackend {
                     .ok()
                     .and_then(Result::ok),
                 };
-                *nt.sub.lock().unwrap_or_else(|p| p.into_inner()) = sub;
+                *nt.sub.locked() = sub;
             });
         join_all(calls).await;
     }
@@ -198,7 +199,7 @@ impl RedlockBackend {
         let tickets = ticket.nodes(self.inner.nodes.len());
         let mut all = true;
         for (node, nt) in self.inner.nodes.iter().zip(tickets) {
-            let mut sub = nt.sub.lock().unwrap_or_else(|p| p.into_inner());
+            let mut sub = nt.sub.locked();
             if sub.is_none() {
                 *sub = node.hub.subscribe_if_ready(&keys.channel, &keys.owner);
                 all &= sub.is_some();

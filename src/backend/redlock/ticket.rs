@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::backend::handoff::ServerClock;
 use crate::backend::redis::notify::Subscription;
 use crate::backend::Grant;
+use crate::sync::LockExt;
 
 /// What one claim keeps between calls: its priority, whether it holds a quorum, and per node
 /// its subscription while it waits and the pairing of local and server clocks.
@@ -49,7 +50,7 @@ impl RedlockTicket {
 
     pub(super) fn unsubscribe(&self) {
         for node in self.nodes.get().into_iter().flatten() {
-            let old = node.sub.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let old = node.sub.locked().take();
             drop(old);
         }
     }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use super::client::Zk;
 use super::session::Hub;
+use crate::sync::LockExt;
 
 /// How long an unused parent stays.
 const LINGER: Duration = Duration::from_secs(1);
@@ -41,7 +42,7 @@ impl Parents {
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Use>> {
-        self.in_use.lock().unwrap_or_else(|p| p.into_inner())
+        self.in_use.locked()
     }
 
     pub(super) fn enter(&self, path: &str) {

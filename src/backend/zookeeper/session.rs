@@ -24,6 +24,7 @@ use super::client::{self, Failure, Link, Settings, Zk};
 use super::recipe;
 use crate::backend::Claim;
 use crate::error::{Error, ErrorKind, Result};
+use crate::sync::LockExt;
 
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
@@ -94,10 +95,6 @@ pub(super) struct Hub {
     settings: Settings,
 }
 
-fn locked<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Hub {
     /// Opens the first session and starts the hub's tasks.
     pub(super) async fn start(settings: Settings) -> Result<Arc<Self>> {
@@ -140,7 +137,7 @@ impl Hub {
 
     /// The current session if connected, with the state it goes with.
     pub(super) fn current(&self) -> Option<Up> {
-        let session = locked(&self.session);
+        let session = self.session.locked();
         let conn = self.now();
         match (&*session, conn.up && !conn.closed) {
             (Some(zk), true) => Some(Up {
@@ -182,7 +179,7 @@ impl Hub {
     /// Records a grant made in `epoch`. False if the epoch has moved on meanwhile: the node is
     /// gone with its session and the grant must not be reported.
     pub(super) fn register(&self, claim: &Claim, epoch: u64, nodes: Vec<String>) -> bool {
-        let mut held = locked(&self.held);
+        let mut held = self.held.locked();
         if self.now().epoch != epoch {
             return false;
         }
@@ -193,7 +190,8 @@ impl Hub {
 
     /// Whether `claim` holds its lock in the current session through the node `path`.
     pub(super) fn holds_by(&self, claim: &Claim, path: &str) -> bool {
-        locked(&self.held)
+        self.held
+            .locked()
             .get(claim.owner())
             .is_some_and(|h| h.nodes.iter().any(|n| n == path))
     }
@@ -201,40 +199,41 @@ impl Hub {
     /// A held claim's lock now rests on `nodes` (a downgrade swapped its write node for a read
     /// node).
     pub(super) fn carried_by(&self, claim: &Claim, nodes: Vec<String>) {
-        if let Some(h) = locked(&self.held).get_mut(claim.owner()) {
+        if let Some(h) = self.held.locked().get_mut(claim.owner()) {
             h.nodes = nodes;
         }
     }
 
     pub(super) fn unregister(&self, claim: &Claim) {
-        locked(&self.held).remove(claim.owner());
+        self.held.locked().remove(claim.owner());
     }
 
     /// A node we made in `epoch`.
     pub(super) fn made(&self, epoch: u64, path: &str) {
-        locked(&self.nodes).live.insert(path.to_owned(), epoch);
+        self.nodes.locked().live.insert(path.to_owned(), epoch);
     }
 
     /// A node of ours is gone (deleted, or found missing).
     pub(super) fn gone(&self, path: &str) {
-        locked(&self.nodes).live.remove(path);
+        self.nodes.locked().live.remove(path);
     }
 
     /// A create was sent in `epoch` whose outcome may stay unknown.
     pub(super) fn doubt(&self, epoch: u64, lock_path: &str, uuid: &str) {
-        locked(&self.nodes)
+        self.nodes
+            .locked()
             .doubts
             .insert(uuid.to_owned(), (epoch, lock_path.to_owned()));
     }
 
     /// The create in doubt was settled (its node found and tracked, or known not to exist).
     pub(super) fn settled(&self, uuid: &str) {
-        locked(&self.nodes).doubts.remove(uuid);
+        self.nodes.locked().doubts.remove(uuid);
     }
 
     /// `path` must go, whatever happens to its session.
     pub(super) fn doom(&self, path: &str) {
-        let mut nodes = locked(&self.nodes);
+        let mut nodes = self.nodes.locked();
         nodes.live.remove(path);
         nodes.doomed.push(Doomed::Path(path.to_owned()));
         drop(nodes);
@@ -243,7 +242,7 @@ impl Hub {
 
     /// Whatever node a create with protection UUID `uuid` made under `lock_path` must go.
     pub(super) fn doom_doubt(&self, lock_path: &str, uuid: &str) {
-        let mut nodes = locked(&self.nodes);
+        let mut nodes = self.nodes.locked();
         nodes.doubts.remove(uuid);
         nodes.doomed.push(Doomed::Prefix {
             lock_path: lock_path.to_owned(),
@@ -255,7 +254,7 @@ impl Hub {
 
     /// A write through the quorum, sent at `sent` in `epoch`, succeeded.
     pub(super) fn prove(&self, epoch: u64, sent: Instant) {
-        let mut proven = locked(&self.proven);
+        let mut proven = self.proven.locked();
         match *proven {
             Some((e, at)) if e == epoch && at >= sent => {}
             _ if self.now().epoch == epoch => *proven = Some((epoch, sent)),
@@ -265,7 +264,8 @@ impl Hub {
 
     /// When the last quorum write of `epoch` was sent.
     pub(super) fn proven(&self, epoch: u64) -> Option<Instant> {
-        locked(&self.proven)
+        self.proven
+            .locked()
             .filter(|(e, _)| *e == epoch)
             .map(|(_, at)| at)
     }
@@ -281,15 +281,15 @@ impl Hub {
     /// are doomed, and its client is dropped so that it closes for good.
     fn lose_session(&self, why: &str) {
         let (lost, old) = {
-            let mut held = locked(&self.held);
-            let mut session = locked(&self.session);
+            let mut held = self.held.locked();
+            let mut session = self.session.locked();
             let old_epoch = self.now().epoch;
             self.publish(|c| {
                 c.epoch += 1;
                 c.up = false;
             });
             let old = session.take();
-            let mut nodes = locked(&self.nodes);
+            let mut nodes = self.nodes.locked();
             let Nodes {
                 live,
                 doubts,
@@ -329,7 +329,7 @@ impl Hub {
 
     /// Puts a new session in place (its epoch was set when the old one was lost).
     fn install(&self, zk: Arc<dyn Zk>) {
-        let mut session = locked(&self.session);
+        let mut session = self.session.locked();
         let timeout = zk.session_timeout();
         *session = Some(zk);
         self.publish(|c| {
@@ -347,7 +347,7 @@ impl Hub {
     pub(super) async fn delete_own_now(&self) {
         let Some(up) = self.current() else { return };
         let work: Vec<Doomed> = {
-            let mut nodes = locked(&self.nodes);
+            let mut nodes = self.nodes.locked();
             let mut work = std::mem::take(&mut nodes.doomed);
             work.extend(nodes.live.drain().map(|(path, _)| Doomed::Path(path)));
             work.extend(
@@ -372,8 +372,8 @@ impl Hub {
     /// the server confirmed the close, or after a short wait.
     pub(super) async fn close(&self) {
         let (session, lost) = {
-            let mut held = locked(&self.held);
-            let mut session = locked(&self.session);
+            let mut held = self.held.locked();
+            let mut session = self.session.locked();
             self.publish(|c| {
                 c.up = false;
                 c.closed = true;
@@ -505,7 +505,7 @@ async fn cleanup(hub: Weak<Hub>, wake: Arc<Notify>) {
             // A reconnect wakes us.
             continue;
         };
-        let work = std::mem::take(&mut locked(&h.nodes).doomed);
+        let work = std::mem::take(&mut h.nodes.locked().doomed);
         if work.is_empty() {
             pause = None;
             continue;
@@ -523,7 +523,7 @@ async fn cleanup(hub: Weak<Hub>, wake: Arc<Notify>) {
         if failed.is_empty() {
             pause = None;
         } else {
-            locked(&h.nodes).doomed.extend(failed);
+            h.nodes.locked().doomed.extend(failed);
             pause = Some(pause.map_or(CLEANUP_MIN, |p| (p * 2).min(CLEANUP_MAX)));
         }
     }

@@ -6,6 +6,7 @@ use super::client::{Failure, NodeStat, Watch};
 use super::recipe;
 use crate::backend::{Claim, LockKind};
 use crate::error::{Error, ErrorKind, Result};
+use crate::sync::LockExt;
 
 /// Either a result, or "go round the acquire loop again" (with the failure that caused it).
 pub(super) enum Step<T> {
@@ -103,7 +104,7 @@ impl std::fmt::Debug for ZkTicket {
 
 impl ZkTicket {
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, TicketState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 }
 
