@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::RwLock;
 use std::time::Duration;
 
+use crate::backend::LockKind;
 use crate::error::{Error, ErrorKind, Result};
 use crate::{LockClient, MutexGuard, RwLockReadGuard, RwLockWriteGuard, SemaphorePermit};
 
@@ -43,13 +44,20 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The kind of claim this mode takes (one permit, for a semaphore).
+    fn kind(self) -> LockKind {
+        match self {
+            Mode::Mutex => LockKind::Exclusive,
+            Mode::Read => LockKind::Read,
+            Mode::Write => LockKind::Write,
+            Mode::Permits(max) => LockKind::Permits { count: 1, max },
+        }
+    }
+
     /// Whether a task holding the key this way may run a nested call that asks for `inner`
     /// without taking anything: the same lock, held at least as strongly.
     fn covers(self, inner: Mode) -> bool {
-        match (self, inner) {
-            (Mode::Write, Mode::Read) => true,
-            (a, b) => a == b,
-        }
+        self.kind().covers(inner.kind())
     }
 }
 

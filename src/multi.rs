@@ -13,24 +13,6 @@ use crate::core::lease::Held;
 use crate::core::Core;
 use crate::error::{Error, Result};
 
-/// How one key of a [`MultiLock`] is taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
-    Mutex,
-    Read,
-    Write,
-}
-
-impl Part {
-    fn kind(self) -> LockKind {
-        match self {
-            Part::Mutex => LockKind::Exclusive,
-            Part::Read => LockKind::Read,
-            Part::Write => LockKind::Write,
-        }
-    }
-}
-
 /// Several locks taken as one: all of them, or none.
 ///
 /// The keys are put in one canonical order (sorted byte-wise, each key once) and taken one after
@@ -65,7 +47,7 @@ impl Part {
 #[derive(Clone)]
 pub struct MultiLock {
     core: Arc<Core>,
-    parts: Vec<(String, Part)>,
+    parts: Vec<(String, LockKind)>,
     ttl: Option<Duration>,
 }
 
@@ -73,12 +55,12 @@ impl MultiLock {
     pub(crate) fn new(core: Arc<Core>, keys: Vec<String>) -> Self {
         Self {
             core,
-            parts: keys.into_iter().map(|k| (k, Part::Mutex)).collect(),
+            parts: keys.into_iter().map(|k| (k, LockKind::Exclusive)).collect(),
             ttl: None,
         }
     }
 
-    fn with(mut self, key: impl Into<String>, part: Part) -> Self {
+    fn with(mut self, key: impl Into<String>, part: LockKind) -> Self {
         self.parts.push((key.into(), part));
         self
     }
@@ -94,7 +76,7 @@ impl MultiLock {
     /// ```
     #[must_use]
     pub fn mutex(self, key: impl Into<String>) -> Self {
-        self.with(key, Part::Mutex)
+        self.with(key, LockKind::Exclusive)
     }
 
     /// Adds a read hold of the read-write lock `key`.
@@ -114,7 +96,7 @@ impl MultiLock {
     /// ```
     #[must_use]
     pub fn read(self, key: impl Into<String>) -> Self {
-        self.with(key, Part::Read)
+        self.with(key, LockKind::Read)
     }
 
     /// Adds a write hold of the read-write lock `key`.
@@ -128,7 +110,7 @@ impl MultiLock {
     /// ```
     #[must_use]
     pub fn write(self, key: impl Into<String>) -> Self {
-        self.with(key, Part::Write)
+        self.with(key, LockKind::Write)
     }
 
     /// Uses `ttl` as the lease length of every key instead of the client's.
@@ -159,20 +141,15 @@ impl MultiLock {
     fn plan(&self) -> Result<Vec<(Arc<str>, LockKind)>> {
         let mut parts = self.parts.clone();
         parts.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut plan: Vec<(Arc<str>, Part)> = Vec::with_capacity(parts.len());
+        let mut plan: Vec<(Arc<str>, LockKind)> = Vec::with_capacity(parts.len());
         for (key, part) in parts {
             match plan.last_mut() {
                 Some((last, seen)) if **last == *key => {
-                    *seen = match (*seen, part) {
-                        (Part::Mutex, Part::Mutex) => Part::Mutex,
-                        (Part::Mutex, _) | (_, Part::Mutex) => {
-                            return Err(Error::kind_mismatch(format_args!(
-                                "`{key}` is asked for both as a mutex and as a read-write lock"
-                            )))
-                        }
-                        (Part::Write, _) | (_, Part::Write) => Part::Write,
-                        (Part::Read, Part::Read) => Part::Read,
-                    };
+                    *seen = seen.merged(part).ok_or_else(|| {
+                        Error::kind_mismatch(format_args!(
+                            "`{key}` is asked for both as a mutex and as a read-write lock"
+                        ))
+                    })?;
                 }
                 _ => plan.push((key.into(), part)),
             }
@@ -180,7 +157,7 @@ impl MultiLock {
         if plan.is_empty() {
             return Err(Error::invalid_config("a multi-lock needs at least one key"));
         }
-        Ok(plan.into_iter().map(|(k, p)| (k, p.kind())).collect())
+        Ok(plan)
     }
 
     fn take(

@@ -74,6 +74,26 @@ impl LockKind {
         }
     }
 
+    /// One claim that asks for what `self` and `other` ask of the same key: the stronger of a
+    /// read-write lock's two sides (write over read), the same kind twice as itself; `None`
+    /// when they are different families (or different permit counts), which one key cannot be.
+    pub(crate) fn merged(self, other: LockKind) -> Option<LockKind> {
+        match (self, other) {
+            (a, b) if a == b => Some(a),
+            (LockKind::Write, LockKind::Read) | (LockKind::Read, LockKind::Write) => {
+                Some(LockKind::Write)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether holding a key as `self` already gives what `inner` asks of it (a nested call
+    /// that may run without taking anything): the same kind, or write for read.
+    #[cfg_attr(not(feature = "macros"), allow(dead_code))]
+    pub(crate) fn covers(self, inner: LockKind) -> bool {
+        self.merged(inner) == Some(self)
+    }
+
     /// Whether a claim of this kind can hold the lock alongside holders of `others`, as the
     /// queue rules see it: a writer or exclusive claim only alone, a reader with readers, and
     /// permits while the semaphore has enough left.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Keys, RedisBackend};
+use super::{kind_of_code, Keys, RedisBackend};
 use crate::backend::{handoff, Family, LockKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter};
@@ -31,17 +31,7 @@ impl RedisBackend {
             Some(Family::Semaphore { max }) => max,
             _ => 0,
         };
-        let kind = |k: &str| -> Result<LockKind> {
-            Ok(match k {
-                "x" => LockKind::Exclusive,
-                "r" => LockKind::Read,
-                "w" => LockKind::Write,
-                n => LockKind::Permits {
-                    count: n.parse().map_err(|_| bad())?,
-                    max,
-                },
-            })
-        };
+        let kind = |k: &str| -> Result<LockKind> { kind_of_code(k, max).ok_or_else(bad) };
         let mut seen = Inspection::free(key);
         seen.family = family;
         for h in held.chunks(3) {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::script::Call;
 use crate::backend::handoff;
-use crate::backend::Claim;
+use crate::backend::{Claim, LockKind};
 
 /// The names of one lock's keys and channels, and a claim's owner token, as one client sees
 /// them (on one server, a Cluster, and each Redlock node alike).
@@ -93,4 +93,29 @@ impl Keys {
         }
         inv.key(&self.queue).key(&self.waiters).key(&self.fence);
     }
+}
+
+/// A claim's kind as the scripts write it in queue entries and holder lists: `r` and `w` for
+/// a read-write lock's sides, the permit count for a semaphore; `None` for a mutex (its entries
+/// carry the bare owner token, and the scripts report its holder as `x`).
+pub(crate) fn kind_code(kind: LockKind) -> Option<String> {
+    match kind {
+        LockKind::Read => Some("r".to_owned()),
+        LockKind::Write => Some("w".to_owned()),
+        LockKind::Permits { count, .. } => Some(count.to_string()),
+        _ => None,
+    }
+}
+
+/// A kind as [`kind_code`] writes it (`x` for a mutex), with `max` the semaphore's permits.
+pub(crate) fn kind_of_code(code: &str, max: u32) -> Option<LockKind> {
+    Some(match code {
+        "x" => LockKind::Exclusive,
+        "r" => LockKind::Read,
+        "w" => LockKind::Write,
+        n => LockKind::Permits {
+            count: n.parse().ok()?,
+            max,
+        },
+    })
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{millis, Keys, RedisBackend, RedisTicket};
+use super::{kind_code, millis, Keys, RedisBackend, RedisTicket};
 use crate::backend::handoff::{self, wait_for_handoff};
 use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::error::{Error, ErrorKind, Result};
@@ -195,13 +195,14 @@ struct Shared {
 
 impl Shared {
     fn of(kind: LockKind) -> Option<Self> {
-        let (kind, max) = match kind {
-            LockKind::Read => ("r".to_owned(), 0),
-            LockKind::Write => ("w".to_owned(), 0),
-            LockKind::Permits { count, max } => (count.to_string(), max),
-            _ => return None,
+        let max = match kind {
+            LockKind::Permits { max, .. } => max,
+            _ => 0,
         };
-        Some(Self { kind, max })
+        Some(Self {
+            kind: kind_code(kind)?,
+            max,
+        })
     }
 }
 

@@ -56,7 +56,7 @@ use crate::error::Result;
 use crate::inspect::Inspection;
 
 pub use self::builder::RedisBackendBuilder;
-pub(crate) use self::keys::{lock_name, millis, Keys};
+pub(crate) use self::keys::{kind_code, kind_of_code, lock_name, millis, Keys};
 #[cfg(feature = "redlock")]
 pub(crate) use self::library::{RENEWAL_LUA, SHARED_LUA};
 #[cfg(feature = "redlock")]

@@ -11,6 +11,8 @@ use super::keys::Keys;
 use super::library::INSPECT;
 use super::quorum::held_until;
 use super::RedlockBackend;
+use crate::backend::handoff::parse_family;
+use crate::backend::redis::kind_of_code;
 use crate::backend::{Family, LockKind};
 use crate::error::Result;
 use crate::inspect::{Holder, Inspection, Waiter};
@@ -30,20 +32,13 @@ pub(super) struct NodeView {
 }
 
 fn kind_of(k: &str) -> LockKind {
-    match k {
-        "r" => LockKind::Read,
-        "w" => LockKind::Write,
-        _ => LockKind::Exclusive,
-    }
+    kind_of_code(k, 0).unwrap_or(LockKind::Exclusive)
 }
 
 impl NodeView {
     pub(super) fn parse((family, holders, waiting): Reply) -> Self {
-        let family = match family.as_str() {
-            "mutex" => Some(Family::Mutex),
-            "rw" => Some(Family::RwLock),
-            _ => None,
-        };
+        // Semaphores never reach a Redlock node: a mutex, a read-write lock, or nothing.
+        let family = parse_family(&family).filter(|f| !matches!(f, Family::Semaphore { .. }));
         let holders = holders
             .chunks(4)
             .filter_map(|h| match h {

@@ -2,7 +2,7 @@
 //! their own) and the claim's owner token.
 
 use crate::backend::redis::script::{Call, Script};
-use crate::backend::redis::Keys as RedisKeys;
+use crate::backend::redis::{kind_code, Keys as RedisKeys};
 use crate::backend::{Claim, LockKind};
 
 /// One lock's key names, the same on every node, and the claim's owner token: the single-node
@@ -51,11 +51,7 @@ impl Keys {
     }
 }
 
-/// `r` or `w` for a read-write lock claim, `None` for a mutex.
-pub(super) fn shared_kind(kind: LockKind) -> Option<&'static str> {
-    match kind {
-        LockKind::Read => Some("r"),
-        LockKind::Write => Some("w"),
-        _ => None,
-    }
+/// `r` or `w` for a read-write lock claim, `None` for a mutex (the single-node code).
+pub(super) fn shared_kind(kind: LockKind) -> Option<String> {
+    kind_code(kind)
 }
