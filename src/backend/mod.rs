@@ -1,35 +1,35 @@
 //! The one seam between the lock API and a coordination service.
 //!
 //! Everything users touch (guards, renewal, the lost signal, cancellation, timeouts) is written
-//! once above this trait. A backend only answers five questions about a *claim* (one attempt by
-//! one owner to hold one key):
+//! once above this trait. A backend answers five questions about a *claim* (one attempt by one
+//! owner to hold one key):
 //!
-//! | call | Redis | ZooKeeper | memory |
-//! |---|---|---|---|
-//! | [`acquire`](Backend::acquire) | script: grant, or enqueue and return the holder's PTTL | create the sequential node (once), list, watch the predecessor | grant, or join the queue |
-//! | [`wait`](Backend::wait) | pub/sub message for us, or the PTTL deadline | predecessor watch, or a session state change | in-process wake-up, or the holder's expiry |
-//! | [`release`](Backend::release) | compare token, hand the lock to the live queue head | delete our node (found by prefix if need be) | hand off to the queue head |
-//! | [`renew`](Backend::renew) | one script for a batch of owners and queue entries | session epoch check | extend deadlines |
+//! | call | memory | Redis (single, Cluster, Sentinel) | Redlock | ZooKeeper | PostgreSQL |
+//! |---|---|---|---|---|---|
+//! | [`acquire`](Backend::acquire) | grant, or join the queue | script: grant, or subscribe, enqueue and return the holder's PTTL | the script on every node; a majority of grants is a grant | create the sequential node (once), list, watch the node ahead | function: grant, or LISTEN, enqueue and return the holder's lease end |
+//! | [`wait`](Backend::wait) | in-process wake-up, or the holder's expiry | a grant message on our channel, or the PTTL deadline | grant messages from a majority, or the earliest lease end | the watch on the node ahead, or a session change | a NOTIFY for us, or the lease end |
+//! | [`release`](Backend::release) | hand off to the queue head | compare the owner, hand the lock to the live queue head and publish it | release on every node, each handing on | delete our node (found by its protection prefix if need be) | compare the owner, hand on, NOTIFY the new owner |
+//! | [`renew`](Backend::renew) | extend deadlines | one script call for every lease and queue entry (one per slot on a Cluster) | one call per node; a lease holds while a majority renewed it | the session's epoch: leases last while the session does | one statement for every lease and queue entry |
+//! | [`downgrade`](Backend::downgrade) | write hold to read hold in place | one script | on every node, kept while a majority did | a read node before the write node goes (Curator's layout) | one statement |
 //!
-//! The backend remembers what it learned about a claim (a subscription, a node name) in its
+//! //! The backend remembers what it learned about a claim (a subscription, a node name) in its
 //! [`Ticket`](Backend::Ticket), which the layer above creates *before* the first call. So when a
 //! `lock()` future is dropped anywhere, even before the first call returned, the claim and its
 //! ticket are still there to [`release`](Backend::release), which removes every trace.
 
-use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::inspect::Inspection;
 
+mod erased;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod handoff;
 #[cfg(feature = "memory")]
@@ -45,7 +45,7 @@ mod zookeeper;
 
 /// What a claim asks for. One key holds one family of lock (a mutex, a read-write lock, or a
 /// semaphore with a given number of permits); a backend refuses a claim of another family on
-/// a key in use with [`ErrorKind::KindMismatch`].
+/// a key in use with [`ErrorKind::KindMismatch`](crate::ErrorKind::KindMismatch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LockKind {
@@ -366,7 +366,7 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Whether this backend can hold claims of `kind`. The default is [`LockKind::Exclusive`]
     /// only, so a backend written before read-write locks and semaphores refuses them (with
-    /// [`ErrorKind::Unsupported`], before any I/O) instead of treating them as mutexes.
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported), before any I/O) instead of treating them as mutexes.
     fn supports(&self, kind: LockKind) -> bool {
         matches!(kind, LockKind::Exclusive)
     }
@@ -376,7 +376,7 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// An [`ErrorKind::InvalidKey`] error naming the broken rule.
+    /// An [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) error naming the broken rule.
     fn validate_key(&self, key: &str) -> Result<()> {
         let _ = key;
         Ok(())
@@ -388,7 +388,7 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Backend`] when the service fails; the layer above then releases the claim.
+    /// [`ErrorKind::Backend`](crate::ErrorKind::Backend) when the service fails; the layer above then releases the claim.
     fn acquire(
         &self,
         claim: &Claim,
@@ -403,7 +403,7 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Backend`] when the service fails while waiting.
+    /// [`ErrorKind::Backend`](crate::ErrorKind::Backend) when the service fails while waiting.
     fn wait(
         &self,
         claim: &Claim,
@@ -419,7 +419,7 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Backend`] when the service fails.
+    /// [`ErrorKind::Backend`](crate::ErrorKind::Backend) when the service fails.
     fn release(
         &self,
         claim: &Claim,
@@ -433,8 +433,8 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Unsupported`] by default; [`ErrorKind::Lost`] if the claim no longer holds
-    /// the lock; [`ErrorKind::Backend`] when the service fails.
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) by default; [`ErrorKind::Lost`](crate::ErrorKind::Lost) if the claim no longer holds
+    /// the lock; [`ErrorKind::Backend`](crate::ErrorKind::Backend) when the service fails.
     fn downgrade(
         &self,
         claim: &Claim,
@@ -476,7 +476,7 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Unsupported`] by default; [`ErrorKind::Backend`] if the service fails.
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) by default; [`ErrorKind::Backend`](crate::ErrorKind::Backend) if the service fails.
     fn inspect(
         &self,
         namespace: &str,
@@ -526,155 +526,4 @@ pub(crate) async fn poll_some<F: Future + Unpin>(slot: &mut Option<F>) -> F::Out
 /// several servers bounds each one's answer well within that window.
 pub(crate) const MIN_RENEW_CALL: Duration = Duration::from_millis(50);
 
-/// A type-erased ticket.
-pub(crate) type AnyTicket = Box<dyn Any + Send + Sync>;
-
-/// [`Backend`] with its types erased, so that one `LockClient` type serves every backend.
-pub(crate) trait DynBackend: Send + Sync + 'static {
-    fn new_ticket(&self) -> AnyTicket;
-    fn renews_waiters(&self) -> bool;
-    fn supports(&self, kind: LockKind) -> bool;
-    fn validate_key(&self, key: &str) -> Result<()>;
-    fn acquire<'a>(
-        &'a self,
-        claim: &'a Claim,
-        ticket: &'a AnyTicket,
-        wait: bool,
-    ) -> BoxFuture<'a, Result<Attempt>>;
-    fn wait<'a>(
-        &'a self,
-        claim: &'a Claim,
-        ticket: &'a AnyTicket,
-        recheck_at: Option<Instant>,
-    ) -> BoxFuture<'a, Result<Option<Grant>>>;
-    fn release<'a>(
-        &'a self,
-        claim: &'a Claim,
-        ticket: &'a AnyTicket,
-    ) -> BoxFuture<'a, Result<bool>>;
-    fn downgrade<'a>(
-        &'a self,
-        claim: &'a Claim,
-        ticket: &'a AnyTicket,
-    ) -> BoxFuture<'a, Result<Grant>>;
-    fn renew<'a>(&'a self, claims: &'a [(&'a Claim, &'a AnyTicket)])
-        -> BoxFuture<'a, Vec<Renewal>>;
-    fn name(&self) -> &'static str;
-    fn reconnects(&self) -> Option<watch::Receiver<u64>>;
-    fn inspect<'a>(&'a self, namespace: &'a str, key: &'a str)
-        -> BoxFuture<'a, Result<Inspection>>;
-    fn shutdown(&self) -> BoxFuture<'_, ()>;
-}
-
-fn typed<T: 'static>(ticket: &AnyTicket) -> Result<&T> {
-    ticket.downcast_ref::<T>().ok_or_else(|| {
-        Error::new(
-            ErrorKind::Backend,
-            "internal error: a ticket was passed to a backend that did not create it",
-        )
-    })
-}
-
-impl<B: Backend> DynBackend for B {
-    fn new_ticket(&self) -> AnyTicket {
-        Box::new(B::Ticket::default())
-    }
-
-    fn renews_waiters(&self) -> bool {
-        B::RENEWS_WAITERS
-    }
-
-    fn supports(&self, kind: LockKind) -> bool {
-        Backend::supports(self, kind)
-    }
-
-    fn validate_key(&self, key: &str) -> Result<()> {
-        Backend::validate_key(self, key)
-    }
-
-    fn acquire<'a>(
-        &'a self,
-        claim: &'a Claim,
-        ticket: &'a AnyTicket,
-        wait: bool,
-    ) -> BoxFuture<'a, Result<Attempt>> {
-        Box::pin(async move { Backend::acquire(self, claim, typed(ticket)?, wait).await })
-    }
-
-    fn wait<'a>(
-        &'a self,
-        claim: &'a Claim,
-        ticket: &'a AnyTicket,
-        recheck_at: Option<Instant>,
-    ) -> BoxFuture<'a, Result<Option<Grant>>> {
-        Box::pin(async move { Backend::wait(self, claim, typed(ticket)?, recheck_at).await })
-    }
-
-    fn release<'a>(
-        &'a self,
-        claim: &'a Claim,
-        ticket: &'a AnyTicket,
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Backend::release(self, claim, typed(ticket)?).await })
-    }
-
-    fn downgrade<'a>(
-        &'a self,
-        claim: &'a Claim,
-        ticket: &'a AnyTicket,
-    ) -> BoxFuture<'a, Result<Grant>> {
-        Box::pin(async move { Backend::downgrade(self, claim, typed(ticket)?).await })
-    }
-
-    fn renew<'a>(
-        &'a self,
-        claims: &'a [(&'a Claim, &'a AnyTicket)],
-    ) -> BoxFuture<'a, Vec<Renewal>> {
-        Box::pin(async move {
-            let mut typed_claims = Vec::with_capacity(claims.len());
-            let mut slots = Vec::with_capacity(claims.len());
-            for (claim, ticket) in claims {
-                match typed::<B::Ticket>(ticket) {
-                    Ok(t) => {
-                        slots.push(Ok(typed_claims.len()));
-                        typed_claims.push((*claim, t));
-                    }
-                    Err(e) => slots.push(Err(e)),
-                }
-            }
-            let mut renewed = Backend::renew(self, &typed_claims).await.into_iter();
-            slots
-                .into_iter()
-                .map(|slot| match slot {
-                    Ok(_) => renewed.next().unwrap_or_else(|| {
-                        Renewal::Failed(Error::new(
-                            ErrorKind::Backend,
-                            "backend returned fewer renewals than claims",
-                        ))
-                    }),
-                    Err(e) => Renewal::Failed(e),
-                })
-                .collect()
-        })
-    }
-
-    fn name(&self) -> &'static str {
-        Backend::name(self)
-    }
-
-    fn reconnects(&self) -> Option<watch::Receiver<u64>> {
-        Backend::reconnects(self)
-    }
-
-    fn inspect<'a>(
-        &'a self,
-        namespace: &'a str,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Inspection>> {
-        Box::pin(Backend::inspect(self, namespace, key))
-    }
-
-    fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(Backend::shutdown(self))
-    }
-}
+pub(crate) use self::erased::{AnyTicket, DynBackend};

@@ -36,7 +36,7 @@ impl RedisBackend {
     }
 
     /// Takes the lock, or joins or keeps the claim's place in its queue (see
-    /// [`Backend::acquire`]), without the replicas' acknowledgement.
+    /// [`Backend::acquire`](crate::backend::Backend::acquire)), without the replicas' acknowledgement.
     async fn acquire_here(
         &self,
         claim: &Claim,

@@ -1,0 +1,165 @@
+//! The backend seam with its types erased ([`DynBackend`]), so that one `LockClient` type
+//! serves every backend: tickets become `Box<dyn Any>`, futures are boxed.
+
+use std::any::Any;
+
+use futures::future::BoxFuture;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
+use crate::error::{Error, ErrorKind, Result};
+use crate::inspect::Inspection;
+
+/// A type-erased ticket.
+pub(crate) type AnyTicket = Box<dyn Any + Send + Sync>;
+
+/// [`Backend`] with its types erased, so that one `LockClient` type serves every backend.
+pub(crate) trait DynBackend: Send + Sync + 'static {
+    fn new_ticket(&self) -> AnyTicket;
+    fn renews_waiters(&self) -> bool;
+    fn supports(&self, kind: LockKind) -> bool;
+    fn validate_key(&self, key: &str) -> Result<()>;
+    fn acquire<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+        wait: bool,
+    ) -> BoxFuture<'a, Result<Attempt>>;
+    fn wait<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+        recheck_at: Option<Instant>,
+    ) -> BoxFuture<'a, Result<Option<Grant>>>;
+    fn release<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+    ) -> BoxFuture<'a, Result<bool>>;
+    fn downgrade<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+    ) -> BoxFuture<'a, Result<Grant>>;
+    fn renew<'a>(&'a self, claims: &'a [(&'a Claim, &'a AnyTicket)])
+        -> BoxFuture<'a, Vec<Renewal>>;
+    fn name(&self) -> &'static str;
+    fn reconnects(&self) -> Option<watch::Receiver<u64>>;
+    fn inspect<'a>(&'a self, namespace: &'a str, key: &'a str)
+        -> BoxFuture<'a, Result<Inspection>>;
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+}
+
+fn typed<T: 'static>(ticket: &AnyTicket) -> Result<&T> {
+    ticket.downcast_ref::<T>().ok_or_else(|| {
+        Error::new(
+            ErrorKind::Backend,
+            "internal error: a ticket was passed to a backend that did not create it",
+        )
+    })
+}
+
+impl<B: Backend> DynBackend for B {
+    fn new_ticket(&self) -> AnyTicket {
+        Box::new(B::Ticket::default())
+    }
+
+    fn renews_waiters(&self) -> bool {
+        B::RENEWS_WAITERS
+    }
+
+    fn supports(&self, kind: LockKind) -> bool {
+        Backend::supports(self, kind)
+    }
+
+    fn validate_key(&self, key: &str) -> Result<()> {
+        Backend::validate_key(self, key)
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+        wait: bool,
+    ) -> BoxFuture<'a, Result<Attempt>> {
+        Box::pin(async move { Backend::acquire(self, claim, typed(ticket)?, wait).await })
+    }
+
+    fn wait<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+        recheck_at: Option<Instant>,
+    ) -> BoxFuture<'a, Result<Option<Grant>>> {
+        Box::pin(async move { Backend::wait(self, claim, typed(ticket)?, recheck_at).await })
+    }
+
+    fn release<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Backend::release(self, claim, typed(ticket)?).await })
+    }
+
+    fn downgrade<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+    ) -> BoxFuture<'a, Result<Grant>> {
+        Box::pin(async move { Backend::downgrade(self, claim, typed(ticket)?).await })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        claims: &'a [(&'a Claim, &'a AnyTicket)],
+    ) -> BoxFuture<'a, Vec<Renewal>> {
+        Box::pin(async move {
+            let mut typed_claims = Vec::with_capacity(claims.len());
+            let mut slots = Vec::with_capacity(claims.len());
+            for (claim, ticket) in claims {
+                match typed::<B::Ticket>(ticket) {
+                    Ok(t) => {
+                        slots.push(Ok(typed_claims.len()));
+                        typed_claims.push((*claim, t));
+                    }
+                    Err(e) => slots.push(Err(e)),
+                }
+            }
+            let mut renewed = Backend::renew(self, &typed_claims).await.into_iter();
+            slots
+                .into_iter()
+                .map(|slot| match slot {
+                    Ok(_) => renewed.next().unwrap_or_else(|| {
+                        Renewal::Failed(Error::new(
+                            ErrorKind::Backend,
+                            "backend returned fewer renewals than claims",
+                        ))
+                    }),
+                    Err(e) => Renewal::Failed(e),
+                })
+                .collect()
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        Backend::name(self)
+    }
+
+    fn reconnects(&self) -> Option<watch::Receiver<u64>> {
+        Backend::reconnects(self)
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        namespace: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Inspection>> {
+        Box::pin(Backend::inspect(self, namespace, key))
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(Backend::shutdown(self))
+    }
+}
