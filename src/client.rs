@@ -309,8 +309,7 @@ impl LockClient {
             "zk" | "zookeeper" => {
                 let rest = url.split_once("://").map_or("", |(_, r)| r);
                 let backend = Box::pin(crate::backend::ZkBackend::connect(rest)).await?;
-                let ttl = backend.session_timeout();
-                Ok(Self::builder(backend).ttl(ttl))
+                Ok(Self::builder(backend))
             }
             other => Err(Error::invalid_config(format_args!(
                 "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://, zk://, postgres:// with features memory, redis, redis-tls, redis-cluster, redis-sentinel, redlock, zookeeper, postgres)"
@@ -318,7 +317,9 @@ impl LockClient {
         }
     }
 
-    /// Starts building a client on `backend`.
+    /// Starts building a client on `backend`. The TTL starts at [`DEFAULT_TTL`], or at the
+    /// lease the backend's service sets for every claim (a ZooKeeper session's timeout, see
+    /// [`Backend::lease`]).
     ///
     /// # Examples
     ///
@@ -329,10 +330,12 @@ impl LockClient {
     /// # Ok::<(), distlock::Error>(())
     /// ```
     pub fn builder<B: Backend>(backend: B) -> LockClientBuilder {
+        // A backend whose service sets the lease (a ZooKeeper session) states it.
+        let ttl = backend.lease().unwrap_or(DEFAULT_TTL);
         LockClientBuilder {
             backend: Arc::new(backend),
             namespace: DEFAULT_NAMESPACE.into(),
-            ttl: DEFAULT_TTL,
+            ttl,
             auto_renew: true,
         }
     }

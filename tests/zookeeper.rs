@@ -626,3 +626,33 @@ async fn a_missing_chroot_is_created_or_named() {
         let _ = zk.delete(&path, None).await;
     }
 }
+
+/// A client built on a ZooKeeper backend by hand takes the session the ensemble granted as its
+/// TTL, as one made from a `zk://` URL does (it kept the 30 s default, so renewal and the lost
+/// deadline followed a lease the server does not keep).
+#[tokio::test]
+async fn a_client_built_on_a_backend_takes_the_session_as_its_ttl() {
+    let connect = shared_zookeeper().connect_string();
+    let backend = support::zk::backend(&connect, SESSION).await;
+    let session = backend.session_timeout();
+    let by_hand = LockClient::builder(backend).build().unwrap();
+    assert_eq!(by_hand.ttl(), session);
+    let by_url = LockClient::connect(&format!("zk://{connect}"))
+        .await
+        .unwrap();
+    let url_session = by_url.ttl();
+    assert!(
+        url_session >= distlock::backend::MIN_SESSION_TIMEOUT,
+        "{url_session:?}"
+    );
+    // A TTL set on the builder still wins.
+    let backend = support::zk::backend(&connect, SESSION).await;
+    let set = LockClient::builder(backend)
+        .ttl(Duration::from_secs(7))
+        .build()
+        .unwrap();
+    assert_eq!(set.ttl(), Duration::from_secs(7));
+    for c in [by_hand, by_url, set] {
+        c.shutdown().await;
+    }
+}

@@ -464,6 +464,14 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// The lease this service gives every claim, whatever TTL the claim asks for (a ZooKeeper
+    /// session's timeout): a client built on this backend takes it as its default TTL, so the
+    /// renewal schedule and the lost deadline follow the lease the service really keeps.
+    /// `None` (the default): each claim's lease is the TTL it asks for.
+    fn lease(&self) -> Option<Duration> {
+        None
+    }
+
     /// A short name for the backend (`memory`, `redis`, `zookeeper`, ...), used as the
     /// `backend` label of metrics.
     fn name(&self) -> &'static str {

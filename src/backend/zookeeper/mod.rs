@@ -285,6 +285,11 @@ impl Backend for ZkBackend {
         "zookeeper"
     }
 
+    /// The session timeout the ensemble granted: a lock lasts as long as the session does.
+    fn lease(&self) -> Option<Duration> {
+        Some(self.session_timeout())
+    }
+
     fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         Some(self.inner.hub.reconnects())
     }
