@@ -38,6 +38,8 @@ print(f"rust-version {ours}: the locked dependencies need at most {floor} ({name
 
 echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --all-features -p distlock -p distlock-macros
+# Broken links in the internal docs too (they are read in the source).
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --all-features -p distlock --document-private-items
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   echo "== cargo +nightly doc, as docs.rs builds it (feature labels on items)"
   RUSTDOCFLAGS="--cfg docsrs -D warnings" cargo +nightly doc --locked --no-deps --all-features -p distlock
