@@ -17,17 +17,17 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> syn::Result<TokenStream> {
 
     if item.sig.asyncness.is_some() {
         let ret = result_type(&item.sig.output, &item)?;
-        let stmts = &item.block.stmts;
-        // Tells inference the block's output type, so `?` in the body converts errors as it
-        // did in the function (the way async-trait does it). The body's statements follow
-        // in the same block, not inside their own braces: a one-line `{ Ok(()) }` in braces
-        // of its own would trip `unused_braces` in the user's crate.
+        let block = &item.block;
+        // The body keeps its own block, so its items (a `use` or a type named like one in the
+        // signature) stay out of the return type's scope, and its value is bound with the
+        // declared type, so `?` in the body converts errors as it did in the function. The
+        // braces of a one-line body would trip `unused_braces` in the user's crate: allowed
+        // on this statement only.
         let body = quote!({
-            if let ::core::option::Option::Some(__distlock_ret) = ::core::option::Option::None::<#ret> {
-                #[allow(unreachable_code)]
-                return __distlock_ret;
-            }
-            #(#stmts)*
+            #[allow(unused_braces)]
+            let __distlock_out: #ret = #block;
+            #[allow(unreachable_code)]
+            __distlock_out
         });
         let wrapped = locked(&args, body);
         *item.block = syn::parse_quote!({ #wrapped });

@@ -57,6 +57,23 @@ impl From<distlock::Error> for AppError {
     }
 }
 
+// Items in the body stay in the body: a `use` or a type named like one in the signature does
+// not change what the signature means.
+#[distributed_lock("l:{x}", client = client)]
+async fn body_use_shadows(client: &LockClient, x: u32) -> Result<u32, distlock::Error> {
+    use std::io::Result;
+    let r: Result<u32> = Ok(x);
+    r.map_err(|_| distlock::Error::new(distlock::ErrorKind::Backend, "io"))
+}
+
+#[distributed_lock("m:{x}", client = client)]
+async fn body_type_shadows(client: &LockClient, x: u32) -> Result<u32, AppError> {
+    #[derive(Debug)]
+    struct AppError;
+    let _ = AppError;
+    Ok(x)
+}
+
 fn main() {
     let client = LockClient::memory();
     drop((
@@ -71,5 +88,7 @@ fn main() {
         early_return(true),
         question_mark(),
         custom_error(),
+        body_use_shadows(&client, 1),
+        body_type_shadows(&client, 2),
     ));
 }
