@@ -601,3 +601,40 @@ async fn tls_as_sslmode_says() {
     .unwrap_err();
     assert!(err.is_invalid_config(), "{err:?}");
 }
+
+/// Every spelling libpq takes for `sslmode` is honoured: against a server without TLS, asking
+/// for it is refused however it is written (spaces around `=`, a quoted value, a `%`-escaped
+/// URL key), never a quiet plaintext connection; the rest of a `key=value` string reaches the
+/// server as written (a quoted application name keeps its two spaces).
+#[cfg(feature = "postgres-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_in_every_libpq_spelling_is_honoured() {
+    let port = shared_postgres().port();
+    let kv = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    for url in [
+        format!("{kv} sslmode = require"),
+        format!("{kv} sslmode='require'"),
+        format!("{kv} sslmode = 'verify-full'"),
+        format!("postgres://postgres@127.0.0.1:{port}/postgres?ssl%6Dode=require"),
+    ] {
+        let err = PgBackend::connect(&url).await.unwrap_err();
+        assert!(err.is_backend() && !err.is_transient(), "{url}: {err:?}");
+        assert!(err.to_string().contains("TLS"), "{url}: {err}");
+    }
+    let backend = PgBackend::connect(&format!(
+        "{kv} sslmode = 'disable' application_name='two  spaces'"
+    ))
+    .await
+    .unwrap();
+    let seen: i64 = connection(&shared_postgres().url())
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'two  spaces'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(seen >= 1, "the quoted application name changed on the way");
+    drop(backend);
+}

@@ -375,10 +375,11 @@ impl PgBackendBuilder {
 
 /// The URL's settings and TLS (its `sslmode` and `sslrootcert`, else `root_pem`).
 fn parse_url(url: &str, root_pem: Option<&[u8]>) -> Result<Endpoint> {
-    let (rest, tls_settings) = tls::split(url)?;
+    let (rest, mode, root) = tls::split(url)?;
     let mut config: tokio_postgres::Config = rest
         .parse()
         .map_err(|e| Error::invalid_config("malformed postgres url").with_source(e))?;
+    let tls_settings = tls::settings(mode, root, config.get_ssl_mode());
     config.ssl_mode(tls_settings.ssl_mode());
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(commands::CALL_TIMEOUT);

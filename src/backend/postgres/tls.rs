@@ -88,16 +88,15 @@ fn decode(value: &str) -> Result<String> {
 }
 
 /// Takes `sslmode` and `sslrootcert` off `url` (URL form `postgres://…?sslmode=…`, or the
-/// `key=value` form): returns the URL without them and the settings they make.
-pub(super) fn split(url: &str) -> Result<(String, Settings)> {
-    let mut settings = Settings {
-        mode: Mode::Prefer,
-        root: None,
-    };
+/// `key=value` form, in any spelling libpq takes: spaces around `=`, quoted values, `%`-escaped
+/// URL keys): returns the rest of the URL, untouched, and the settings, `None` for a mode the
+/// URL did not give.
+pub(super) fn split(url: &str) -> Result<(String, Option<Mode>, Option<String>)> {
+    let (mut mode, mut root) = (None, None);
     let mut take = |key: &str, value: &str| -> Result<bool> {
         match key {
-            "sslmode" => settings.mode = mode_of(value)?,
-            "sslrootcert" => settings.root = Some(value.to_owned()),
+            "sslmode" => mode = Some(mode_of(value)?),
+            "sslrootcert" => root = Some(value.to_owned()),
             _ => return Ok(false),
         }
         Ok(true)
@@ -109,7 +108,7 @@ pub(super) fn split(url: &str) -> Result<(String, Settings)> {
                 let mut kept = Vec::new();
                 for pair in query.split('&').filter(|p| !p.is_empty()) {
                     let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-                    if !take(key, &decode(value)?)? {
+                    if !take(&decode(key)?, &decode(value)?)? {
                         kept.push(pair);
                     }
                 }
@@ -121,25 +120,98 @@ pub(super) fn split(url: &str) -> Result<(String, Settings)> {
             }
         }
     } else {
-        // `host=… sslmode=…`: these two never need quoting in practice; a quoted one is
-        // left for tokio-postgres to refuse.
-        let mut kept = Vec::new();
-        for word in url.split_whitespace() {
-            let taken = match word.split_once('=') {
-                Some((key, value)) if !value.starts_with('\'') => take(key.trim(), value)?,
-                _ => false,
-            };
-            if !taken {
-                kept.push(word);
+        // Cut our two parameters out by their place; everything else stays byte for byte (a
+        // quoted value may hold runs of spaces).
+        let mut rest = String::with_capacity(url.len());
+        let mut from = 0;
+        for (key, value, span) in conninfo(url) {
+            if take(key, &value)? {
+                rest.push_str(&url[from..span.start]);
+                from = span.end;
             }
         }
-        kept.join(" ")
+        rest.push_str(&url[from..]);
+        rest
     };
-    if settings.mode == Mode::Require && settings.root.is_some() {
-        // libpq: `require` with a root certificate checks the chain, as `verify-ca`.
-        settings.mode = Mode::VerifyCa;
+    Ok((rest, mode, root))
+}
+
+/// The `key = value` pairs of a libpq connection string, each with its place in `s`: keys up to
+/// whitespace or `=`, values bare (up to whitespace) or single-quoted, `\` escaping the next
+/// character in either. Stops at the first thing that is not a pair (tokio-postgres, which
+/// reads the whole string, then says what is wrong).
+fn conninfo(s: &str) -> Vec<(&str, String, std::ops::Range<usize>)> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    let skip_ws = |mut i: usize| {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    loop {
+        i = skip_ws(i);
+        if i >= b.len() {
+            return out;
+        }
+        let start = i;
+        while i < b.len() && !b[i].is_ascii_whitespace() && b[i] != b'=' {
+            i += 1;
+        }
+        let key = &s[start..i];
+        i = skip_ws(i);
+        if i >= b.len() || b[i] != b'=' || key.is_empty() {
+            return out;
+        }
+        i = skip_ws(i + 1);
+        let mut value = Vec::new();
+        if i < b.len() && b[i] == b'\'' {
+            i += 1;
+            loop {
+                match b.get(i) {
+                    None => return out,
+                    Some(b'\'') => {
+                        i += 1;
+                        break;
+                    }
+                    Some(b'\\') if i + 1 < b.len() => {
+                        value.push(b[i + 1]);
+                        i += 2;
+                    }
+                    Some(&c) => {
+                        value.push(c);
+                        i += 1;
+                    }
+                }
+            }
+        } else {
+            while i < b.len() && !b[i].is_ascii_whitespace() {
+                if b[i] == b'\\' && i + 1 < b.len() {
+                    i += 1;
+                }
+                value.push(b[i]);
+                i += 1;
+            }
+        }
+        out.push((key, String::from_utf8_lossy(&value).into_owned(), start..i));
     }
-    Ok((rest, settings))
+}
+
+/// The settings for a URL: what it said, else what tokio-postgres read of it (`parsed`, the
+/// spellings it knows), else libpq's default `prefer`.
+pub(super) fn settings(mode: Option<Mode>, root: Option<String>, parsed: SslMode) -> Settings {
+    let mut mode = mode.unwrap_or(match parsed {
+        SslMode::Disable => Mode::Disable,
+        SslMode::Prefer => Mode::Prefer,
+        // `Require`, and whatever mode tokio-postgres may add: encrypted at least.
+        _ => Mode::Require,
+    });
+    if mode == Mode::Require && root.is_some() {
+        // libpq: `require` with a root certificate checks the chain, as `verify-ca`.
+        mode = Mode::VerifyCa;
+    }
+    Settings { mode, root }
 }
 
 /// Where and how to connect: tokio-postgres' settings and the TLS connector that goes with
@@ -384,31 +456,59 @@ mod tests {
 
     #[test]
     fn libpq_parameters_are_taken_off_the_url() {
-        let (rest, s) =
-            split("postgres://u@h:5432/db?sslmode=verify-full&application_name=x&sslrootcert=%2Ftmp%2Fca.pem")
-                .unwrap();
+        let (rest, mode, root) = split(
+            "postgres://u@h:5432/db?sslmode=verify-full&application_name=x&sslrootcert=%2Ftmp%2Fca.pem",
+        )
+        .unwrap();
         assert_eq!(rest, "postgres://u@h:5432/db?application_name=x");
-        assert_eq!(s.mode, Mode::VerifyFull);
-        assert_eq!(s.root.as_deref(), Some("/tmp/ca.pem"));
+        assert_eq!(mode, Some(Mode::VerifyFull));
+        assert_eq!(root.as_deref(), Some("/tmp/ca.pem"));
 
-        let (rest, s) = split("postgres://u@h/db").unwrap();
-        assert_eq!((rest.as_str(), s.mode), ("postgres://u@h/db", Mode::Prefer));
+        let (rest, mode, _) = split("postgres://u@h/db").unwrap();
+        assert_eq!((rest.as_str(), mode), ("postgres://u@h/db", None));
 
-        let (rest, s) = split("postgres://u@h/db?sslmode=require&sslrootcert=ca.pem").unwrap();
+        let (rest, mode, _) = split("postgres://u@h/db?ssl%6Dode=require").unwrap();
         assert_eq!(
-            (rest.as_str(), s.mode),
-            ("postgres://u@h/db", Mode::VerifyCa)
+            (rest.as_str(), mode),
+            ("postgres://u@h/db", Some(Mode::Require))
         );
 
-        let (rest, s) = split("host=h user=u sslmode=verify-ca dbname=d").unwrap();
-        assert_eq!(
-            (rest.as_str(), s.mode),
-            ("host=h user=u dbname=d", Mode::VerifyCa)
-        );
+        let (rest, mode, root) =
+            split("postgres://u@h/db?sslmode=require&sslrootcert=ca.pem").unwrap();
+        assert_eq!(rest, "postgres://u@h/db");
+        let s = settings(mode, root, SslMode::Prefer);
+        assert_eq!(s.mode, Mode::VerifyCa);
+
+        // Every spelling libpq takes; the rest of the string stays byte for byte.
+        for (url, want, left) in [
+            (
+                "host=h user=u sslmode=verify-ca dbname=d",
+                Mode::VerifyCa,
+                "host=h user=u  dbname=d",
+            ),
+            ("host=h sslmode = require", Mode::Require, "host=h "),
+            (
+                "host=h sslmode='verify-full' application_name='a  b'",
+                Mode::VerifyFull,
+                "host=h  application_name='a  b'",
+            ),
+            ("sslmode= disable host=h", Mode::Disable, " host=h"),
+        ] {
+            let (rest, mode, _) = split(url).unwrap();
+            assert_eq!((rest.as_str(), mode), (left, Some(want)), "{url}");
+        }
+        let (_, _, root) = split(r"host=h sslrootcert='/a b/c\'d.pem'").unwrap();
+        assert_eq!(root.as_deref(), Some("/a b/c'd.pem"));
+
+        // tokio-postgres' own reading counts where the URL gave nothing we read.
+        assert_eq!(settings(None, None, SslMode::Require).mode, Mode::Require);
+        assert_eq!(settings(None, None, SslMode::Disable).mode, Mode::Disable);
+        assert_eq!(settings(None, None, SslMode::Prefer).mode, Mode::Prefer);
 
         for bad in [
             "postgres://h/db?sslmode=strict",
             "postgres://h/db?sslrootcert=%zz",
+            "host=h sslmode=strict",
         ] {
             assert!(split(bad).unwrap_err().is_invalid_config(), "{bad}");
         }
