@@ -110,3 +110,33 @@ async fn a_refusal_that_will_not_pass_is_not_transient() {
         .unwrap_err();
     assert!(err.is_invalid_config() && !err.is_transient(), "{err:?}");
 }
+
+/// A certificate refused stays refused: not transient, on Redis as on PostgreSQL; a pooler's
+/// refusal (PgBouncer says 08P01 for every one) is no outage either.
+#[cfg(all(feature = "redis-tls", feature = "postgres"))]
+#[tokio::test]
+async fn a_refused_certificate_or_a_poolers_refusal_is_not_transient() {
+    let tls = support::TlsRedis::start();
+    let no_ca = RedisBackend::connect(&tls.url()).await.unwrap_err();
+    assert!(
+        no_ca.is_backend() && !no_ca.is_transient(),
+        "{:?}",
+        chain(&no_ca)
+    );
+    assert!(no_ca.to_string().contains("TLS"), "{no_ca}");
+    // The certificate names 127.0.0.1, not localhost.
+    let wrong_name = RedisBackend::builder(format!("rediss://localhost:{}/", tls.tls_port))
+        .tls_root_certificate(tls.ca.clone())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(!wrong_name.is_transient(), "{:?}", chain(&wrong_name));
+
+    let bouncer = support::PgBouncer::start(support::shared_postgres(), 2);
+    let url = bouncer.url();
+    let (base, _) = url.rsplit_once('/').unwrap();
+    let err = PgBackend::connect(&format!("{base}/no_such_database"))
+        .await
+        .unwrap_err();
+    assert!(err.is_backend() && !err.is_transient(), "{:?}", chain(&err));
+}

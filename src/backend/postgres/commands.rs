@@ -251,7 +251,9 @@ fn tls_failed(e: &tokio_postgres::Error) -> bool {
 fn passing_pg(e: &tokio_postgres::Error) -> bool {
     match e.code().map(|c| c.code()) {
         Some(code) => {
-            code.starts_with("08")
+            // Connection exceptions that say the link failed, not that the server refused
+            // (PgBouncer reports every refusal as 08P01, protocol violation).
+            matches!(code, "08000" | "08001" | "08003" | "08006")
                 || code.starts_with("53")
                 || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
         }

@@ -252,9 +252,38 @@ fn not_now(e: &RedisError) -> bool {
         )
 }
 
-/// The connection failed: the server was not reached, or did not answer.
+/// The connection failed: the server was not reached, or did not answer. A TLS handshake
+/// that the certificate checks refused arrives as an I/O error too, but it is no outage.
 pub(crate) fn unreachable(e: &RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal()
+    (e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal())
+        && !tls_refused(e)
+}
+
+/// Whether a TLS handshake failed (a certificate refused, no common protocol): rustls' error,
+/// wrapped in the I/O error redis-rs reports.
+fn tls_refused(e: &RedisError) -> bool {
+    #[cfg(feature = "redis-tls")]
+    {
+        type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(c) = cause {
+            // redis-rs keeps its cause behind an `Arc`, and the I/O error keeps rustls' inside.
+            let c: &(dyn std::error::Error + 'static) = match c.downcast_ref::<Shared>() {
+                Some(shared) => &**shared,
+                None => c,
+            };
+            let inner = c
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref);
+            if c.is::<rustls::Error>() || inner.is_some_and(|i| i.is::<rustls::Error>()) {
+                return true;
+            }
+            cause = c.source();
+        }
+    }
+    #[cfg(not(feature = "redis-tls"))]
+    let _ = e;
+    false
 }
 
 #[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]
@@ -286,6 +315,8 @@ pub(crate) fn redis_error(what: &str, e: RedisError) -> Error {
         || matches!(code, "NOAUTH" | "WRONGPASS" | "NOPERM")
     {
         format!("redis {what} failed: authentication or permission refused")
+    } else if tls_refused(&e) {
+        format!("redis {what} failed: the TLS handshake failed (the server's certificate, or the CA given)")
     } else if e.is_connection_refusal() {
         format!("redis {what} failed: the server refused the connection")
     } else {
