@@ -816,3 +816,65 @@ async fn a_waiter_that_missed_its_handoff_during_a_cut_still_gets_the_lock() {
     behind.shutdown().await;
     direct.shutdown().await;
 }
+
+/// A pub/sub connection whose SUBSCRIBE is refused after a reconnect (the user lost the channel
+/// permission: Redis drops its subscribers) comes back at the reconnect back-off, not in a loop:
+/// it opened about a thousand connections a second. The waiter is served once the permission
+/// is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_resubscribe_backs_off() {
+    let ns = test_namespace!();
+    let server = shared_redis();
+    let user = format!("sub{}", std::process::id());
+    let url = acl_user(server, &user, "*", &[]).await;
+    let admin = client_at(&server.url(), &ns).await;
+    let waiter = client_at(&url, &ns).await;
+    let held = admin.mutex("k").lock().await.unwrap();
+    let wait = tokio::spawn({
+        let m = waiter.mutex("k");
+        async move { m.lock().await }
+    });
+    until_queued(&server.url(), &ns, "k", 1).await;
+    let connections = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut raw(&server.url()).await)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    let set = |rule: &'static str| {
+        let user = user.clone();
+        async move {
+            let _: () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg(&user)
+                .arg(rule)
+                .query_async(&mut raw(&server.url()).await)
+                .await
+                .unwrap();
+        }
+    };
+    let before = connections().await;
+    set("resetchannels").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let opened = connections().await - before;
+    // Other tests share the server; a back-off of 20 ms doubling to 2 s opens under 10 here.
+    assert!(
+        opened < 60,
+        "{opened} connections in 2 s while SUBSCRIBE was refused"
+    );
+    set("allchannels").await;
+    held.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("the waiter was never granted once the permission was back")
+        .unwrap()
+        .unwrap();
+    granted.release().await.unwrap();
+    admin.shutdown().await;
+    waiter.shutdown().await;
+}

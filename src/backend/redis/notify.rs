@@ -351,7 +351,6 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                 continue;
             }
         };
-        backoff = RECONNECT_MIN;
         let Some(inner) = hub.upgrade() else { return };
         // Resubscribe what is in use, then let every waiter re-check what it may have missed.
         let wanted: Vec<Arc<str>> = {
@@ -367,8 +366,16 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
             }
         }
         if !ok {
+            // Refused (a user who lost the channel permission, a server going away): the
+            // next connection waits its turn like a failed connect, or this loop would open
+            // a connection per round trip.
+            drop(inner);
+            tracing::debug!("redis pub/sub subscribe failed after connecting; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(RECONNECT_MAX);
             continue;
         }
+        backoff = RECONNECT_MIN;
         {
             let mut channels = inner.channels.locked();
             for ch in &wanted {
