@@ -622,8 +622,55 @@ async fn a_missing_chroot_is_created_or_named() {
     assert!(err.is_invalid_config(), "{err:?}");
     assert!(!err.is_transient(), "{err:?}");
     assert!(err.to_string().contains(&format!("{sealed}/apps")), "{err}");
-    for path in [sealed, chroot.clone(), format!("/{ns}.root")] {
+    // Chroots no retry can make: under an ephemeral node, `..`, ZooKeeper's own tree.
+    let ephemeral = format!("/{ns}.ephemeral");
+    let options =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    zk.create(&ephemeral, &[], &options).await.unwrap();
+    for bad in [
+        format!("{ephemeral}/apps"),
+        "/..".to_owned(),
+        "/zookeeper/x".to_owned(),
+    ] {
+        let err = ZkBackend::builder(format!("{connect}{bad}"))
+            .session_timeout(SESSION)
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            err.is_invalid_config() && !err.is_transient(),
+            "{bad}: {err:?}"
+        );
+    }
+
+    // The chroot deleted under running clients: the next lock makes it again.
+    let a = client_at(&format!("{connect}{chroot}"), &ns, SESSION).await;
+    a.mutex("k").lock().await.unwrap().release().await.unwrap();
+    a.shutdown().await;
+    let a = client_at(&format!("{connect}{chroot}"), &ns, SESSION).await;
+    delete_tree(&zk, &format!("/{ns}.root")).await;
+    let again = a.mutex("k").lock().await.unwrap();
+    assert_eq!(children(&zk, &format!("{chroot}/{ns}/k")).await.len(), 1);
+    again.release().await.unwrap();
+    a.shutdown().await;
+    for path in [sealed] {
         let _ = zk.delete(&path, None).await;
+    }
+    delete_tree(&zk, &format!("/{ns}.root")).await;
+}
+
+/// Deletes `path` and everything under it.
+async fn delete_tree(zk: &zookeeper_client::Client, path: &str) {
+    let mut stack = vec![path.to_owned()];
+    let mut order = Vec::new();
+    while let Some(p) = stack.pop() {
+        for child in zk.list_children(&p).await.unwrap_or_default() {
+            stack.push(format!("{p}/{child}"));
+        }
+        order.push(p);
+    }
+    for p in order.iter().rev() {
+        let _ = zk.delete(p, None).await;
     }
 }
 

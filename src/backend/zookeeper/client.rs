@@ -210,7 +210,7 @@ pub(super) async fn connect(
             .transient())
         }
     };
-    ensure_chroot(&client, settings).await?;
+    ensure_chroot(&client, settings.acl, settings.call_timeout).await?;
     let granted = client.session_timeout();
     if granted != settings.session_timeout {
         tracing::info!(
@@ -246,11 +246,21 @@ pub(super) async fn connect(
 /// Creates the connect string's chroot (`host:2181/apps`) if it is missing, as a persistent
 /// node with the backend's ACL, the way Curator creates its namespace: every lock path lives
 /// under it, and on a fresh server nothing else would make it. Looked at first, so a chroot
-/// that exists needs no create permission on its parent.
-async fn ensure_chroot(client: &zkc::Client, settings: &Settings) -> crate::Result<()> {
+/// that exists needs no create permission on its parent. Done for every new session, and again
+/// when a lock path's first level finds it gone (deleted under running clients).
+async fn ensure_chroot(
+    client: &zkc::Client,
+    acl: ZkAcl,
+    call_timeout: Duration,
+) -> crate::Result<()> {
     let chroot = client.path().to_owned();
     if chroot == "/" {
         return Ok(());
+    }
+    if chroot == "/zookeeper" || chroot.starts_with("/zookeeper/") {
+        return Err(Error::invalid_config(format_args!(
+            "the zookeeper chroot `{chroot}` is inside ZooKeeper's own reserved tree"
+        )));
     }
     let root = client.clone().chroot("/").unwrap_or_else(|same| same);
     let failed = |e: zkc::Error| {
@@ -258,6 +268,11 @@ async fn ensure_chroot(client: &zkc::Client, settings: &Settings) -> crate::Resu
         zkc::Error::NoAuth | zkc::Error::InvalidAcl => Error::invalid_config(format_args!(
             "the zookeeper chroot `{chroot}` does not exist and this client may not create it: create it, or grant create on its parent"
         )),
+        // `/..`, a chroot under an ephemeral node: no retry makes it possible.
+        zkc::Error::BadArguments(_) | zkc::Error::NoChildrenForEphemerals => {
+            Error::invalid_config(format_args!("the zookeeper chroot `{chroot}` cannot be created"))
+                .with_source(e)
+        }
         other => Error::new(
             ErrorKind::Backend,
             format!("cannot create the zookeeper chroot `{chroot}`"),
@@ -270,17 +285,16 @@ async fn ensure_chroot(client: &zkc::Client, settings: &Settings) -> crate::Resu
         if root.check_stat(&chroot).await?.is_some() {
             return Ok(());
         }
-        let options = zkc::CreateMode::Persistent.with_acls(acls(settings.acl));
+        let options = zkc::CreateMode::Persistent.with_acls(acls(acl));
         root.mkdir(&chroot, &options).await
     };
-    match tokio::time::timeout(settings.call_timeout, made).await {
+    match tokio::time::timeout(call_timeout, made).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(failed(e)),
         Err(_) => Err(Error::new(
             ErrorKind::Backend,
             format!(
-                "no reply within {:?} while creating the zookeeper chroot `{chroot}`",
-                settings.call_timeout
+                "no reply within {call_timeout:?} while creating the zookeeper chroot `{chroot}`"
             ),
         )
         .transient()),
@@ -422,9 +436,21 @@ impl Zk for Session {
             // Containers, as Curator makes them: the server deletes one that has emptied,
             // should we die before deleting it ourselves.
             let options = zkc::CreateMode::Container.with_acls(acls(self.acl));
-            self.call(self.client.create(path, &[], &options))
-                .await
-                .map(drop)
+            let made = self.call(self.client.create(path, &[], &options)).await;
+            // A first-level node with no parent: the chroot was deleted under us. Make it
+            // again, once, as a new session would.
+            if matches!(made, Err(Failure::NoNode))
+                && path.get(1..).is_some_and(|p| !p.contains('/'))
+            {
+                ensure_chroot(&self.client, self.acl, self.call_timeout)
+                    .await
+                    .map_err(|e| Failure::Refused(e.to_string()))?;
+                return self
+                    .call(self.client.create(path, &[], &options))
+                    .await
+                    .map(drop);
+            }
+            made.map(drop)
         })
     }
 
