@@ -279,7 +279,8 @@ impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         let mut cause: &(dyn StdError + 'static) = self.source.as_deref()?;
         while let Some(inner) = cause.source() {
-            if !cause.to_string().ends_with(&inner.to_string()) {
+            let said = inner.to_string();
+            if said.is_empty() || !cause.to_string().ends_with(&said) {
                 break;
             }
             cause = inner;
@@ -313,5 +314,50 @@ impl From<Error> for std::io::Error {
             _ => Io::Other,
         };
         std::io::Error::new(kind, e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl fmt::Display for Layer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl StdError for Layer {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            self.1.as_deref().map(|l| l as &(dyn StdError + 'static))
+        }
+    }
+
+    fn chain(e: &Error) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            out.push(c.to_string());
+            cause = c.source();
+        }
+        out
+    }
+
+    #[test]
+    fn a_cause_that_only_repeats_its_own_cause_is_passed_over() {
+        let io = Layer("refused", None);
+        let wrapper = Layer("error connecting: refused", Some(Box::new(io)));
+        let err = Error::new(ErrorKind::Backend, "connect failed").with_source(wrapper);
+        assert_eq!(chain(&err), ["refused"]);
+        // A cause that says more than its own cause stays, and so does one above a silent one.
+        let kept = Layer("timed out", Some(Box::new(Layer("reset", None))));
+        let err = Error::new(ErrorKind::Backend, "x").with_source(kept);
+        assert_eq!(chain(&err), ["timed out", "reset"]);
+        let silent = Layer("failed", Some(Box::new(Layer("", None))));
+        let err = Error::new(ErrorKind::Backend, "x").with_source(silent);
+        assert_eq!(chain(&err), ["failed", ""]);
     }
 }
