@@ -272,23 +272,30 @@ pub(super) fn connector(settings: &Settings, root_pem: Option<&[u8]>) -> Result<
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::invalid_config("postgres tls").with_source(e))?;
     let config = match settings.mode {
-        Mode::Disable | Mode::Prefer | Mode::Require => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(verify::Unchecked(provider)))
-            .with_no_client_auth(),
-        Mode::VerifyCa | Mode::VerifyFull => {
+        Mode::VerifyFull => {
             let roots = Arc::new(roots(settings, root_pem)?);
             let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider)
                 .build()
                 .map_err(|e| Error::invalid_config("postgres tls roots").with_source(e))?;
-            if settings.mode == Mode::VerifyCa {
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(verify::ChainOnly(webpki)))
-                    .with_no_client_auth()
-            } else {
-                builder.with_webpki_verifier(webpki).with_no_client_auth()
-            }
+            builder.with_webpki_verifier(webpki).with_no_client_auth()
+        }
+        // libpq's weaker checks: the chain alone (`verify-ca`), or none (`require`, `prefer`).
+        mode => {
+            let chain = match mode {
+                Mode::VerifyCa => Some(
+                    WebPkiServerVerifier::builder_with_provider(
+                        Arc::new(roots(settings, root_pem)?),
+                        provider.clone(),
+                    )
+                    .build()
+                    .map_err(|e| Error::invalid_config("postgres tls roots").with_source(e))?,
+                ),
+                _ => None,
+            };
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(verify::Libpq { provider, chain }))
+                .with_no_client_auth()
         }
     };
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
@@ -337,8 +344,8 @@ fn roots(settings: &Settings, root_pem: Option<&[u8]>) -> Result<rustls::RootCer
     Ok(store)
 }
 
-/// The two checks libpq makes that rustls' own verifier does not: none (`require`) and the
-/// chain alone (`verify-ca`). Handshake signatures are always checked.
+/// The two checks libpq makes that rustls' own verifier does not: the chain alone
+/// (`verify-ca`) and none (`require`, `prefer`). Handshake signatures are always checked.
 #[cfg(feature = "postgres-tls")]
 mod verify {
     use std::sync::Arc;
@@ -349,60 +356,15 @@ mod verify {
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
     use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
-    /// Encryption without authentication: libpq's `prefer` and `require`.
+    /// `chain`: the certificate must chain to a trusted root, whatever name it carries
+    /// (`verify-ca`); `None`: encryption without authentication (`require`, `prefer`).
     #[derive(Debug)]
-    pub(super) struct Unchecked(pub(super) Arc<CryptoProvider>);
-
-    impl ServerCertVerifier for Unchecked {
-        fn verify_server_cert(
-            &self,
-            _end_entity: &CertificateDer<'_>,
-            _intermediates: &[CertificateDer<'_>],
-            _server_name: &ServerName<'_>,
-            _ocsp_response: &[u8],
-            _now: UnixTime,
-        ) -> Result<ServerCertVerified, rustls::Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
-        }
+    pub(super) struct Libpq {
+        pub(super) provider: Arc<CryptoProvider>,
+        pub(super) chain: Option<Arc<WebPkiServerVerifier>>,
     }
 
-    /// The chain to a trusted root, whatever name the certificate carries: `verify-ca`.
-    #[derive(Debug)]
-    pub(super) struct ChainOnly(pub(super) Arc<WebPkiServerVerifier>);
-
-    impl ServerCertVerifier for ChainOnly {
+    impl ServerCertVerifier for Libpq {
         fn verify_server_cert(
             &self,
             end_entity: &CertificateDer<'_>,
@@ -411,7 +373,10 @@ mod verify {
             ocsp_response: &[u8],
             now: UnixTime,
         ) -> Result<ServerCertVerified, rustls::Error> {
-            match self.0.verify_server_cert(
+            let Some(chain) = &self.chain else {
+                return Ok(ServerCertVerified::assertion());
+            };
+            match chain.verify_server_cert(
                 end_entity,
                 intermediates,
                 server_name,
@@ -432,7 +397,12 @@ mod verify {
             cert: &CertificateDer<'_>,
             dss: &DigitallySignedStruct,
         ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            self.0.verify_tls12_signature(message, cert, dss)
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
         }
 
         fn verify_tls13_signature(
@@ -441,11 +411,18 @@ mod verify {
             cert: &CertificateDer<'_>,
             dss: &DigitallySignedStruct,
         ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            self.0.verify_tls13_signature(message, cert, dss)
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
         }
 
         fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.0.supported_verify_schemes()
+            self.provider
+                .signature_verification_algorithms
+                .supported_schemes()
         }
     }
 }
