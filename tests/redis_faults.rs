@@ -303,3 +303,26 @@ async fn a_grant_after_a_retried_acquire_is_not_born_lost() {
     guard.release().await.unwrap();
     c.shutdown().await;
 }
+
+/// Issue 27, item 1: a semaphore holder and a queued waiter die; the holder's permits must not
+/// outlive its lease in the hash the waiter's queue entry keeps alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_permits_do_not_outlive_its_lease() {
+    faults::dead_holder_state_does_not_outlive_its_lease(
+        &support::redis::service(),
+        &test_namespace!(),
+        faults::Shared::Permit,
+    )
+    .await;
+}
+
+/// The same for a read-write lock: a dead writer's mark must not block readers for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_writers_mark_does_not_outlive_its_lease() {
+    faults::dead_holder_state_does_not_outlive_its_lease(
+        &support::redis::service(),
+        &test_namespace!(),
+        faults::Shared::WriteThenRead,
+    )
+    .await;
+}

@@ -279,3 +279,86 @@ pub async fn killed_holder_frees_the_lock(svc: &Service, test: &str, ns: &str, s
     guard.release().await.unwrap();
     c.shutdown().await;
 }
+
+/// Which read-write lock or semaphore claim a scenario takes.
+#[derive(Clone, Copy, Debug)]
+pub enum Shared {
+    /// A one-permit semaphore: the holder and everyone after it take one permit.
+    Permit,
+    /// A read-write lock: the holder writes, everyone after it reads.
+    WriteThenRead,
+}
+
+/// Holds a read-write lock or semaphore claim of `shape` as the first holder (`first`) or as
+/// anyone after it, on `client`; boxed so a scenario can spawn it.
+fn boxed<G: Send + 'static>(guard: G) -> Box<dyn std::any::Any + Send> {
+    Box::new(guard)
+}
+
+fn take_shared(
+    client: &LockClient,
+    shape: Shared,
+    first: bool,
+    patience: Duration,
+) -> BoxFuture<'static, distlock::Result<Box<dyn std::any::Any + Send>>> {
+    match (shape, first) {
+        (Shared::Permit, _) => {
+            let f = client.semaphore("k", 1).acquire_timeout(patience);
+            Box::pin(async move { f.await.map(boxed) })
+        }
+        (Shared::WriteThenRead, true) => {
+            let f = client.rw_lock("k").write_timeout(patience);
+            Box::pin(async move { f.await.map(boxed) })
+        }
+        (Shared::WriteThenRead, false) => {
+            let f = client.rw_lock("k").read_timeout(patience);
+            Box::pin(async move { f.await.map(boxed) })
+        }
+    }
+}
+
+/// A read-write lock's or semaphore's holder (lease 1 s) and a waiter queued behind it (lease
+/// 10 s) both die (their connections cut). Once the holder's bookkeeping has expired, a new
+/// claim must still be granted within a handoff lease or two (the dead waiter is handed the
+/// lock first): no state of a dead holder may outlive its lease while anyone is queued.
+pub async fn dead_holder_state_does_not_outlive_its_lease(svc: &Service, ns: &str, shape: Shared) {
+    let handoff = Duration::from_millis(300);
+    let (p1, p2) = (Proxy::start(svc.port), Proxy::start(svc.port));
+    let holder = svc
+        .client(svc.via(&p1), ns, Duration::from_secs(1), handoff)
+        .await;
+    let waiter = svc
+        .client(svc.via(&p2), ns, Duration::from_secs(10), handoff)
+        .await;
+    let held = take_shared(&holder, shape, true, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let doomed = tokio::spawn(take_shared(&waiter, shape, false, Duration::from_secs(60)));
+    svc.until_queued(ns, "k", 1).await;
+    // Past a renewal of each, then both die.
+    sleep(Duration::from_millis(600)).await;
+    p1.cut();
+    p2.cut();
+    // Longer than the holder's bookkeeping lives (twice its lease).
+    sleep(Duration::from_millis(2600)).await;
+
+    let fresh = svc
+        .client(svc.url(), ns, Duration::from_secs(10), handoff)
+        .await;
+    let started = Instant::now();
+    let got = take_shared(&fresh, shape, false, Duration::from_secs(8)).await;
+    let waited = started.elapsed();
+    assert!(
+        got.is_ok(),
+        "{shape:?}: a dead holder's state blocked a new claim for {waited:?}: {:?}",
+        got.err()
+    );
+    assert!(
+        waited < handoff * 2 + Duration::from_millis(1500),
+        "{shape:?}: a new claim waited {waited:?} behind dead claims"
+    );
+    drop(got);
+    doomed.abort();
+    drop(held);
+    fresh.shutdown().await;
+}

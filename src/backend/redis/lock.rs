@@ -105,10 +105,13 @@ impl RedisBackend {
         }
         // Queued: remember when the server's clock read `server_ms`, to place a handoff.
         ticket.clock.pair(sent, server_ms);
-        // How long the blocking lease has left. 0 in its last millisecond (and -2 once it is
-        // gone): look again at once. -1 (a key without expiry, not ours): after our own TTL.
+        // How long the blocking lease has left. 0 in its last millisecond: look again at once.
+        // -1 (a key without expiry, not ours): after our own TTL. -2 (nothing holds the lock,
+        // yet the claim must wait): a state nothing announces the end of, so look again after
+        // a handoff lease, never in a tight loop.
         let wait_for = match value {
             -1 => claim.ttl(),
+            -2 => self.inner.handoff_ttl,
             ms => Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1)),
         };
         Ok(Attempt::Queued {

@@ -24,12 +24,37 @@ local function drop_holder(base, holders, owner)
   redis.call('HDEL', base, 'f:' .. owner, 'n:' .. owner)
 end
 
--- Drops every holder whose lease has run out.
+-- Drops every holder whose lease has run out. With no holder left, no holder state may be
+-- left either: the holders set expires on its own (twice its longest lease after the last
+-- renewal) while a queued waiter keeps the hash alive, and the permits, write mark and tokens
+-- of holders that died with it would otherwise block the key for as long as anyone waits.
 local function purge(base, holders)
   local now = clock()
   local dead = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
   for _, owner in ipairs(dead) do
     drop_holder(base, holders, owner)
+  end
+  if redis.call('ZCARD', holders) > 0 then
+    return
+  end
+  -- Fields that are not holder state: t, m, u, w, wq (see common.lua).
+  local t, m, u, w, wq, wr = unpack(redis.call('HMGET', base, 't', 'm', 'u', 'w', 'wq', 'wr'))
+  local kept = 0
+  for _, v in ipairs({t or false, m or false, u or false, w or false, wq or false}) do
+    if v then
+      kept = kept + 1
+    end
+  end
+  if not wr and (u == nil or u == '0') and redis.call('HLEN', base) == kept then
+    return
+  end
+  for _, field in ipairs(redis.call('HKEYS', base)) do
+    if field == 'wr' or string.sub(field, 1, 2) == 'f:' or string.sub(field, 1, 2) == 'n:' then
+      redis.call('HDEL', base, field)
+    end
+  end
+  if u then
+    redis.call('HSET', base, 'u', 0)
   end
 end
 
