@@ -326,3 +326,46 @@ async fn a_dead_writers_mark_does_not_outlive_its_lease() {
     )
     .await;
 }
+
+/// Issue 27, item 4: a downgrade whose reply was lost is sent again; the retry finds the claim
+/// already a reader. That is the downgrade done, not a lost lock: the read guard holds, keeps
+/// writers out and lets readers in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_whose_reply_was_lost_still_holds() {
+    let ns = test_namespace!();
+    let proxy = Proxy::start(shared_redis().port());
+    let ttl = Duration::from_secs(5);
+    let c = client(&via(&proxy), &ns, ttl, Duration::from_secs(2), true).await;
+    let other = client(
+        &shared_redis().url(),
+        &ns,
+        ttl,
+        Duration::from_secs(2),
+        true,
+    )
+    .await;
+    let write = c.rw_lock("k").write().await.unwrap();
+    proxy.swallow_replies(Which::Commands);
+    let down = tokio::spawn(write.downgrade());
+    sleep(Duration::from_millis(300)).await;
+    proxy.cut();
+    sleep(Duration::from_millis(50)).await;
+    proxy.pass();
+    let read = timeout(Duration::from_secs(10), down)
+        .await
+        .expect("the retried downgrade never finished")
+        .unwrap()
+        .expect("a downgrade whose reply was lost was reported as a lost lock");
+    assert!(!read.is_lost());
+    let writer = other.rw_lock("k").try_write().await;
+    assert!(
+        writer.is_err_and(|e| e.is_would_block()),
+        "a writer got in beside the downgraded reader"
+    );
+    let reader = other.rw_lock("k").try_read().await;
+    assert!(reader.is_ok(), "a reader was kept out: {:?}", reader.err());
+    drop(reader);
+    read.release().await.unwrap();
+    c.shutdown().await;
+    other.shutdown().await;
+}
