@@ -369,3 +369,52 @@ async fn a_downgrade_whose_reply_was_lost_still_holds() {
     c.shutdown().await;
     other.shutdown().await;
 }
+
+/// Issue 27, item 5: the pub/sub link goes dead while nobody waits; a `lock_timeout` on a busy
+/// key then subscribes on the dead link. The subscription fails once the hub finds the link
+/// dead, but the wait has time left: it must ride the reconnect out and be granted once the
+/// lock is free, not give up with "subscribe failed".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_rides_out_a_dead_pubsub_link_it_found_idle() {
+    let ns = test_namespace!();
+    let proxy = Proxy::start(shared_redis().port());
+    let ttl = Duration::from_secs(10);
+    let handoff = Duration::from_secs(2);
+    let c = client(&via(&proxy), &ns, ttl, handoff, true).await;
+    let h = client(&shared_redis().url(), &ns, ttl, handoff, true).await;
+    // Once waited on, so the proxy knows the hub's connection as a subscriber's.
+    let warm = h.mutex("warm").lock().await.unwrap();
+    let warming = tokio::spawn(c.mutex("warm").lock());
+    until_queued(&shared_redis().url(), &ns, "warm", 1).await;
+    warm.release().await.unwrap();
+    timeout(Duration::from_secs(5), warming)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Nobody waits any more (and the channel's linger is over): the link is idle.
+    sleep(Duration::from_millis(2500)).await;
+    proxy.blackhole_only(Which::Subscribers);
+
+    let held = h.mutex("k").lock().await.unwrap();
+    let started = Instant::now();
+    let wait = tokio::spawn(c.mutex("k").lock_timeout(Duration::from_secs(10)));
+    sleep(Duration::from_secs(4)).await;
+    held.release().await.unwrap();
+    let got = timeout(Duration::from_secs(12), wait)
+        .await
+        .expect("the wait outlived its own timeout")
+        .unwrap();
+    let waited = started.elapsed();
+    let guard = got.unwrap_or_else(|e| panic!("gave up after {waited:?} with time left: {e}"));
+    assert!(
+        waited < Duration::from_secs(7),
+        "granted {waited:?} after asking, the lock was free at 4 s"
+    );
+    drop(guard);
+    c.shutdown().await;
+    h.shutdown().await;
+}

@@ -60,8 +60,20 @@ impl RedisBackend {
                 if matches!(first, Attempt::Granted(_)) {
                     return Ok(first);
                 }
-                let sub = self.inner.hub.subscribe(&keys.channel, &keys.owner).await?;
-                ticket.set_sub(Some(sub));
+                match self.inner.hub.subscribe(&keys.channel, &keys.owner).await {
+                    Ok(sub) => ticket.set_sub(Some(sub)),
+                    // The server answered and the lock is busy, but the pub/sub link is down
+                    // (a reconnect under way): the claim waits like a queued one through an
+                    // outage, trying again after a growing pause, until its own deadline.
+                    Err(e) if e.is_transient() => {
+                        let pause = ticket.sub_failed();
+                        tracing::debug!(error = %e, ?pause, "redis subscribe failed; trying again");
+                        return Ok(Attempt::Queued {
+                            recheck_at: Some(Instant::now() + pause),
+                        });
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         let attempt = self.run_acquire(claim, ticket, keys, wait).await?;

@@ -283,9 +283,9 @@ impl Hub {
         };
         if !subscribed {
             let mut sink = self.sink().await?;
-            sink.subscribe(&channel).await.map_err(|e| {
-                Error::new(ErrorKind::Backend, "redis subscribe failed").with_source(e)
-            })?;
+            sink.subscribe(&channel)
+                .await
+                .map_err(|e| super::commands::redis_error("subscribe", e))?;
             let mut channels = self.inner.channels.locked();
             if let Some(ch) = channels.get_mut(&channel) {
                 ch.subscribed = true;
@@ -309,6 +309,7 @@ fn unreachable_err() -> Error {
         ErrorKind::Backend,
         "redis pub/sub connection is not available",
     )
+    .transient()
 }
 
 /// Tells every mailbox to re-check: messages may have been missed.

@@ -1,6 +1,7 @@
 //! What the backend keeps about one claim between calls.
 
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
+use std::time::Duration;
 
 use super::notify::Subscription;
 use super::Keys;
@@ -16,6 +17,9 @@ pub struct RedisTicket {
     keys: OnceLock<Keys>,
     sub: StdMutex<Option<Subscription>>,
     pub(super) clock: ServerClock,
+    /// The pause before the next try after a subscription failed on a claim that found the
+    /// lock busy (doubling while it keeps failing; reset once subscribed).
+    sub_pause: StdMutex<Option<Duration>>,
 }
 
 impl std::fmt::Debug for RedisTicket {
@@ -34,7 +38,20 @@ impl RedisTicket {
         self.sub.locked().is_some()
     }
 
+    /// The next pause after a failed subscription: 50 ms, doubling up to 2 s.
+    pub(super) fn sub_failed(&self) -> Duration {
+        let mut pause = self.sub_pause.locked();
+        let next = pause.map_or(Duration::from_millis(50), |p| {
+            (p * 2).min(Duration::from_secs(2))
+        });
+        *pause = Some(next);
+        next
+    }
+
     pub(super) fn set_sub(&self, sub: Option<Subscription>) {
+        if sub.is_some() {
+            *self.sub_pause.locked() = None;
+        }
         // Dropped outside the lock: dropping unregisters from the hub.
         let old = std::mem::replace(&mut *self.sub.locked(), sub);
         drop(old);
