@@ -303,3 +303,39 @@ async fn a_lease_create_whose_reply_is_lost_leaves_no_orphan() {
     }
     support::zk::assert_no_znodes(&zk, &ns).await;
 }
+
+/// Issue 27, item 5: a waiter whose node is in the queue when the server goes down for longer
+/// than its session (its first acquire call still under way) rides the outage out: once the
+/// server is back it queues again in a new session and is granted within its own deadline,
+/// instead of returning "not connected".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_wait_rides_out_an_outage_past_its_session() {
+    let ns = test_namespace!();
+    let mut server = ZkServer::start();
+    let connect = server.connect_string();
+    let session = Duration::from_secs(4);
+    let holder = client(&connect, &ns, session).await;
+    let waiter = client(&connect, &ns, session).await;
+    let zk = raw(&connect).await;
+    let held = holder.mutex("k").lock().await.unwrap();
+    let wait = tokio::spawn(waiter.mutex("k").lock_timeout(Duration::from_secs(40)));
+    until_contenders(&zk, &format!("/{ns}/k"), 2).await;
+    drop(zk);
+    // At once: the waiter may still be listing and watching when the server goes.
+    let restart = tokio::task::spawn_blocking(move || {
+        server.restart_after(|| std::thread::sleep(Duration::from_millis(6700)));
+        (server, Instant::now())
+    });
+    let (_server, back) = restart.await.unwrap();
+    drop(held);
+    let guard = timeout(Duration::from_secs(40), wait)
+        .await
+        .expect("the wait outlived its own timeout")
+        .unwrap()
+        .unwrap_or_else(|e| panic!("a queued wait gave up with time left: {e}"));
+    println!("granted {:?} after the server returned", back.elapsed());
+    assert!(back.elapsed() < session * 3);
+    drop(guard);
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}

@@ -18,6 +18,7 @@ pub(crate) type AnyTicket = Box<dyn Any + Send + Sync>;
 pub(crate) trait DynBackend: Send + Sync + 'static {
     fn new_ticket(&self) -> AnyTicket;
     fn renews_waiters(&self) -> bool;
+    fn has_queued(&self, ticket: &AnyTicket) -> bool;
     fn supports(&self, kind: LockKind) -> bool;
     fn validate_key(&self, key: &str) -> Result<()>;
     fn acquire<'a>(
@@ -67,6 +68,10 @@ impl<B: Backend> DynBackend for B {
 
     fn renews_waiters(&self) -> bool {
         B::RENEWS_WAITERS
+    }
+
+    fn has_queued(&self, ticket: &AnyTicket) -> bool {
+        typed(ticket).is_ok_and(|t| Backend::has_queued(self, t))
     }
 
     fn supports(&self, kind: LockKind) -> bool {

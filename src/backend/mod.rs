@@ -382,6 +382,16 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether the claim has reached the server's queue (a queue entry, a node whose create
+    /// may have succeeded), in this call or an earlier one. A claim that has is past its first
+    /// contact: the layer above treats a transient error of its first [`acquire`](Self::acquire)
+    /// like one of a later call and rides the outage out until the claim's own deadline. The
+    /// default, `false`, makes a first call that finds no server fail at once.
+    fn has_queued(&self, ticket: &Self::Ticket) -> bool {
+        let _ = ticket;
+        false
+    }
+
     /// Takes the lock, or (with `wait`) joins or keeps the claim's place in the FIFO queue.
     /// Called again after every wake-up, so it must be idempotent and must report a grant that
     /// a releasing holder handed to this claim.

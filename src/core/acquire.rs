@@ -153,8 +153,20 @@ pub(crate) async fn acquire(
         client.spawn_release(&handle, lease);
     });
 
-    let mut attempt = backend.acquire(&lease.claim, &lease.ticket, wait).await?;
     let mut outage = Duration::ZERO;
+    let mut attempt = match backend.acquire(&lease.claim, &lease.ticket, wait).await {
+        Ok(attempt) => attempt,
+        // Only a first contact that finds no server fails at once; a claim that reached the
+        // queue before the outage cut its first call short rides it out like a queued one.
+        Err(e) if wait && e.is_transient() && backend.has_queued(&lease.ticket) => {
+            outage = MIN_OUTAGE_PAUSE;
+            tracing::warn!(key = lease.claim.key(), error = %e, pause = ?outage, "lock wait: backend unavailable, retrying");
+            Attempt::Queued {
+                recheck_at: Some(tokio::time::Instant::now() + outage),
+            }
+        }
+        Err(e) => return Err(e),
+    };
     let grant = loop {
         match attempt {
             Attempt::Granted(grant) => break grant,

@@ -298,6 +298,10 @@ impl Backend for ZkBackend {
         self.inner.inspect(namespace, key).await
     }
 
+    fn has_queued(&self, ticket: &ZkTicket) -> bool {
+        ticket.has_queued()
+    }
+
     async fn acquire(&self, claim: &Claim, ticket: &ZkTicket, wait: bool) -> Result<Attempt> {
         self.inner.acquire(claim, ticket, wait).await
     }

@@ -103,6 +103,15 @@ impl std::fmt::Debug for ZkTicket {
 }
 
 impl ZkTicket {
+    /// Whether the claim has a node in a queue, or a create whose outcome is unknown.
+    pub(super) fn has_queued(&self) -> bool {
+        let t = self.lock();
+        t.node.is_some()
+            || t.unsure.is_some()
+            || !t.leases.nodes.is_empty()
+            || t.leases.unsure.is_some()
+    }
+
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, TicketState> {
         self.state.locked()
     }
