@@ -26,6 +26,9 @@ impl RedisBackend {
         wait: bool,
     ) -> Result<Attempt> {
         let attempt = self.acquire_here(claim, ticket, wait).await?;
+        if matches!(attempt, Attempt::Granted(_)) {
+            ticket.set_holding(Some(self.inner.hub.holding()));
+        }
         match (&attempt, self.inner.replicas_ack) {
             (Attempt::Granted(_), Some(ack)) => {
                 self.acknowledged(claim, ticket, ack).await?;
@@ -144,11 +147,16 @@ impl RedisBackend {
         .await?;
         // A handoff must be acknowledged like any grant: `acquire` confirms it (a write of
         // ours, replicated after the handoff) and waits for the replicas.
-        Ok(heard.filter(|_| self.inner.replicas_ack.is_none()))
+        let heard = heard.filter(|_| self.inner.replicas_ack.is_none());
+        if heard.is_some() {
+            ticket.set_holding(Some(self.inner.hub.holding()));
+        }
+        Ok(heard)
     }
 
     pub(super) async fn release_claim(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
         ticket.set_sub(None);
+        ticket.set_holding(None);
         let keys = ticket.keys(claim, &self.inner.client_id);
         let shared = Shared::of(claim.kind());
         let script = if shared.is_some() {

@@ -19,6 +19,7 @@
 //! when the channel's slot moves to another shard.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -36,6 +37,9 @@ use crate::sync::LockExt;
 /// How long a subscriber waits for the pub/sub connection before giving up.
 const CONNECT_WAIT: Duration = Duration::from_secs(5);
 const RECONNECT_MIN: Duration = Duration::from_millis(20);
+/// The longest pause between reconnects while nobody holds or waits. While anyone does, the
+/// hub tries every [`RECONNECT_MIN`]: the pub/sub connection is the first to see a server come
+/// back (perhaps without its data), and a holder must hear of it at once, whatever the outage.
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
@@ -189,6 +193,21 @@ struct HubInner {
     /// Moves on every reconnect after the first connect. The pub/sub connection is always
     /// open, so it is the first to see a server go and come back.
     reconnects: watch::Sender<u64>,
+    /// How many claims of this backend hold a lock now (see [`Holding`]).
+    holding: AtomicUsize,
+}
+
+/// Counts one held claim while it lives (the hub reconnects without delay while any does).
+pub(crate) struct Holding {
+    hub: Weak<HubInner>,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if let Some(hub) = self.hub.upgrade() {
+            hub.holding.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Handle to the hub; the task ends when the last handle is dropped.
@@ -236,9 +255,18 @@ impl Hub {
             sink: watch::Sender::new(None),
             cmd: cmd_tx,
             reconnects: watch::Sender::new(0),
+            holding: AtomicUsize::new(0),
         });
         tokio::spawn(run(source, Arc::downgrade(&inner), cmd_rx));
         Self { inner }
+    }
+
+    /// Counts a held claim until the returned mark is dropped.
+    pub(crate) fn holding(&self) -> Holding {
+        self.inner.holding.fetch_add(1, Ordering::Relaxed);
+        Holding {
+            hub: Arc::downgrade(&self.inner),
+        }
     }
 
     /// A counter that moves every time the hub's connection comes back after a drop.
@@ -320,6 +348,17 @@ fn recheck_all(inner: &HubInner) {
     }
 }
 
+/// The pause before the next connection attempt: `backoff` while nobody holds or waits,
+/// otherwise the shortest.
+fn pause(hub: &Weak<HubInner>, backoff: Duration) -> Duration {
+    match hub.upgrade() {
+        Some(inner) if inner.holding.load(Ordering::Relaxed) > 0 || anyone_waits(&inner) => {
+            RECONNECT_MIN
+        }
+        _ => backoff,
+    }
+}
+
 /// Whether any waiter has a mailbox (only then is the connection worth checking).
 fn anyone_waits(inner: &HubInner) -> bool {
     inner
@@ -334,7 +373,12 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
     let mut first = true;
     loop {
         let connected = tokio::select! {
-            r = connect(&source) => r,
+            r = tokio::time::timeout(CONNECT_WAIT, connect(&source)) => r.unwrap_or_else(|_| {
+                Err(::redis::RedisError::from((
+                    ::redis::ErrorKind::Io,
+                    "pub/sub connect timed out",
+                )))
+            }),
             c = cmd.recv() => {
                 if c.is_none() { return; }
                 continue;
@@ -344,7 +388,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
             Ok(c) => c,
             Err(err) => {
                 tracing::debug!(error = %err, "redis pub/sub connect failed; retrying");
-                tokio::time::sleep(backoff).await;
+                tokio::time::sleep(pause(&hub, backoff)).await;
                 backoff = (backoff * 2).min(RECONNECT_MAX);
                 if hub.strong_count() == 0 {
                     return;
@@ -372,7 +416,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
             // a connection per round trip.
             drop(inner);
             tracing::debug!("redis pub/sub subscribe failed after connecting; retrying");
-            tokio::time::sleep(backoff).await;
+            tokio::time::sleep(pause(&hub, backoff)).await;
             backoff = (backoff * 2).min(RECONNECT_MAX);
             continue;
         }

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::Duration;
 
-use super::notify::Subscription;
+use super::notify::{Holding, Subscription};
 use super::Keys;
 use crate::backend::handoff::{Mailbox, ServerClock};
 use crate::backend::Claim;
@@ -20,6 +20,8 @@ pub struct RedisTicket {
     /// The pause before the next try after a subscription failed on a claim that found the
     /// lock busy (doubling while it keeps failing; reset once subscribed).
     sub_pause: StdMutex<Option<Duration>>,
+    /// Set while the claim holds the lock.
+    holding: StdMutex<Option<Holding>>,
 }
 
 impl std::fmt::Debug for RedisTicket {
@@ -36,6 +38,12 @@ impl RedisTicket {
 
     pub(super) fn subscribed(&self) -> bool {
         self.sub.locked().is_some()
+    }
+
+    /// Marks the claim as holding (`Some`) or not (`None`).
+    pub(super) fn set_holding(&self, mark: Option<Holding>) {
+        let old = std::mem::replace(&mut *self.holding.locked(), mark);
+        drop(old);
     }
 
     /// The next pause after a failed subscription: 50 ms, doubling up to 2 s.
