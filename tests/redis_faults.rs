@@ -468,3 +468,26 @@ async fn after_a_restart_the_old_holder_is_told_whatever_the_outage() {
         );
     }
 }
+
+/// Issue 27, item 2: two dead waiters in a row cost about two handoff leases, not a TTL (the
+/// hint that a provisional lease ends reached only the next waiter, dead too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_dead_waiters_in_a_row_cost_two_handoff_leases() {
+    faults::dead_waiters_in_a_row_cost_a_handoff_lease_each(
+        &support::redis::service(),
+        &test_namespace!(),
+        2,
+    )
+    .await;
+}
+
+/// The same with three in a row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_dead_waiters_in_a_row_cost_three_handoff_leases() {
+    faults::dead_waiters_in_a_row_cost_a_handoff_lease_each(
+        &support::redis::service(),
+        &test_namespace!(),
+        3,
+    )
+    .await;
+}

@@ -362,3 +362,46 @@ pub async fn dead_holder_state_does_not_outlive_its_lease(svc: &Service, ns: &st
     drop(held);
     fresh.shutdown().await;
 }
+
+/// `dead` waiters queued in a row behind a holder die (their connections cut), a live one
+/// waits behind them; the holder releases. Each dead waiter may cost one provisional handoff
+/// lease, no more: the live one is granted within `dead` handoff leases and some slack, never
+/// at a TTL.
+pub async fn dead_waiters_in_a_row_cost_a_handoff_lease_each(svc: &Service, ns: &str, dead: usize) {
+    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
+    let h = svc.client(svc.url(), ns, ttl, handoff).await;
+    let next = svc.client(svc.url(), ns, ttl, handoff).await;
+    let held = h.mutex("k").lock().await.unwrap();
+    let mut doomed = Vec::new();
+    for i in 0..dead {
+        let proxy = Proxy::start(svc.port);
+        let c = svc.client(svc.via(&proxy), ns, ttl, handoff).await;
+        doomed.push((proxy, tokio::spawn(c.mutex("k").lock()), c));
+        svc.until_queued(ns, "k", i + 1).await;
+    }
+    let waiter = tokio::spawn(next.mutex("k").lock());
+    svc.until_queued(ns, "k", dead + 1).await;
+    for (proxy, ..) in &doomed {
+        proxy.cut();
+    }
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = timeout(ttl, waiter)
+        .await
+        .expect("the live waiter waited for a dead waiter's TTL")
+        .unwrap()
+        .unwrap();
+    let waited = released.elapsed();
+    println!("{dead} dead waiters in a row: the live one granted {waited:?} after the release");
+    let bound = handoff * u32::try_from(dead).unwrap_or(u32::MAX) + Duration::from_millis(700);
+    assert!(
+        waited < bound,
+        "{dead} dead waiters in a row held the lock {waited:?} (bound {bound:?})"
+    );
+    for (_, task, _) in &doomed {
+        task.abort();
+    }
+    drop(guard);
+    h.shutdown().await;
+    next.shutdown().await;
+}

@@ -23,6 +23,7 @@
 -- file included later can replace them.
 local Q = {
   first = function(queue) return redis.call('LINDEX', queue, 0) end,
+  head = function(queue, n) return redis.call('LRANGE', queue, 0, n - 1) end,
   last = function(queue) return redis.call('LINDEX', queue, -1) end,
   pop = function(queue) redis.call('LPOP', queue) end,
   remove = function(queue, entry) redis.call('LREM', queue, 1, entry) end,
@@ -193,13 +194,17 @@ local function announce(prefix, owner, f, px)
     owner .. ' ' .. int(f) .. ' ' .. int(clock()) .. ' ' .. px)
 end
 
--- Tells the waiter now first in line when the provisional leases just handed out end
--- ("<owner> <server ms> <px>"): if their owners died before confirming them, it takes over then
--- instead of at the old holders' deadlines.
+-- How many waiters at the head of the queue hear when a provisional lease ends.
+local HINTED = 3
+
+-- Tells the first `HINTED` waiters in line when the provisional leases just handed out end
+-- ("<owner> <server ms> <px>"): if their owners died before confirming them, a live one of
+-- these re-checks then instead of at the old holders' deadlines, hands the lock to the next
+-- in line and, told that one's provisional lease, re-checks again when it ends. So dead
+-- waiters in a row (up to `HINTED` + 1 of them) cost one provisional lease each, not a TTL.
 local function hint_next(prefix, queue, px)
-  local next_in_line = Q.first(queue)
-  if next_in_line then
-    local _, owner = parse_entry(next_in_line)
+  for _, entry in ipairs(Q.head(queue, HINTED)) do
+    local _, owner = parse_entry(entry)
     Q.publish(channel_of(prefix, owner), owner .. ' ' .. int(clock()) .. ' ' .. px)
   end
 end

@@ -10,6 +10,7 @@
 --                  expiry, so it is gone only if the node lost its data)
 
 Q.first = function(queue) return redis.call('ZRANGE', queue, 0, 0)[1] end
+Q.head = function(queue, n) return redis.call('ZRANGE', queue, 0, n - 1) end
 Q.last = function(queue) return redis.call('ZRANGE', queue, -1, -1)[1] end
 Q.pop = function(queue) redis.call('ZPOPMIN', queue) end
 Q.remove = function(queue, entry) redis.call('ZREM', queue, entry) end
