@@ -7,7 +7,13 @@
 //! cargo run --release --all-features --example chaos -- --backend postgres --secs 600
 //! cargo run --release --all-features --example chaos -- --backend redlock --secs 600
 //! cargo run --release --all-features --example chaos -- --backend memory --secs 600
+//! cargo run --release --all-features --example chaos -- --backend redis --primitive write
+//! cargo run --release --all-features --example chaos -- --backend redis --primitive permit
 //! ```
+//!
+//! `--primitive` picks what the holders take, each in its exclusive form, so one checker judges
+//! them all: `mutex` (the default), `write` (a read-write lock's write side) or `permit` (a
+//! one-permit semaphore). Process backends only; memory runs the mutex.
 //!
 //! Redis, ZooKeeper and PostgreSQL: real servers on loopback (tests/support), each holder a separate process
 //! (this example re-run with `--holder`) reaching the lock server through its own fault proxy.
@@ -15,7 +21,7 @@
 //! token is at least the highest it has seen. Each holder loops: lock, check `is_lost()`,
 //! write with its token, hold a moment, release. Faults, one at a time, each kind in turn in
 //! random order: SIGSTOP a holder past its lease (then SIGCONT); SIGKILL a holder (and start a
-//! new one); restart the lock server (Redis without its data, ZooKeeper and PostgreSQL on their
+//! new one); SIGKILL two in a row (at least one of them a queued waiter); restart the lock server (Redis without its data, ZooKeeper and PostgreSQL on their
 //! data, PostgreSQL after a crash); blackhole
 //! a holder's connection past its lease; reset a holder's connection; on ZooKeeper, blackhole
 //! past the session timeout (the session expires). Redlock: five `redis-server` nodes, each
@@ -69,6 +75,9 @@ fn wall_ns() -> u128 {
 
 struct Args {
     backend: String,
+    /// Which primitive the holders take, each in its exclusive form: `mutex`, `write` (a
+    /// read-write lock's write side) or `permit` (a one-permit semaphore).
+    primitive: String,
     secs: u64,
     seed: u64,
     holder: Option<HolderArgs>,
@@ -84,6 +93,7 @@ struct HolderArgs {
 fn parse_args() -> Args {
     let mut args = Args {
         backend: "redis".into(),
+        primitive: "mutex".into(),
         secs: 60,
         seed: wall_ns() as u64,
         holder: None,
@@ -94,6 +104,7 @@ fn parse_args() -> Args {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--backend" => args.backend = value(),
+            "--primitive" => args.primitive = value(),
             "--secs" => args.secs = value().parse().expect("--secs N"),
             "--seed" => args.seed = value().parse().expect("--seed N"),
             "--holder" => {
@@ -168,7 +179,53 @@ fn parse_report(holder: usize, line: &str) -> Option<Report> {
 // ---------------------------------------------------------------------------------------------
 // The holder process (Redis, ZooKeeper).
 
-fn holder_main(args: HolderArgs, backend: &str) {
+/// A held lock of any primitive, as the holder loop uses it.
+enum Held {
+    Mutex(distlock::MutexGuard),
+    Write(distlock::RwLockWriteGuard),
+    Permit(distlock::SemaphorePermit),
+}
+
+impl Held {
+    fn is_lost(&self) -> bool {
+        match self {
+            Self::Mutex(g) => g.is_lost(),
+            Self::Write(g) => g.is_lost(),
+            Self::Permit(g) => g.is_lost(),
+        }
+    }
+
+    fn fencing_token(&self) -> u64 {
+        match self {
+            Self::Mutex(g) => g.fencing_token(),
+            Self::Write(g) => g.fencing_token(),
+            Self::Permit(g) => g.fencing_token(),
+        }
+    }
+}
+
+/// Takes `primitive` on key `chaos`, waiting at most `patience`.
+async fn take(client: &LockClient, primitive: &str, patience: Duration) -> distlock::Result<Held> {
+    match primitive {
+        "write" => client
+            .rw_lock("chaos")
+            .write_timeout(patience)
+            .await
+            .map(Held::Write),
+        "permit" => client
+            .semaphore("chaos", 1)
+            .acquire_timeout(patience)
+            .await
+            .map(Held::Permit),
+        _ => client
+            .mutex("chaos")
+            .lock_timeout(patience)
+            .await
+            .map(Held::Mutex),
+    }
+}
+
+fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -220,11 +277,10 @@ fn holder_main(args: HolderArgs, backend: &str) {
             while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {}
             let _ = stop_tx.send(true);
         });
-        let mutex = client.mutex("chaos");
         let mut out = std::io::stdout();
         while !*stop.borrow() {
             let got = tokio::select! {
-                g = mutex.lock_timeout(Duration::from_secs(10)) => g,
+                g = take(&client, primitive, Duration::from_secs(10)) => g,
                 _ = stop.changed() => break,
             };
             let Ok(guard) = got else {
@@ -292,6 +348,7 @@ struct Holder {
 
 struct Fleet {
     backend: String,
+    primitive: String,
     exe: std::path::PathBuf,
     resource_url: String,
     ns: String,
@@ -321,6 +378,7 @@ impl Fleet {
     fn spawn(&mut self, i: usize) {
         let mut child = Command::new(&self.exe)
             .args(["--backend", &self.backend, "--holder", &i.to_string()])
+            .args(["--primitive", &self.primitive])
             .args(["--lock-url", &self.lock_url(i)])
             .args(["--resource-url", &self.resource_url, "--ns", &self.ns])
             .stdin(Stdio::piped())
@@ -441,6 +499,7 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     let ns = format!("chaos{}", std::process::id());
     let mut fleet = Fleet {
         backend: args.backend.clone(),
+        primitive: args.primitive.clone(),
         exe: std::env::current_exe().expect("own path"),
         resource_url: resource.url(),
         ns: ns.clone(),
@@ -461,7 +520,8 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         fleet.spawn(i);
     }
     let mut counts = Counts::default();
-    let mut kinds: Vec<&'static str> = vec!["stop", "kill", "restart", "blackhole", "reset"];
+    let mut kinds: Vec<&'static str> =
+        vec!["stop", "kill", "kill2", "restart", "blackhole", "reset"];
     if args.backend == "zookeeper" {
         kinds.push("expire");
     }
@@ -485,6 +545,15 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         "kill" => {
             fleet.kill(i);
             fleet.spawn(i);
+        }
+        "kill2" => {
+            // Two in a row: with one holder at a time, at least one was a queued waiter, and
+            // often both (two dead waiters in a row).
+            let j = (i + 1) % HOLDERS;
+            fleet.kill(i);
+            fleet.kill(j);
+            fleet.spawn(i);
+            fleet.spawn(j);
         }
         "restart" => server.restart(),
         "blackhole" => {
@@ -850,7 +919,7 @@ fn run_memory(args: &Args) -> (Counts, Vec<String>) {
 fn main() {
     let args = parse_args();
     if let Some(holder) = args.holder {
-        holder_main(holder, &args.backend);
+        holder_main(holder, &args.backend, &args.primitive);
         return;
     }
     let started = Instant::now();
@@ -867,10 +936,11 @@ fn main() {
         .collect();
     faults.sort();
     println!(
-        "chaos backend={} secs={} seed={} grants={} writes_accepted={} skipped_lost={} \
+        "chaos backend={} primitive={} secs={} seed={} grants={} writes_accepted={} skipped_lost={} \
          stale_while_believed={} stopped_between_check_and_write={} token_regressions={} \
          faults[{}] violations={}",
         args.backend,
+        args.primitive,
         started.elapsed().as_secs(),
         args.seed,
         counts.grants,

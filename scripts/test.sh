@@ -35,3 +35,15 @@ for backend in memory redis redlock zookeeper postgres; do
   echo "== chaos --backend $backend"
   cargo run --locked --all-features --example chaos -- --backend "$backend" --secs "${DISTLOCK_CHAOS_SECS:-45}"
 done
+# The other primitives, a bounded slice per run: a read-write lock's write side and a
+# one-permit semaphore, each on a backend the run's seed picks (the full matrix by hand, with
+# --backend and --primitive).
+seed="${DISTLOCK_CHAOS_SEED:-$(date +%s)}"
+backends=(redis redlock zookeeper postgres)
+for primitive in write permit; do
+  backend="${backends[$(( seed % 4 ))]}"
+  seed=$(( seed / 4 + 1 ))
+  echo "== chaos --backend $backend --primitive $primitive"
+  cargo run --locked --all-features --example chaos -- --backend "$backend" --primitive "$primitive" \
+    --secs "${DISTLOCK_CHAOS_SECS:-45}"
+done

@@ -348,8 +348,8 @@ fn recheck_all(inner: &HubInner) {
     }
 }
 
-/// The pause before the next connection attempt: `backoff` while nobody holds or waits,
-/// otherwise the shortest.
+/// The pause before the next attempt to reach a server that was out of reach: `backoff` while
+/// nobody holds or waits, otherwise the shortest.
 fn pause(hub: &Weak<HubInner>, backoff: Duration) -> Duration {
     match hub.upgrade() {
         Some(inner) if inner.holding.load(Ordering::Relaxed) > 0 || anyone_waits(&inner) => {
@@ -388,7 +388,14 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
             Ok(c) => c,
             Err(err) => {
                 tracing::debug!(error = %err, "redis pub/sub connect failed; retrying");
-                tokio::time::sleep(pause(&hub, backoff)).await;
+                // Only a server out of reach is tried again at once; one that answers and
+                // refuses (credentials, TLS) waits the back-off.
+                let wait = if super::commands::unreachable(&err) {
+                    pause(&hub, backoff)
+                } else {
+                    backoff
+                };
+                tokio::time::sleep(wait).await;
                 backoff = (backoff * 2).min(RECONNECT_MAX);
                 if hub.strong_count() == 0 {
                     return;
@@ -416,7 +423,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
             // a connection per round trip.
             drop(inner);
             tracing::debug!("redis pub/sub subscribe failed after connecting; retrying");
-            tokio::time::sleep(pause(&hub, backoff)).await;
+            tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(RECONNECT_MAX);
             continue;
         }
