@@ -108,3 +108,93 @@ async fn a_busy_key_whose_slot_migrates_keeps_serving() {
     assert_eq!(cluster.primary_for("busy", 0), moved);
     cluster.until_clean(&ns);
 }
+
+/// Issue 31, item 2: the primary serving a busy key is SIGKILLed and stays down; its replica
+/// takes over. The holder keeps its lock and releases it; the waiters queued before the kill
+/// must hear their grants from the new primary (their shard-channel subscriptions move there),
+/// not wait for their own re-checks, which come a lease later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_hear_their_grants_after_a_primary_dies_for_good() {
+    let ns = test_namespace!();
+    let cluster = Arc::new(StdMutex::new(RedisCluster::start()));
+    let (url, primary, replica) = {
+        let c = cluster.lock().unwrap();
+        let primary = c.primary_for("k", 0);
+        (c.url(), primary, c.replica_of(primary))
+    };
+    let queue_node = cluster.lock().unwrap().nodes[primary].url();
+    let ttl = Duration::from_secs(12);
+    let holder = client_with(&cluster.lock().unwrap(), &ns, ttl).await;
+    let held = holder.mutex("k").lock().await.unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let c = client_for(&url, &ns, ttl).await;
+        waiters.push(tokio::spawn(async move {
+            let guard = c.mutex("k").lock().await.unwrap();
+            let at = tokio::time::Instant::now();
+            let token = guard.fencing_token();
+            guard.release().await.unwrap();
+            c.shutdown().await;
+            (at, token)
+        }));
+        let mut conn = redis::Client::open(queue_node.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        timeout(Duration::from_secs(10), async {
+            loop {
+                let n: usize = redis::cmd("LLEN")
+                    .arg(format!("{ns}:{{k}}:q"))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                if n == i + 1 {
+                    break;
+                }
+                sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a waiter never queued");
+    }
+    {
+        let cluster = cluster.clone();
+        tokio::task::spawn_blocking(move || {
+            cluster
+                .lock()
+                .unwrap()
+                .kill_primary_for_good(primary, replica)
+        })
+        .await
+        .unwrap();
+    }
+    let promoted = tokio::time::Instant::now();
+    // Long enough for the waiters' re-checks after the drop to be over (they queued again on
+    // the new primary, told to re-check at the holder's deadline), and for a renewal of the
+    // holder on the new primary.
+    sleep(Duration::from_secs(3)).await;
+    assert!(!held.is_lost(), "the holder lost its lock in the takeover");
+    let first = held.fencing_token();
+    let released = tokio::time::Instant::now();
+    held.release().await.unwrap();
+    let mut last = first;
+    for w in waiters {
+        let (at, token) = timeout(ttl, w)
+            .await
+            .expect("a waiter was never granted")
+            .unwrap();
+        let after = at.saturating_duration_since(released);
+        println!(
+            "granted {after:?} after the release ({:?} after the promotion)",
+            at.saturating_duration_since(promoted)
+        );
+        assert!(token > last, "tokens went backwards: {token} after {last}");
+        last = token;
+        assert!(
+            after < Duration::from_secs(1),
+            "a waiter was granted {after:?} after the release: it never heard its grant"
+        );
+    }
+    holder.shutdown().await;
+}

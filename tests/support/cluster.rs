@@ -255,6 +255,28 @@ impl RedisCluster {
         self.until_settled(Duration::from_secs(60));
     }
 
+    /// SIGKILLs the primary at index `primary` and leaves it down; returns once its replica at
+    /// index `replica` has taken over.
+    pub fn kill_primary_for_good(&mut self, primary: usize, replica: usize) {
+        let port = self.nodes[replica].port();
+        self.nodes[primary].kill();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text: String = query(port, redis::cmd("CLUSTER").arg("NODES")).unwrap_or_default();
+            if text
+                .lines()
+                .any(|l| l.contains("myself") && l.contains("master"))
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica never took over:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Moves `key`'s slot from the primary serving it to another primary (the `redis-cli
     /// --cluster reshard` steps: IMPORTING, MIGRATING, MIGRATE of every key, then NODE).
     /// Returns the index of the new owner.

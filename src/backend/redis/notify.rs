@@ -45,6 +45,9 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 const LINGER: Duration = Duration::from_secs(2);
 /// How often the connection is checked while anyone waits on it.
 const PING_EVERY: Duration = Duration::from_secs(1);
+/// The least time between two replacements of a cluster pub/sub connection after one of its
+/// node connections dropped.
+const REBUILD_EVERY: Duration = Duration::from_secs(1);
 /// How long a PING may go unanswered before the connection is taken as dead.
 const PING_DEADLINE: Duration = Duration::from_secs(1);
 
@@ -410,20 +413,26 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
             channels.values_mut().for_each(|c| c.subscribed = false);
             channels.keys().cloned().collect()
         };
-        let mut ok = true;
+        let mut refused = None;
         for ch in &wanted {
-            if sink.subscribe(ch).await.is_err() {
-                ok = false;
+            if let Err(e) = sink.subscribe(ch).await {
+                refused = Some(e);
                 break;
             }
         }
-        if !ok {
-            // Refused (a user who lost the channel permission, a server going away): the
-            // next connection waits its turn like a failed connect, or this loop would open
-            // a connection per round trip.
+        if let Some(err) = refused {
+            // Refused (a user who lost the channel permission): the next connection waits
+            // its turn like a failed connect, or this loop would open a connection per round
+            // trip. A shard out of reach (a Cluster primary gone, its replica not promoted
+            // yet) is tried again at once while anyone holds or waits.
             drop(inner);
-            tracing::debug!("redis pub/sub subscribe failed after connecting; retrying");
-            tokio::time::sleep(backoff).await;
+            tracing::debug!(error = %err, "redis pub/sub subscribe failed after connecting; retrying");
+            let wait = if super::commands::unreachable(&err) {
+                pause(&hub, backoff)
+            } else {
+                backoff
+            };
+            tokio::time::sleep(wait).await;
             backoff = (backoff * 2).min(RECONNECT_MAX);
             continue;
         }
@@ -449,6 +458,9 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
 
         // Channels to look at once their linger time is up, in order.
         let mut idle: VecDeque<(tokio::time::Instant, Arc<str>)> = VecDeque::new();
+        // When to replace a cluster connection one of whose node connections dropped.
+        let connected_at = tokio::time::Instant::now();
+        let mut rebuild_at: Option<tokio::time::Instant> = None;
         let mut ping_at = tokio::time::Instant::now() + PING_EVERY;
         let mut ping: Option<futures::future::BoxFuture<'static, bool>> = None;
         loop {
@@ -467,6 +479,10 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                         tracing::warn!("redis pub/sub connection did not answer PING; reconnecting");
                         break;
                     }
+                }
+                () = tokio::time::sleep_until(rebuild_at.unwrap_or_else(tokio::time::Instant::now)), if rebuild_at.is_some() => {
+                    tracing::debug!("replacing the redis cluster pub/sub connection after a node dropped");
+                    break;
                 }
                 () = tokio::time::sleep_until(next_idle.unwrap_or_else(tokio::time::Instant::now)), if next_idle.is_some() => {
                     let Some((_, channel)) = idle.pop_front() else { continue };
@@ -509,6 +525,13 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                             tracing::debug!("a redis cluster pub/sub connection dropped; waiters re-check");
                             recheck_all(&inner);
                             inner.reconnects.send_modify(|n| *n += 1);
+                            // The cluster connection reconnects a dropped node at the same
+                            // address, and moves its subscriptions only then or on a slot
+                            // refresh: a primary killed for good would keep them, unheard,
+                            // after its replica took over. So the whole connection is replaced
+                            // (a fresh slot map, every channel subscribed again where it is
+                            // served now), at most once a second.
+                            rebuild_at.get_or_insert((connected_at + REBUILD_EVERY).max(tokio::time::Instant::now()));
                         }
                         Event::Unsubscribed(channel) => {
                             // Ours to end only once nobody uses it (then it left the map first).
