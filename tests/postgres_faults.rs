@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::contract::{partition_then_handover, spawn_timed, spawn_timed_lock};
+use support::counting::{count, Counting};
 use support::faults::{self, grant_elsewhere, stays_lost};
 use support::pg::{client, until_queued};
 use support::proxy::{Proxy, Which};
@@ -187,4 +188,62 @@ async fn an_outage_longer_than_the_lease_loses_the_lock_before_anyone_gets_it() 
     guard.release().await.unwrap();
     holder.shutdown().await;
     waiter.shutdown().await;
+}
+
+/// Issue 27, item 7: a waiter whose grant message never arrives (its LISTEN connection is cut
+/// off and cannot come back) learns of the grant from its next queue renewal, whose reply says
+/// it holds the lock. That reply is a grant: the waiter takes the lock within a renewal period
+/// of the release, and is not renewed again and again meanwhile (it was about a thousand renew
+/// calls a second, and the lock came only at the waiter's own re-check, seconds later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_seen_by_a_queue_renewal_is_taken_without_a_renewal_storm() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let proxy = Proxy::start(shared_postgres().port());
+    let holder = client(&url, &ns, Duration::from_secs(10), Duration::from_secs(2)).await;
+    // The waiter's statements go straight to the server, its LISTEN connection through the
+    // proxy; it renews its queue entry every 0.8 s (a third of its TTL).
+    let backend = distlock::backend::PgBackend::builder(url.clone())
+        .listen_url(via(&proxy))
+        .handoff_ttl(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let (backend, renews) = Counting::new(backend);
+    let w = distlock::LockClient::builder(backend)
+        .namespace(&ns)
+        .ttl(Duration::from_millis(2400))
+        .build()
+        .unwrap();
+    let held = holder.mutex("k").lock().await.unwrap();
+    let waiter = spawn_timed_lock(w.mutex("k"));
+    until_queued(&url, &ns, "k", 1).await;
+    // Every byte to and from the LISTEN connection vanishes, and so do those of any new one.
+    proxy.blackhole();
+    let fence = held.fencing_token();
+    let before = count(&renews);
+    let released = Instant::now();
+    held.release().await.unwrap();
+
+    let (granted_at, guard) = timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter was never granted")
+        .unwrap();
+    let guard = guard.unwrap();
+    let (after, calls) = (granted_at - released, count(&renews).saturating_sub(before));
+    println!(
+        "granted {after:?} after the release, {calls} renew calls ({:.0}/s)",
+        calls as f64 / after.as_secs_f64()
+    );
+    assert!(
+        after <= Duration::from_millis(1200),
+        "granted {after:?} after the release"
+    );
+    assert!(calls <= 4, "{calls} renew calls in {after:?}");
+    assert!(!guard.is_lost());
+    assert!(guard.fencing_token() > fence);
+    guard.release().await.unwrap();
+    proxy.heal();
+    holder.shutdown().await;
+    w.shutdown().await;
 }

@@ -178,6 +178,12 @@ pub(crate) async fn acquire(
             Attempt::Queued { recheck_at } => {
                 let woke = tokio::select! {
                     woke = backend.wait(&lease.claim, &lease.ticket, recheck_at) => woke,
+                    // A queue renewal found the claim holding the lock (its grant message was
+                    // lost): ask the server, which confirms it.
+                    () = lease.granted_by_renewal() => {
+                        tracing::debug!(key = lease.claim.key(), "a renewal found the claim granted");
+                        Ok(None)
+                    }
                     _ = closed.wait_for(|closed| *closed) => return Err(Error::closed()),
                 };
                 let next = match woke {

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
 use super::Core;
@@ -39,6 +40,9 @@ pub(crate) struct Lease {
     schedule: StdMutex<Schedule>,
     /// Set once the claim is being released: renewal stops for good.
     done: AtomicBool,
+    /// Woken when a renewal sent while the claim was queued finds it holding the lock: the
+    /// server granted it (a handoff whose message never arrived).
+    granted: Notify,
 }
 
 /// What is known about a lease, and when to look at it next.
@@ -106,6 +110,7 @@ impl Lease {
                 held_since: None,
             }),
             done: AtomicBool::new(false),
+            granted: Notify::new(),
         }
     }
 
@@ -201,6 +206,35 @@ impl Lease {
         }
         s.next = renew_at(sent, until);
         Verdict::Kept
+    }
+
+    /// A renewal sent in `generation` while the claim was queued found it holding the lock,
+    /// extended until `until`: the server granted it (a handoff whose message was lost or is
+    /// still on its way). That is a grant: the waiting acquisition is woken to confirm it with
+    /// the server, as a message would wake it. The reply does not set the lease (the grant's
+    /// fencing token comes with the confirmation), but it moves the next renewal as a queue
+    /// renewal would, so the claim is not renewed again at once.
+    pub(crate) fn granted_while_queued(
+        &self,
+        generation: u64,
+        sent: Instant,
+        until: Instant,
+    ) -> Verdict {
+        let mut s = self.schedule();
+        if s.generation != generation || s.held.is_some() {
+            return Verdict::Stale;
+        }
+        s.next = renew_at(sent, until);
+        drop(s);
+        // Stores a permit if the acquisition is not waiting right now (it is between calls).
+        self.granted.notify_one();
+        Verdict::Kept
+    }
+
+    /// Resolves once a renewal has found this queued claim holding the lock (see
+    /// [`granted_while_queued`](Self::granted_while_queued)).
+    pub(crate) async fn granted_by_renewal(&self) {
+        self.granted.notified().await;
     }
 
     /// The server refused a renewal sent in `generation`: lost if the claim held the lock then

@@ -395,9 +395,11 @@ impl Task {
             let ttl = lease.claim.ttl();
             let verdict = match result {
                 Renewal::Extended(until) if held => lease.extend(generation, at, until),
-                // The server granted a queued claim before this renewal ran; the claim learns
-                // of its grant on its own path, with its own lease.
-                Renewal::Extended(_) => Verdict::Stale,
+                // The server granted a queued claim before this renewal ran: a grant, as good
+                // as the message that may never come. The waiting acquisition is woken to
+                // confirm it (and take its own lease); the queue schedule moves on, so the
+                // claim is not renewed again at once.
+                Renewal::Extended(until) => lease.granted_while_queued(generation, at, until),
                 Renewal::Queued(until) if !held => lease.keep_queued(generation, at, until),
                 // Held, yet the server lists the claim as anything but the owner.
                 Renewal::Queued(_) | Renewal::NotOwner if held => lease.refused(generation),

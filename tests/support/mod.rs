@@ -9,6 +9,7 @@
 #[cfg(feature = "redis-cluster")]
 pub mod cluster;
 pub mod contract;
+pub mod counting;
 pub mod curator;
 pub mod ensemble;
 #[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
