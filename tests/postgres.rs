@@ -489,6 +489,53 @@ async fn through_pgbouncer_in_transaction_mode() {
     assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
 }
 
+/// Issue 27, item 7: a LISTEN through PgBouncer in transaction mode succeeds, yet hears no
+/// notification (the server connection that listens goes back to the pool), so every waiter
+/// would be served only at its own re-check. Building such a backend is refused, naming
+/// `listen_url`; with the LISTEN connection on the server, a handoff through the pooler is heard
+/// at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_connection_through_a_transaction_pooler_is_refused() {
+    let ns = test_namespace!();
+    let bouncer = support::PgBouncer::start(shared_postgres(), 2);
+    let refused = PgBackend::builder(bouncer.url()).build().await;
+    let err = refused.expect_err("a LISTEN through a transaction pooler was accepted");
+    assert!(err.is_invalid_config(), "{err}");
+    assert!(err.to_string().contains("listen_url"), "{err}");
+
+    let ttl = Duration::from_secs(10);
+    let mut cs = Vec::new();
+    for _ in 0..2 {
+        let backend = PgBackend::builder(bouncer.url())
+            .listen_url(shared_postgres().url())
+            .build()
+            .await
+            .unwrap();
+        cs.push(
+            LockClient::builder(backend)
+                .namespace(&ns)
+                .ttl(ttl)
+                .build()
+                .unwrap(),
+        );
+    }
+    let held = cs[0].mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn(cs[1].mutex("k").lock());
+    until_queued(&shared_postgres().url(), &ns, "k", 1).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = timeout(ttl, waiter).await.unwrap().unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "the handoff was heard {:?} after the release",
+        released.elapsed()
+    );
+    guard.release().await.unwrap();
+    for c in cs {
+        c.shutdown().await;
+    }
+}
+
 /// A `deadpool-postgres` pool (here through PgBouncer too) carries the statements.
 #[cfg(feature = "postgres-deadpool")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,7 +43,12 @@ struct HubInner {
     listening: watch::Sender<bool>,
     /// Dropped with the hub, or sent on shutdown: the task stops.
     stop: watch::Sender<bool>,
+    /// The last probe heard on the channel (see [`Hub::hears`]).
+    probe: watch::Sender<Option<String>>,
 }
+
+/// What starts a probe's payload; a grant's payload starts with an owner token, never this.
+const PROBE: &str = "probe:";
 
 /// Handle to the hub; the task ends when the last handle is dropped or on
 /// [`close`](Hub::close).
@@ -76,6 +81,7 @@ impl Hub {
             reconnects: watch::Sender::new(0),
             listening: watch::Sender::new(false),
             stop: watch::Sender::new(false),
+            probe: watch::Sender::new(None),
         });
         let stop = inner.stop.subscribe();
         tokio::spawn(run(endpoint, channel, Arc::downgrade(&inner), stop));
@@ -89,6 +95,23 @@ impl Hub {
             .await
             .is_ok_and(|r| r.is_ok());
         ready
+    }
+
+    /// A probe's payload for the hub's channel: `NOTIFY`ed from another connection, the hub
+    /// must hear it (see [`hears`](Self::hears)).
+    pub(crate) fn probe_payload(token: &str) -> String {
+        format!("{PROBE}{token}")
+    }
+
+    /// Waits, for at most `limit`, until the probe `token` was heard on the channel. A LISTEN
+    /// through a pooler in transaction mode succeeds, yet hears nothing sent from another
+    /// connection: the server connection that listens goes back to the pool after the
+    /// statement, and what it is told later reaches whichever client holds it then, or no one.
+    pub(crate) async fn hears(&self, token: &str, limit: Duration) -> bool {
+        let mut rx = self.inner.probe.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|p| p.as_deref() == Some(token)))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// A counter that moves every time the hub's connection comes back after a drop.
@@ -235,6 +258,10 @@ async fn run(
                         Some(Err(_)) | None => break,
                     };
                     let Some(inner) = hub.upgrade() else { return };
+                    if let Some(token) = notification.payload().strip_prefix(PROBE) {
+                        inner.probe.send_replace(Some(token.to_owned()));
+                        continue;
+                    }
                     let Some((owner, wake)) = parse(notification.payload()) else { continue };
                     let mailboxes = inner.mailboxes.locked();
                     if let Some(mailbox) = mailboxes.get(owner) {

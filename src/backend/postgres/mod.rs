@@ -253,7 +253,9 @@ impl PgBackendBuilder {
 
     /// The URL of the dedicated LISTEN connection, when statements go through a pooler in
     /// transaction mode (which cannot keep a LISTEN): the server itself, or a pooler in session
-    /// mode. Defaults to the main URL.
+    /// mode. Defaults to the main URL. [`build`](Self::build) refuses a LISTEN connection that
+    /// does not hear notifications (a main URL through PgBouncer in transaction mode, with no
+    /// `listen_url`).
     pub fn listen_url(mut self, url: impl Into<String>) -> Self {
         self.listen_url = Some(url.into());
         self
@@ -282,13 +284,16 @@ impl PgBackendBuilder {
         self
     }
 
-    /// Connects, checks the server version and the schema (creating it if allowed), and starts
-    /// listening.
+    /// Connects, checks the server version and the schema (creating it if allowed), starts
+    /// listening, and checks that the LISTEN connection hears a `NOTIFY` sent on a statement
+    /// connection (one round trip).
     ///
     /// # Errors
     ///
     /// - [`InvalidConfig`](crate::ErrorKind::InvalidConfig) for a malformed URL, zero
-    ///   connections, or a handoff TTL under 10 ms,
+    ///   connections, a handoff TTL under 10 ms, or a LISTEN connection that does not hear a
+    ///   notification sent from a statement connection (it goes through a pooler in
+    ///   transaction mode: set [`listen_url`](Self::listen_url)),
     /// - [`Unsupported`](crate::ErrorKind::Unsupported) for a server older than PostgreSQL 12
     ///   or a schema of another version,
     /// - [`Backend`](crate::ErrorKind::Backend) if the server cannot be reached, refuses the
@@ -362,6 +367,10 @@ impl PgBackendBuilder {
                 "postgres: the LISTEN connection could not be opened",
             ));
         }
+        if let Err(e) = probe(&commands, &hub, &client_id).await {
+            hub.close();
+            return Err(e);
+        }
         Ok(PgBackend {
             inner: Arc::new(Inner {
                 commands,
@@ -371,6 +380,29 @@ impl PgBackendBuilder {
             }),
         })
     }
+}
+
+/// Checks that the LISTEN connection hears what is sent on another connection: a `NOTIFY` on
+/// the hub's channel from the statement path must arrive. Through a pooler in transaction mode
+/// (PgBouncer's `pool_mode = transaction`) the `LISTEN` succeeds but nothing ever arrives, so
+/// every waiter would learn of its grant only at its own re-check, seconds later.
+async fn probe(commands: &Commands, hub: &Hub, client_id: &str) -> Result<()> {
+    let channel = format!("distlock_{client_id}");
+    let token = handoff::client_id();
+    let payload = Hub::probe_payload(&token);
+    let params: &Params<'_> = &[(&channel, Type::TEXT), (&payload, Type::TEXT)];
+    commands
+        .query("notify", route_of(&token), NOTIFY, params)
+        .await?;
+    if hub.hears(&token, commands::CALL_TIMEOUT).await {
+        return Ok(());
+    }
+    Err(Error::invalid_config(
+        "the postgres LISTEN connection does not hear notifications sent from other \
+         connections (is it going through a pooler in transaction mode, like PgBouncer's \
+         pool_mode = transaction?): give `listen_url` the server itself, or a pooler in \
+         session mode",
+    ))
 }
 
 /// The URL's settings and TLS (its `sslmode` and `sslrootcert`, else `root_pem`).
@@ -486,6 +518,7 @@ const ACQUIRE: &str = "SELECT code, value, server_ms, family FROM distlock.acqui
 const RELEASE: &str = "SELECT distlock.release($1, $2, $3, $4)";
 const DOWNGRADE: &str = "SELECT code, fence FROM distlock.downgrade($1, $2, $3, $4, $5)";
 const RENEW: &str = "SELECT i, held FROM distlock.renew($1, $2, $3, $4)";
+const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 const INSPECT: &str = "SELECT family, mode, permits, fence, left_ms FROM distlock.inspect($1, $2)";
 
 impl PgBackend {
