@@ -247,3 +247,43 @@ async fn a_grant_seen_by_a_queue_renewal_is_taken_without_a_renewal_storm() {
     holder.shutdown().await;
     w.shutdown().await;
 }
+
+/// Issue 27, item 8, through a `deadpool-postgres` pool: a `lock_timeout` that gives up while
+/// its acquire is still on its way (held back 300 ms on one pooled connection) leaves no holder
+/// behind; the key was blocked for the whole 10 s TTL when the release overtook the acquire on
+/// another pooled connection.
+#[cfg(feature = "postgres-deadpool")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_lock_through_a_deadpool_pool_leaves_no_holder() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let proxy = Proxy::start(shared_postgres().port());
+    let mut cfg = deadpool_postgres::Config::new();
+    cfg.url = Some(via(&proxy));
+    let pool = cfg
+        .create_pool(
+            Some(deadpool_postgres::Runtime::Tokio1),
+            tokio_postgres::NoTls,
+        )
+        .unwrap();
+    let backend = distlock::backend::PgBackend::builder(url.clone())
+        .deadpool(pool.clone())
+        .build()
+        .await
+        .unwrap();
+    // Two idle connections, so the release can take another one than the acquire.
+    let (a, b) = tokio::join!(pool.get(), pool.get());
+    drop((a.unwrap(), b.unwrap()));
+    let ttl = Duration::from_secs(10);
+    let pooled = distlock::LockClient::builder(backend)
+        .namespace(&ns)
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    let other = client(&url, &ns, ttl, Duration::from_secs(2)).await;
+    faults::a_timed_out_pooled_lock_leaves_no_holder(&pooled, &other, &proxy, b"distlock.acquire(")
+        .await;
+    assert_eq!(support::pg::claims_in(&url, &ns).await, 0);
+    pooled.shutdown().await;
+    other.shutdown().await;
+}

@@ -491,3 +491,69 @@ async fn three_dead_waiters_in_a_row_cost_three_handoff_leases() {
     )
     .await;
 }
+
+/// Issue 27, item 8, through a `deadpool-redis` pool: a `lock_timeout` that gives up while its
+/// acquire script is still on its way (held back 300 ms on one pooled connection) leaves no
+/// holder behind, where the release used to overtake it on another pooled connection and the
+/// key stayed blocked for the TTL.
+#[cfg(feature = "redis-deadpool")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_lock_through_a_deadpool_pool_leaves_no_holder() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let proxy = Proxy::start(shared_redis().port());
+    let pool = deadpool_redis::Config::from_url(via(&proxy))
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    // Two idle connections, so the release can take another one than the acquire.
+    let (a, b) = tokio::join!(pool.get(), pool.get());
+    drop((a.unwrap(), b.unwrap()));
+    let backend = distlock::backend::RedisBackend::builder(url.clone())
+        .deadpool(pool)
+        .build()
+        .await
+        .unwrap();
+    timed_out_pooled_lock(backend, &url, &ns, &proxy).await;
+}
+
+/// The same through a `bb8` pool.
+#[cfg(feature = "redis-bb8")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_lock_through_a_bb8_pool_leaves_no_holder() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let proxy = Proxy::start(shared_redis().port());
+    let manager = bb8_redis::RedisConnectionManager::new(via(&proxy)).unwrap();
+    let pool = bb8::Pool::builder().build(manager).await.unwrap();
+    // Two idle connections, so the release can take another one than the acquire.
+    let (a, b) = tokio::join!(pool.get(), pool.get());
+    drop((a.unwrap(), b.unwrap()));
+    let backend = distlock::backend::RedisBackend::builder(url.clone())
+        .bb8(pool)
+        .build()
+        .await
+        .unwrap();
+    timed_out_pooled_lock(backend, &url, &ns, &proxy).await;
+}
+
+/// The pooled scenario for a backend whose commands go through `proxy`: the acquire is a
+/// function call named `<library>_acquire`.
+#[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]
+async fn timed_out_pooled_lock(
+    backend: distlock::backend::RedisBackend,
+    url: &str,
+    ns: &str,
+    proxy: &Proxy,
+) {
+    let ttl = Duration::from_secs(10);
+    let pooled = distlock::LockClient::builder(backend)
+        .namespace(ns)
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    let other = client(url, ns, ttl, Duration::from_secs(2), true).await;
+    faults::a_timed_out_pooled_lock_leaves_no_holder(&pooled, &other, proxy, b"_acquire").await;
+    support::redis::until_only_fences(url, ns).await;
+    pooled.shutdown().await;
+    other.shutdown().await;
+}

@@ -334,10 +334,12 @@ pub enum Renewal {
 ///
 /// # Cancel safety
 ///
-/// The layer above drops [`acquire`](Self::acquire) and [`wait`](Self::wait) futures at any
-/// await point (timeouts, aborted tasks) and then calls [`release`](Self::release) for the same
-/// claim from a spawned task. `release` must therefore remove the claim's queue entry *and* a
-/// grant that may have raced with the drop, using only the claim and its ticket.
+/// The layer above drops [`wait`](Self::wait) futures at any await point (timeouts, aborted
+/// tasks) and then calls [`release`](Self::release) for the same claim from a spawned task. An
+/// [`acquire`](Self::acquire) call out when the acquisition is cancelled is not dropped: the
+/// task drives it to its end first, so the release reaches the server after it even when the
+/// two go out on different connections (a pool). `release` must remove the claim's queue entry
+/// *and* a grant that may have raced with the drop, using only the claim and its ticket.
 ///
 /// # Examples
 ///

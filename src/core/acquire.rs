@@ -4,13 +4,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
 use super::lease::{Held, Lease};
 use super::rules::{validate_key, validate_kind, validate_ttl};
 use super::Core;
-use crate::backend::{Attempt, Claim, Grant, LockKind};
+use crate::backend::{Attempt, Claim, DynBackend, Grant, LockKind};
 use crate::error::{Error, Result};
 
 /// A named lock as a primitive sees it: the client's core, the key, and a lease length of its
@@ -106,7 +107,10 @@ pub(crate) enum Mode {
 ///
 /// Cancel safety: from the moment the claim exists until the `Held` is built, a drop guard owns
 /// the claim; dropping this future anywhere spawns a release that removes its queue entry and
-/// any grant that raced with the drop.
+/// any grant that raced with the drop. Dropped during an acquire call, the call is not dropped
+/// with it: the spawned task drives it to its end (reply or failure) before the release is
+/// sent, so the release is ordered after the acquire on the server whatever connection each
+/// goes out on (a pool hands the release another connection).
 pub(crate) async fn acquire(
     client: Arc<Core>,
     key: Arc<str>,
@@ -148,13 +152,21 @@ pub(crate) async fn acquire(
         engine.track(&lease);
     }
 
-    // Until disarmed, dropping this (on cancellation or on an error return) releases the claim.
-    let cleanup = scopeguard::guard(lease.clone(), |lease| {
-        client.spawn_release(&handle, lease);
-    });
+    // Until disarmed, dropping this (on cancellation or on an error return) releases the claim,
+    // once the backend call still out for it, if any, has ended.
+    let mut cleanup = scopeguard::guard(
+        Unsettled {
+            lease: lease.clone(),
+            in_flight: None,
+        },
+        |unsettled| {
+            client.spawn_release_after(&handle, unsettled.lease, unsettled.in_flight);
+        },
+    );
 
     let mut outage = Duration::ZERO;
-    let mut attempt = match backend.acquire(&lease.claim, &lease.ticket, wait).await {
+    let mut attempt = match call(&mut cleanup.in_flight, acquire_call(&backend, &lease, wait)).await
+    {
         Ok(attempt) => attempt,
         // Only a first contact that finds no server fails at once; a claim that reached the
         // queue before the outage cut its first call short rides it out like a queued one.
@@ -172,7 +184,7 @@ pub(crate) async fn acquire(
             Attempt::Granted(grant) => break grant,
             Attempt::Queued { .. } if !wait => {
                 // A try that found the lock busy leaves nothing behind: no release needed.
-                scopeguard::ScopeGuard::into_inner(cleanup).finish();
+                scopeguard::ScopeGuard::into_inner(cleanup).lease.finish();
                 return Err(Error::would_block(lease.claim.key()));
             }
             Attempt::Queued { recheck_at } => {
@@ -192,7 +204,9 @@ pub(crate) async fn acquire(
                     }
                     // Announced too late to trust (or no notification proved a grant): ask the
                     // server, which confirms a grant that is ours with a fresh lease.
-                    Ok(_) => backend.acquire(&lease.claim, &lease.ticket, true).await,
+                    Ok(_) => {
+                        call(&mut cleanup.in_flight, acquire_call(&backend, &lease, true)).await
+                    }
                     Err(e) => Err(e),
                 };
                 attempt = match next {
@@ -218,8 +232,35 @@ pub(crate) async fn acquire(
 
     lease.set_held(grant);
     engine.track(&lease);
-    let lease = scopeguard::ScopeGuard::into_inner(cleanup);
+    let lease = scopeguard::ScopeGuard::into_inner(cleanup).lease;
     Ok(Held::new(client, lease, handle))
+}
+
+/// One [`Backend::acquire`](crate::backend::Backend::acquire) call, owning what it needs, so it
+/// can outlive the acquisition that made it.
+pub(crate) type AcquireCall = BoxFuture<'static, Result<Attempt>>;
+
+fn acquire_call(backend: &Arc<dyn DynBackend>, lease: &Arc<Lease>, wait: bool) -> AcquireCall {
+    let (backend, lease) = (backend.clone(), lease.clone());
+    Box::pin(async move { backend.acquire(&lease.claim, &lease.ticket, wait).await })
+}
+
+/// A claim between its first backend call and its `Held`, and the acquire call out for it.
+struct Unsettled {
+    lease: Arc<Lease>,
+    /// The acquire call being awaited, if any. If the acquisition is dropped while one is out,
+    /// the release waits for it to end: its request may still be on its way to the server (on
+    /// a pooled connection the release would not queue behind, or being retried after a
+    /// dropped connection), and a release that overtook it would find nothing, leaving the
+    /// late acquire to take the lock for no one until its lease ran out.
+    in_flight: Option<AcquireCall>,
+}
+
+/// Runs `call` from `slot`, where a cancellation leaves it for the cleanup to finish.
+async fn call(slot: &mut Option<AcquireCall>, call: AcquireCall) -> Result<Attempt> {
+    let outcome = slot.insert(call).await;
+    *slot = None;
+    outcome
 }
 
 /// Whether a grant learned from a notification leaves too little lease to be worth returning:

@@ -22,9 +22,14 @@ use tokio::sync::{oneshot, watch};
 use crate::backend::DynBackend;
 use crate::error::{Error, Result};
 
+use self::acquire::AcquireCall;
 use self::lease::{Lease, LeaseIds, Pending};
 use self::renewal::{Engine, EngineConfig};
 use crate::sync::LockExt;
+
+/// The least and the most time a release waits for the acquire call it follows.
+const IN_FLIGHT_MIN: Duration = Duration::from_secs(5);
+const IN_FLIGHT_MAX: Duration = Duration::from_secs(60);
 
 /// Settings shared by every lock of a client.
 #[derive(Clone)]
@@ -116,16 +121,48 @@ impl Core {
 
     /// Stops renewal of `lease` and releases it in a task on `handle`.
     pub(crate) fn spawn_release(self: &Arc<Self>, handle: &Handle, lease: Arc<Lease>) {
+        self.spawn_release_after(handle, lease, None);
+    }
+
+    /// Stops renewal of `lease` and releases it in a task on `handle`, once `in_flight` (an
+    /// acquire call for it that was cut short) has ended.
+    pub(crate) fn spawn_release_after(
+        self: &Arc<Self>,
+        handle: &Handle,
+        lease: Arc<Lease>,
+        in_flight: Option<AcquireCall>,
+    ) {
         if self.stop(&lease) {
-            self.release_in_task(handle, lease);
+            self.release_in_task_after(handle, lease, in_flight);
         }
     }
 
     /// Releases a stopped lease in a task on `handle`; `shutdown` waits for it.
     pub(crate) fn release_in_task(self: &Arc<Self>, handle: &Handle, lease: Arc<Lease>) {
+        self.release_in_task_after(handle, lease, None);
+    }
+
+    /// [`release_in_task`](Self::release_in_task), sent only once `in_flight` has ended: a
+    /// release that overtook an acquire still on its way (on another pooled connection, or
+    /// retried on a new one) would find nothing, and the late acquire would then hold the lock
+    /// for no one until its lease ran out. The call is awaited for at most the claim's TTL
+    /// (within [`IN_FLIGHT_MIN`], [`IN_FLIGHT_MAX`]); every backend bounds its calls well
+    /// within that.
+    fn release_in_task_after(
+        self: &Arc<Self>,
+        handle: &Handle,
+        lease: Arc<Lease>,
+        in_flight: Option<AcquireCall>,
+    ) {
         let token = self.pending.start();
         let backend = self.backend.clone();
         handle.spawn(async move {
+            if let Some(call) = in_flight {
+                let limit = lease.claim.ttl().clamp(IN_FLIGHT_MIN, IN_FLIGHT_MAX);
+                if tokio::time::timeout(limit, call).await.is_err() {
+                    tracing::warn!(key = lease.claim.key(), ?limit, "a cancelled acquire call did not end; releasing anyway");
+                }
+            }
             if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
                 tracing::warn!(key = lease.claim.key(), error = %err, "release failed; the lease will expire");
             }

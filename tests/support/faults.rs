@@ -405,3 +405,42 @@ pub async fn dead_waiters_in_a_row_cost_a_handoff_lease_each(svc: &Service, ns: 
     h.shutdown().await;
     next.shutdown().await;
 }
+
+/// Issue 27, item 8: `pooled` sends its statements through a pool whose connections reach the
+/// server through `proxy`, which holds back every request containing `pattern` (the acquire
+/// call's name) by 300 ms. Its `lock_timeout(50 ms)` gives up while the acquire is on its way;
+/// the release that follows must not overtake it on another pooled connection (finding
+/// nothing, and leaving the late acquire to hold the lock for no one for a whole TTL). Asserts
+/// that `other` gets the lock soon after the late acquire landed; returns how long the key was
+/// blocked, from the timeout.
+pub async fn a_timed_out_pooled_lock_leaves_no_holder(
+    pooled: &LockClient,
+    other: &LockClient,
+    proxy: &Proxy,
+    pattern: &'static [u8],
+) -> Duration {
+    let delay = Duration::from_millis(300);
+    proxy.delay_requests_containing(Which::Commands, pattern, delay);
+    let err = pooled
+        .mutex("k")
+        .lock_timeout(Duration::from_millis(50))
+        .await
+        .expect_err("the delayed acquire was granted within 50 ms");
+    assert!(err.is_timeout(), "{err}");
+    let gave_up = Instant::now();
+    // The late acquire reaches the server now.
+    sleep(delay + Duration::from_millis(200)).await;
+    let guard = timeout(Duration::from_secs(30), other.mutex("k").lock())
+        .await
+        .expect("the key stayed blocked")
+        .unwrap();
+    let blocked = gave_up.elapsed();
+    println!("the key was free {blocked:?} after the timeout");
+    assert!(
+        blocked < Duration::from_millis(1500),
+        "a holder nobody owns blocked the key for {blocked:?}"
+    );
+    guard.release().await.unwrap();
+    proxy.pass();
+    blocked
+}

@@ -37,9 +37,13 @@ enum Fault {
     SwallowReplies,
     /// Deliver the server's bytes this much later (in order).
     DelayReplies(Duration),
+    /// Deliver the client's bytes that contain this pattern this much later (and so every
+    /// byte the client sends after them on that connection: order is kept).
+    DelayRequests(&'static [u8], Duration),
 }
 
-/// A fault on the connections that were open when it was set (newer ones pass).
+/// A fault on the connections that were open when it was set (newer ones pass), or on every
+/// one (`up_to` at `u64::MAX`).
 #[derive(Debug, Clone, Copy)]
 struct Targeted {
     which: Which,
@@ -143,6 +147,18 @@ impl Proxy {
     /// Delays the server's replies on the `which` connections open now by `delay`.
     pub fn delay_replies(&self, which: Which, delay: Duration) {
         self.target(which, Fault::DelayReplies(delay));
+    }
+
+    /// Delays by `delay` every request that contains `pattern` (a statement or command
+    /// name) on the `which` connections, open now or later, until `pass`: the request reaches
+    /// the server late, and whatever the client sends after it on that connection with it,
+    /// while requests on the other connections pass (a pooled connection on a slow path).
+    pub fn delay_requests_containing(&self, which: Which, pattern: &'static [u8], delay: Duration) {
+        *self.shared.targeted.lock().unwrap() = Some(Targeted {
+            which,
+            fault: Fault::DelayRequests(pattern, delay),
+            up_to: u64::MAX,
+        });
     }
 
     fn target(&self, which: Which, fault: Fault) {
@@ -274,6 +290,11 @@ fn pump(
                     Some(Fault::Blackhole) => continue,
                     Some(Fault::SwallowReplies) if replies => continue,
                     Some(Fault::DelayReplies(d)) if replies => Instant::now() + d,
+                    Some(Fault::DelayRequests(pattern, d))
+                        if !replies && bytes.windows(pattern.len()).any(|w| w == pattern) =>
+                    {
+                        Instant::now() + d
+                    }
                     _ => Instant::now(),
                 };
                 if tx.send((due, bytes.to_vec())).is_err() {
