@@ -557,3 +557,42 @@ async fn timed_out_pooled_lock(
     pooled.shutdown().await;
     other.shutdown().await;
 }
+
+/// Issue 27, item 7 on Redis: the waiter's pub/sub connection (its URL) goes through the proxy,
+/// its commands through a pool straight to the server. Its grant message is lost; its next
+/// queue renewal finds it holding the lock, and it takes it then, without a renewal storm.
+#[cfg(feature = "redis-deadpool")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_seen_by_a_queue_renewal_is_taken_without_a_renewal_storm() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let proxy = Proxy::start(shared_redis().port());
+    let holder = client(
+        &url,
+        &ns,
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+        true,
+    )
+    .await;
+    let pool = deadpool_redis::Config::from_url(url.clone())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let backend = distlock::backend::RedisBackend::builder(via(&proxy))
+        .deadpool(pool)
+        .handoff_ttl(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let (backend, renews) = support::counting::Counting::new(backend);
+    faults::a_grant_seen_by_a_queue_renewal_is_taken(
+        &support::redis::service(),
+        &ns,
+        &holder,
+        backend,
+        &renews,
+        &proxy,
+    )
+    .await;
+    holder.shutdown().await;
+}

@@ -444,3 +444,55 @@ pub async fn a_timed_out_pooled_lock_leaves_no_holder(
     proxy.pass();
     blocked
 }
+
+/// Issue 27, item 7: `holder` holds `k` (with a long lease); a client on `waiter` (whose
+/// renewals `renews` counts, and whose message connection goes through `proxy`) queues behind
+/// it, renewing its queue entry every 0.8 s (a third of its TTL). The proxy then drops every
+/// byte, of that connection and of any new one, and `holder` releases: the handoff's message
+/// is lost, and the waiter's next queue renewal finds it holding the lock. It must take the
+/// lock then, within about a renewal period of the release, with a handful of renew calls
+/// (not one after another until its own re-check at the holder's old lease end).
+pub async fn a_grant_seen_by_a_queue_renewal_is_taken<B: distlock::backend::Backend>(
+    svc: &Service,
+    ns: &str,
+    holder: &LockClient,
+    waiter: B,
+    renews: &std::sync::atomic::AtomicU64,
+    proxy: &Proxy,
+) {
+    let w = LockClient::builder(waiter)
+        .namespace(ns)
+        .ttl(Duration::from_millis(2400))
+        .build()
+        .unwrap();
+    let held = holder.mutex("k").lock().await.unwrap();
+    let waiter = super::contract::spawn_timed_lock(w.mutex("k"));
+    svc.until_queued(ns, "k", 1).await;
+    proxy.blackhole();
+    let fence = held.fencing_token();
+    let before = super::counting::count(renews);
+    let released = Instant::now();
+    held.release().await.unwrap();
+
+    let (granted_at, guard) = timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter was never granted")
+        .unwrap();
+    let guard = guard.unwrap();
+    let after = granted_at - released;
+    let calls = super::counting::count(renews).saturating_sub(before);
+    println!(
+        "granted {after:?} after the release, {calls} renew calls ({:.0}/s)",
+        calls as f64 / after.as_secs_f64()
+    );
+    assert!(
+        after <= Duration::from_millis(1200),
+        "granted {after:?} after the release"
+    );
+    assert!(calls <= 4, "{calls} renew calls in {after:?}");
+    assert!(!guard.is_lost());
+    assert!(guard.fencing_token() > fence);
+    guard.release().await.unwrap();
+    proxy.heal();
+    w.shutdown().await;
+}
