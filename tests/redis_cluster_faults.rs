@@ -124,7 +124,7 @@ async fn waiters_hear_their_grants_after_a_primary_dies_for_good() {
     };
     let queue_node = cluster.lock().unwrap().nodes[primary].url();
     let ttl = Duration::from_secs(12);
-    let holder = client_with(&cluster.lock().unwrap(), &ns, ttl).await;
+    let holder = client_for(&url, &ns, ttl).await;
     let held = holder.mutex("k").lock().await.unwrap();
     let mut waiters = Vec::new();
     for i in 0..3 {
