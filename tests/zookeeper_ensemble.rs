@@ -16,6 +16,7 @@ use support::family::{rw_exclusion, rw_fifo, semaphore_bound};
 use support::proxy::Proxy;
 use support::zk::{assert_no_znodes, client_at, clients_at, queued, raw, until_contenders};
 use tokio::time::{sleep, Instant};
+use zookeeper_client::{Acls, CreateMode};
 
 const SESSION: Duration = Duration::from_secs(4);
 const PLAN: [bool; 6] = [false, true, false, false, true, false];
@@ -285,4 +286,143 @@ async fn a_waiter_pushed_toward_a_lagging_follower_is_not_granted_early() {
     holder.shutdown().await;
     waiter.shutdown().await;
     assert_no_znodes(&zk, &ns).await;
+}
+
+/// What one round of the cut-off-follower check saw.
+struct Overlap {
+    /// A's grant, A known lost (`lost()` resolved), B's grant: instants.
+    a_granted: Instant,
+    a_lost: Instant,
+    b_granted: Instant,
+}
+
+impl Overlap {
+    /// How long A still believed it held the lock after B was granted (0 if A knew first).
+    fn both_held(&self) -> Duration {
+        self.a_lost.saturating_duration_since(self.b_granted)
+    }
+}
+
+/// A, connected to `follower` only, idles `idle` after its session starts and then locks;
+/// right after the grant `follower` is cut off from the other two. B, on the majority side,
+/// waits for the lock and is granted once the leader expires A's session. The leader expires it
+/// a session timeout after the last activity it heard of, which through a follower is not A's
+/// create: the follower reports a session's activity in its replies to the leader's pings
+/// (every 250 ms here). The lock node is made beforehand, so that A's lock is one create and
+/// one listing, and the cut comes before a ping could report them (most of the time).
+async fn cut_off_follower_round(
+    ensemble: &ZkEnsemble,
+    ns: &str,
+    key: &str,
+    session: Duration,
+    idle: Duration,
+) -> Overlap {
+    let leader = ensemble.leader();
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let (follower, other) = (followers[0], followers[1]);
+    assert_eq!(ensemble.mode(follower).as_deref(), Some("follower"));
+    let b = client_at(
+        &format!("{},{}", ensemble.member(leader), ensemble.member(other)),
+        ns,
+        session,
+    )
+    .await;
+    let zk = raw(&ensemble.member(leader)).await;
+    let lock_node = format!("/{ns}/{key}");
+    zk.mkdir(
+        &lock_node,
+        &CreateMode::Container.with_acls(Acls::anyone_all()),
+    )
+    .await
+    .unwrap();
+    let a = client_at(&ensemble.member(follower), ns, session).await;
+    sleep(idle).await;
+
+    let held = a.mutex(key).lock().await.unwrap();
+    let a_granted = Instant::now();
+    ensemble.partition(follower, leader);
+    ensemble.partition(follower, other);
+
+    let waiter = tokio::spawn({
+        let m = b.mutex(key);
+        async move {
+            let g = m.lock_timeout(session * 3).await;
+            (g, Instant::now())
+        }
+    });
+    tokio::time::timeout(session * 3, held.lost())
+        .await
+        .expect("A's guard never reported lost");
+    let a_lost = Instant::now();
+    let (g, b_granted) = tokio::time::timeout(session * 4, waiter)
+        .await
+        .expect("B was not granted")
+        .expect("B's task");
+    let g = g.expect("B's lock");
+    let token = held.fencing_token();
+    assert!(
+        g.fencing_token() > token,
+        "tokens must increase: A {token}, B {}",
+        g.fencing_token()
+    );
+    g.release().await.unwrap();
+    drop(held);
+
+    ensemble.heal(follower, leader);
+    ensemble.heal(follower, other);
+    a.shutdown().await;
+    b.shutdown().await;
+    // Ours, unless a lock client deleted it once it was unused.
+    let _ = zk.delete(&lock_node, None).await;
+    // The follower rejoins before the next round.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ensemble.mode(follower).as_deref() != Some("follower") {
+        assert!(
+            Instant::now() < deadline,
+            "the follower did not rejoin; logs:\n{}",
+            ensemble.logs()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    Overlap {
+        a_granted,
+        a_lost,
+        b_granted,
+    }
+}
+
+/// Issue 27, item 6: a holder connected to a follower must know its lock lost no later than
+/// the leader can grant it to someone else, however long its session idled before the lock
+/// (a write forwarded by a follower does not tell the leader the session is alive). Two
+/// rounds: a short idle (less than the client's ping interval, so the leader last heard of A
+/// when its session began) and an idle past most of a session timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_cut_off_follower_is_lost_before_the_next_grant() {
+    let ns = test_namespace!();
+    let ensemble = ZkEnsemble::start(4);
+    let session = Duration::from_secs(6);
+    let mut seen = Vec::new();
+    // The client pings after 3/20 of the session idle (0.9 s here).
+    for (key, idle) in [
+        ("short", Duration::from_millis(850)),
+        ("long", Duration::from_millis(4500)),
+    ] {
+        let o = cut_off_follower_round(&ensemble, &ns, key, session, idle).await;
+        println!(
+            "idle {idle:?}: A lost {:?} after its grant, B granted {:?} after A's grant: both held for {:?}",
+            o.a_lost - o.a_granted,
+            o.b_granted - o.a_granted,
+            o.both_held()
+        );
+        seen.push((idle, o.both_held()));
+    }
+    let zk = raw(&ensemble.member(ensemble.leader())).await;
+    assert_no_znodes(&zk, &ns).await;
+    for (idle, both) in seen {
+        assert_eq!(
+            both,
+            Duration::ZERO,
+            "after an idle of {idle:?}, A believed it held the lock {both:?} after B was granted"
+        );
+    }
 }
