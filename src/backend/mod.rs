@@ -526,7 +526,8 @@ pub use self::redlock::{RedlockBackend, RedlockBackendBuilder, RedlockNode, Redl
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use self::zookeeper::{
-    ZkAcl, ZkBackend, ZkBackendBuilder, ZkTicket, DEFAULT_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT,
+    ZkAcl, ZkBackend, ZkBackendBuilder, ZkTicket, DEFAULT_SERVER_TICK, DEFAULT_SESSION_TIMEOUT,
+    MIN_SESSION_TIMEOUT,
 };
 #[cfg(feature = "memory")]
 pub use memory::{MemoryBackend, MemoryStats};

@@ -9,11 +9,16 @@ use futures::future::BoxFuture;
 use tokio::time::{sleep, timeout, Instant};
 use zookeeper_client::Client as ZooKeeper;
 
-/// A backend on `connect` asking for `session`, with calls bounded at 2 s.
+/// The `tickTime` of every test server (`support::zk_command_with`).
+pub const SERVER_TICK: Duration = Duration::from_millis(500);
+
+/// A backend on `connect` asking for `session`, with calls bounded at 2 s, told the servers'
+/// `tickTime`.
 pub async fn backend(connect: &str, session: Duration) -> ZkBackend {
     ZkBackend::builder(connect)
         .session_timeout(session)
         .call_timeout(Duration::from_secs(2))
+        .server_tick(SERVER_TICK)
         .build()
         .await
         .unwrap()

@@ -116,8 +116,10 @@ pub(super) trait Zk: Send + Sync + 'static {
     fn watch_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<String>, Watch)>>;
     /// Sets a one-shot data watch on `path` (`NoNode` if it is already gone).
     fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Watch>>;
-    /// Checks in one quorum write (a `multi` of `check` operations) that every path exists,
-    /// which also proves the session alive at the leader. One outcome per path.
+    /// Checks in one quorum write (a `multi` of `check` operations) that every path exists: a
+    /// follower cut off from the leader cannot acknowledge it (it could a read). Through a
+    /// follower it proves the session alive at the leader only for earlier requests
+    /// ([`super::proof`]). One outcome per path.
     fn check<'a>(&'a self, paths: &'a [String]) -> BoxFuture<'a, Vec<Outcome<()>>>;
     /// Resolves once this session is closed (after the last handle to it is dropped).
     fn closed(&self) -> BoxFuture<'static, ()>;
@@ -130,6 +132,8 @@ pub(super) struct Settings {
     pub(super) session_timeout: Duration,
     pub(super) connect_timeout: Duration,
     pub(super) call_timeout: Duration,
+    /// The largest `tickTime` of the ensemble's servers (see [`super::proof`]).
+    pub(super) server_tick: Duration,
     pub(super) digest: Option<String>,
     pub(super) acl: ZkAcl,
 }

@@ -94,7 +94,7 @@ impl Inner {
             match up.zk.delete(&node.path).await {
                 Ok(()) => {
                     self.hub.gone(&node.path);
-                    self.hub.prove(node.epoch, sent);
+                    self.hub.acked(node.epoch, sent, true);
                     return Ok(granted);
                 }
                 Err(Failure::NoNode) => {
@@ -114,8 +114,11 @@ impl Inner {
     }
 
     /// Renews every held claim of the current session with one quorum write (a `multi` of
-    /// `check`s): a renewal that succeeds proves the session alive at the leader when it was
-    /// sent, which a read from a partitioned follower would not.
+    /// `check`s), which a follower cut off from the leader cannot acknowledge (a read it
+    /// could). Through a follower, the leader learns of a request only on the follower's next
+    /// ping, so a renewal proves not its own send but the last request acknowledged a report
+    /// interval before it was sent, typically the previous renewal ([`super::proof`]): the
+    /// lease is extended to a session timeout from that instant.
     pub(super) async fn renew(&self, tickets: &[&ZkTicket]) -> Vec<Renewal> {
         let carriers: Vec<Vec<Node>> = tickets.iter().map(|t| t.lock().carriers()).collect();
         let Some(up) = self.hub.current() else {
@@ -139,16 +142,31 @@ impl Inner {
             .map(|n| n.path.clone())
             .collect();
         let sent = Instant::now();
-        let mut checked = up.zk.check(&paths).await.into_iter();
-        let mut proven = false;
-        let out = carriers
+        let checked: Vec<_> = up.zk.check(&paths).await;
+        // Any check that passed is a quorum write acknowledged.
+        let until = if checked.iter().any(std::result::Result::is_ok) {
+            self.hub.acked(epoch, sent, true);
+            self.hub.proven(epoch).map(|at| at + up.conn.timeout)
+        } else {
+            None
+        };
+        let mut checked = checked.into_iter();
+        carriers
             .iter()
             .map(|nodes| {
                 if !current(nodes) {
                     return Renewal::NotOwner;
                 }
                 // Every node of the claim must still be there.
-                let mut verdict = Renewal::Extended(sent + up.conn.timeout);
+                let mut verdict = match until {
+                    Some(until) => Renewal::Extended(until),
+                    // No check passed, or the session was lost meanwhile (its locks are
+                    // marked lost): whatever a check says below.
+                    None => Renewal::Failed(Error::new(
+                        ErrorKind::Backend,
+                        "zookeeper: the session changed",
+                    )),
+                };
                 for n in nodes {
                     let this = match checked.next() {
                         Some(Ok(())) => continue,
@@ -163,14 +181,9 @@ impl Inner {
                         verdict = this;
                     }
                 }
-                proven |= matches!(verdict, Renewal::Extended(_));
                 verdict
             })
-            .collect();
-        if proven {
-            self.hub.prove(epoch, sent);
-        }
-        out
+            .collect()
     }
 
     /// Turns our write node into a read node at the same place in the queue (Curator >= 5.5's
@@ -220,7 +233,10 @@ impl Inner {
                 Err(f) => return Err(f.into_error(&format!("create {path}"))),
             }
         };
-        self.hub.prove(write.epoch, sent);
+        self.hub.acked(write.epoch, sent, true);
+        let Some(since) = self.hub.proven(write.epoch) else {
+            return Err(Error::lost(claim.key()));
+        };
         let read = Node::new(path, stat, write.epoch);
         self.hub.made(read.epoch, &read.path);
         // The read node carries the grant from here on; the write node's deletion is no loss.
@@ -236,7 +252,7 @@ impl Inner {
         }
         Ok(Grant {
             fence: fence(&write.stat)?,
-            valid_until: sent + self.hub.now().timeout,
+            valid_until: since + self.hub.now().timeout,
         })
     }
 

@@ -150,7 +150,7 @@ impl Inner {
         let sent = Instant::now();
         match up.zk.create_lease_nodes(&prefix, count).await {
             Ok(made) => {
-                self.hub.prove(epoch, sent);
+                self.hub.acked(epoch, sent, true);
                 let nodes = made
                     .into_iter()
                     .map(|(p, stat)| Node::new(p, stat, epoch))

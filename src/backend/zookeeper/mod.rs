@@ -11,16 +11,20 @@
 //! node that carries the grant (a downgraded read keeps its write grant's token).
 //!
 //! A lease here is the session: it is valid for the session timeout the server *granted*,
-//! counted from the last write that went through the quorum (a create, a delete, or the
-//! renewal's `check`), never from a read a lagging follower could serve. See [`session`] for
-//! how session loss, reconnects and guaranteed deletes work, [`queue`] for why no listing
-//! grants early, and [`client`] for the one module that talks to `zookeeper-client`.
+//! counted from an instant the **leader** is sure to have heard from the session, since only
+//! the leader expires sessions. A write acknowledged through a follower does not prove that
+//! (the follower tells the leader of a session's activity only in its replies to the leader's
+//! pings, every `tickTime / 2`); a quorum write sent over a tick later proves the requests
+//! acknowledged before it (see [`proof`], and [`ZkBackendBuilder::server_tick`]). See
+//! [`session`] for how session loss, reconnects and guaranteed deletes work, [`queue`] for why
+//! no listing grants early, and [`client`] for the one module that talks to `zookeeper-client`.
 
 mod client;
 mod hold;
 mod inspect;
 mod leases;
 mod parents;
+mod proof;
 mod queue;
 mod recipe;
 mod session;
@@ -46,6 +50,9 @@ pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// pause or a leader election alone, and ZooKeeper servers refuse less than two ticks (4 s with
 /// the default `tickTime`) anyway.
 pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Default [`ZkBackendBuilder::server_tick`]: ZooKeeper's default `tickTime`.
+pub const DEFAULT_SERVER_TICK: Duration = Duration::from_secs(2);
 
 /// Who may touch the nodes the backend creates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -140,6 +147,7 @@ impl ZkBackend {
                 session_timeout: DEFAULT_SESSION_TIMEOUT,
                 connect_timeout: Duration::from_secs(10),
                 call_timeout: Duration::from_secs(5),
+                server_tick: DEFAULT_SERVER_TICK,
                 digest: None,
                 acl: ZkAcl::Open,
             },
@@ -198,6 +206,36 @@ impl ZkBackendBuilder {
         self
     }
 
+    /// The largest `tickTime` among the ensemble's servers (default 2 s, ZooKeeper's default;
+    /// at most half the granted session timeout is used, since a server grants no less than two
+    /// ticks unless its `minSessionTimeout` says otherwise).
+    ///
+    /// Only the leader expires sessions, and a follower tells it of our requests only in its
+    /// replies to the leader's pings, sent every half tick. So a lease counts from the last
+    /// request followed, over three quarters of a tick later, by an acknowledged write; a grant
+    /// after a quiet spell of most of a session timeout waits that long once to prove a fresh
+    /// request. A value *below* the servers' `tickTime` lets a holder connected to a follower
+    /// cut off from the leader believe in its lock after the leader has expired its session
+    /// and granted the lock to someone else; a larger value only costs that wait.
+    ///
+    /// [`build`](Self::build) refuses zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::backend::ZkBackend;
+    ///
+    /// // Servers with `tickTime=500` in zoo.cfg.
+    /// let builder = ZkBackend::builder("zk1:2181,zk2:2181,zk3:2181")
+    ///     .server_tick(Duration::from_millis(500));
+    /// # drop(builder);
+    /// ```
+    pub fn server_tick(mut self, tick: Duration) -> Self {
+        self.settings.server_tick = tick;
+        self
+    }
+
     /// Authenticates as `user:password` (scheme `digest`), again after every reconnect.
     pub fn digest(mut self, user_password: impl Into<String>) -> Self {
         self.settings.digest = Some(user_password.into());
@@ -214,7 +252,7 @@ impl ZkBackendBuilder {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a bad connect string, zero timeouts, or a creator ACL
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a bad connect string, zero timeouts or server tick, or a creator ACL
     /// without digest auth; [`ErrorKind::Backend`](crate::ErrorKind::Backend) if no server answers within the connect
     /// timeout or the server refuses the session or the credentials.
     ///
@@ -240,6 +278,7 @@ impl ZkBackendBuilder {
             ("session timeout", s.session_timeout),
             ("connect timeout", s.connect_timeout),
             ("call timeout", s.call_timeout),
+            ("server tick", s.server_tick),
         ] {
             if d.is_zero() {
                 return Err(Error::invalid_config(format!("zero zookeeper {name}")));
@@ -349,6 +388,7 @@ mod tests {
             ZkBackend::builder("127.0.0.1:1").session_timeout(Duration::from_millis(500)),
             ZkBackend::builder("127.0.0.1:1").acl(ZkAcl::CreatorAll),
             ZkBackend::builder("127.0.0.1:1").digest("no-colon"),
+            ZkBackend::builder("127.0.0.1:1").server_tick(Duration::ZERO),
         ];
         for builder in cases {
             let err = builder.build().await.unwrap_err();

@@ -146,7 +146,7 @@ impl Inner {
                 let sent = Instant::now();
                 let made = up.zk.create_lock_node(&prefix).await;
                 if made.is_ok() {
-                    self.hub.prove(epoch, sent);
+                    self.hub.acked(epoch, sent, true);
                 }
                 made
             }
@@ -182,30 +182,45 @@ impl Inner {
         }
     }
 
-    /// When the session is proven alive from, for a grant on `up`: the last quorum write if it
-    /// leaves a third of a session timeout of lease (the first renewal refreshes it soon),
-    /// otherwise a `check` of our own node now.
+    /// The instant a grant on `up` counts its lease from: the one the leader is known to have
+    /// heard from the session at or after ([`super::proof`]), if it leaves enough of a lease
+    /// ([`Proof::lasting`](super::proof::Proof::lasting)). Otherwise, after a quiet spell, a
+    /// quorum `check` of our node proves the last request we made, once it may: it is sent
+    /// a report interval (under a tick) after that request's ack, so it costs that wait. If
+    /// the last request is too old to prove anything useful, the check itself is then proven
+    /// by a second one. Three checks at most; a lease that is still short after them is short
+    /// but valid (the layer above asks again if it is too short to use).
+    ///
+    /// Cancel safe: it only sleeps and checks; the node is the claim's, released with it.
     pub(super) async fn proof(
         &self,
         up: &Up,
         node: &Node,
     ) -> std::result::Result<Instant, Failure> {
         let epoch = up.conn.epoch;
-        if let Some(at) = self.hub.proven(epoch) {
-            if at + up.conn.timeout * 2 / 3 > Instant::now() {
-                return Ok(at);
+        let changed = || Failure::Unknown("the session changed".into());
+        for _ in 0..3 {
+            let proof = self.hub.proof(epoch).ok_or_else(changed)?;
+            if proof.lasting(Instant::now()) {
+                return Ok(proof.proven());
+            }
+            if let Some(at) = proof.provable_at() {
+                tracing::debug!(
+                    path = %node.path,
+                    wait = ?at.saturating_duration_since(Instant::now()),
+                    "zookeeper: the session was quiet; proving it fresh at the leader before the grant"
+                );
+                sleep_until(at).await;
+            }
+            let sent = Instant::now();
+            let checked = up.zk.check(std::slice::from_ref(&node.path)).await;
+            match checked.into_iter().next() {
+                Some(Ok(())) => self.hub.acked(epoch, sent, true),
+                Some(Err(f)) => return Err(f),
+                None => return Err(Failure::Unknown("no check result".into())),
             }
         }
-        let sent = Instant::now();
-        let checked = up.zk.check(std::slice::from_ref(&node.path)).await;
-        match checked.into_iter().next() {
-            Some(Ok(())) => {
-                self.hub.prove(epoch, sent);
-                Ok(sent)
-            }
-            Some(Err(f)) => Err(f),
-            None => Err(Failure::Unknown("no check result".into())),
-        }
+        self.hub.proven(epoch).ok_or_else(changed)
     }
 
     /// Watches our own node from the moment it exists (the request goes out without delaying

@@ -10,8 +10,10 @@
 //! - Every node is tracked with the epoch it was made in. The nodes of a lost session, and any
 //!   node whose delete failed, go to a guaranteed-delete set: retried at every reconnect and,
 //!   while connected, with a back-off, until each is gone (Curator's `delete().guaranteed()`).
-//! - The last write that went through the quorum is remembered per session: it proves the
-//!   session alive when it was sent, so a grant is valid for a session timeout from then.
+//! - The requests each session had acknowledged are remembered (the last few): together with
+//!   the writes that went through the quorum after them, they tell from when the *leader* has
+//!   certainly heard from the session, and a lease is valid for a session timeout from then
+//!   ([`super::proof`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
@@ -21,6 +23,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use super::client::{self, Failure, Link, Settings, Zk};
+use super::proof::Proof;
 use super::recipe;
 use crate::backend::Claim;
 use crate::error::{Error, ErrorKind, Result};
@@ -86,8 +89,8 @@ pub(super) struct Hub {
     /// orders registration against epoch changes.
     held: StdMutex<HashMap<Arc<str>, Held>>,
     nodes: StdMutex<Nodes>,
-    /// When the last quorum write of the current epoch was sent.
-    proven: StdMutex<Option<(u64, Instant)>>,
+    /// What the leader is known to have heard of the current session.
+    proof: StdMutex<Proof>,
     cleanup: Arc<Notify>,
     /// Moves on every reconnect (the same session back, or a new one).
     reconnects: watch::Sender<u64>,
@@ -99,7 +102,9 @@ impl Hub {
     /// Opens the first session and starts the hub's tasks.
     pub(super) async fn start(settings: Settings) -> Result<Arc<Self>> {
         let (links, links_rx) = mpsc::unbounded_channel();
+        let connecting = Instant::now();
         let zk = client::connect(&settings, 1, links.clone()).await?;
+        let proof = Proof::new(1, connecting, zk.session_timeout(), settings.server_tick);
         let hub = Arc::new(Self {
             state: watch::Sender::new(Conn {
                 epoch: 1,
@@ -111,7 +116,7 @@ impl Hub {
             session: StdMutex::new(Some(zk)),
             held: StdMutex::new(HashMap::new()),
             nodes: StdMutex::new(Nodes::default()),
-            proven: StdMutex::new(None),
+            proof: StdMutex::new(proof),
             cleanup: Arc::new(Notify::new()),
             reconnects: watch::Sender::new(0),
             links,
@@ -252,22 +257,28 @@ impl Hub {
         self.cleanup.notify_one();
     }
 
-    /// A write through the quorum, sent at `sent` in `epoch`, succeeded.
-    pub(super) fn prove(&self, epoch: u64, sent: Instant) {
-        let mut proven = self.proven.locked();
-        match *proven {
-            Some((e, at)) if e == epoch && at >= sent => {}
-            _ if self.now().epoch == epoch => *proven = Some((epoch, sent)),
-            _ => {}
+    /// A request of `epoch`'s session, sent at `sent`, was acknowledged just now; `quorum` if
+    /// it was a write (committed by the leader). See [`Proof::acked`].
+    pub(super) fn acked(&self, epoch: u64, sent: Instant, quorum: bool) {
+        let acked = Instant::now();
+        let mut proof = self.proof.locked();
+        if proof.epoch() == epoch {
+            proof.acked(sent, acked, quorum);
         }
     }
 
-    /// When the last quorum write of `epoch` was sent.
+    /// What the leader is known to have heard of `epoch`'s session; `None` once it is not the
+    /// current one.
+    pub(super) fn proof(&self, epoch: u64) -> Option<Proof> {
+        let proof = self.proof.locked();
+        (proof.epoch() == epoch).then(|| proof.clone())
+    }
+
+    /// The instant the leader is known to have heard from `epoch`'s session at or after: a
+    /// lease is valid for a session timeout from it.
     pub(super) fn proven(&self, epoch: u64) -> Option<Instant> {
-        self.proven
-            .locked()
-            .filter(|(e, _)| *e == epoch)
-            .map(|(_, at)| at)
+        let proof = self.proof.locked();
+        (proof.epoch() == epoch).then(|| proof.proven())
     }
 
     fn publish(&self, change: impl FnOnce(&mut Conn)) {
@@ -327,10 +338,17 @@ impl Hub {
         drop(old);
     }
 
-    /// Puts a new session in place (its epoch was set when the old one was lost).
-    fn install(&self, zk: Arc<dyn Zk>) {
+    /// Puts a new session in place (its epoch was set when the old one was lost), whose
+    /// connect began at `connecting`.
+    fn install(&self, zk: Arc<dyn Zk>, connecting: Instant) {
         let mut session = self.session.locked();
         let timeout = zk.session_timeout();
+        *self.proof.locked() = Proof::new(
+            self.now().epoch,
+            connecting,
+            timeout,
+            self.settings.server_tick,
+        );
         *session = Some(zk);
         self.publish(|c| {
             c.up = true;
@@ -458,6 +476,7 @@ async fn reconnect(hub: &Weak<Hub>) {
         let settings = h.settings.clone();
         let links = h.links.clone();
         drop(h);
+        let connecting = Instant::now();
         let attempt = tokio::select! {
             r = client::connect(&settings, conn.epoch, links) => r,
             _ = closing.wait_for(|c| c.closed) => return,
@@ -466,7 +485,7 @@ async fn reconnect(hub: &Weak<Hub>) {
             Ok(zk) => {
                 if let Some(h) = hub.upgrade() {
                     if !h.now().closed {
-                        h.install(zk);
+                        h.install(zk, connecting);
                     }
                 }
                 return;
