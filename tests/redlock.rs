@@ -391,8 +391,8 @@ async fn a_redlock_url_names_every_node() {
         .map(|p| format!("127.0.0.1:{}", p.port()))
         .collect();
     let url = format!("redlock://{}/", hosts.join(","));
-    // The URL client keeps the default rejoin delay (30 s): mark the nodes as serving this
-    // namespace since long ago, as a long-running deployment's nodes are.
+    // The URL client keeps the default rejoin delay (30 s), and these nodes started moments
+    // ago: mark them as remembering this namespace since long ago, as nodes up for a while do.
     for s in &nodes.servers {
         let mut conn = support::redis::connection(&s.url()).await;
         let _: () = redis::cmd("SET")

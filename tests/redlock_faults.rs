@@ -413,3 +413,30 @@ async fn split_scenario(kind: Kind) {
     }
     holder.shutdown().await;
 }
+
+/// Nodes whose `redis-server` has run longer than the rejoin delay (the usual case: a new
+/// deployment's nodes that have been up a while, or a new namespace on nodes that have served
+/// others for months) vote at once for a namespace none of them has served yet: the delay is
+/// for a node that restarted, not for a namespace that is new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_namespace_on_long_running_nodes_is_served_at_once() {
+    let ns = test_namespace!();
+    let nodes = Nodes::start(5);
+    let rejoin = Duration::from_secs(2);
+    // Let every node run past the rejoin delay (uptime is counted in whole seconds).
+    sleep(rejoin + Duration::from_millis(1500)).await;
+    let c = nodes.client_with(&ns, Duration::from_secs(2), rejoin).await;
+    let started = Instant::now();
+    let g = timeout(rejoin * 3, c.mutex("first").lock())
+        .await
+        .expect("no grant within three rejoin delays")
+        .unwrap();
+    let took = started.elapsed();
+    println!("first lock of a new namespace on nodes up {rejoin:?}+: {took:?}");
+    assert!(
+        took < rejoin / 4,
+        "the first lock took {took:?} (rejoin delay {rejoin:?})"
+    );
+    g.release().await.unwrap();
+    c.shutdown().await;
+}

@@ -16,7 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// How long one node may take to answer before it counts as not granting.
 const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
-/// How long a node that lost its data sits out.
+/// How long after its server started a node sits out.
 const DEFAULT_REJOIN_DELAY: Duration = crate::DEFAULT_TTL;
 
 /// Builds a [`RedlockBackend`]. Created by [`RedlockBackend::builder`].
@@ -117,11 +117,42 @@ impl RedlockBackendBuilder {
         self
     }
 
-    /// How long a node that lost its data (or serves a namespace for the first time) grants
-    /// nothing: at least the longest TTL your locks use, so that every lease it may have
-    /// forgotten has run out before it counts again. Defaults to
-    /// [`DEFAULT_TTL`](crate::DEFAULT_TTL) (30 s). Zero is safe only if every node persists
-    /// each write before answering (`appendfsync always`).
+    /// How long after its `redis-server` started a node grants nothing: at least the longest
+    /// TTL your locks use, so that every lease a restarted node may have forgotten has run out
+    /// before it counts again. Defaults to [`DEFAULT_TTL`](crate::DEFAULT_TTL) (30 s).
+    ///
+    /// A node restarted less than this ago sits out the rest of it; a node up longer votes at
+    /// once, for any namespace, new ones included. The node's scripts read its uptime
+    /// (`INFO server`) the first time it serves a namespace and remember the start in
+    /// `<namespace>:born`, which goes only with the node's data. So this assumes a node
+    /// forgets grants only by restarting: no `FLUSHALL`/`FLUSHDB`, no eviction of lock keys
+    /// (`maxmemory-policy noeviction`), no replica promoted in its place. A node that restarts
+    /// *with* its data (RDB, or AOF other than `appendfsync always`) keeps its mark and votes
+    /// at once, although it may have lost the last writes: run nodes without persistence, or
+    /// with `appendfsync always` and a delay of zero (then a restart forgets nothing, and no
+    /// node ever sits out). A server that refuses `INFO` to scripts (an ACL without `+info`)
+    /// counts as just started when it first serves a namespace.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// // Nodes with `appendfsync always`: a restart forgets nothing.
+    /// let backend = distlock::backend::RedlockBackend::builder([
+    ///     "redis://10.0.0.1:6379/",
+    ///     "redis://10.0.0.2:6379/",
+    ///     "redis://10.0.0.3:6379/",
+    /// ])
+    /// .rejoin_delay(Duration::ZERO)
+    /// .build()
+    /// .await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn rejoin_delay(mut self, delay: Duration) -> Self {
         self.rejoin_delay = delay;
         self

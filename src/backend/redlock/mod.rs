@@ -50,11 +50,12 @@ pub use self::ticket::RedlockTicket;
 /// already (the usual case once counters are in step), no raise is needed: 1 round trip.
 ///
 /// **A node that lost its data** (restarted without persistence) may have forgotten a grant,
-/// so it sits out for [`rejoin_delay`](RedlockBackendBuilder::rejoin_delay) (the Redlock
-/// paper's advice): each node records when it first served the namespace (`<ns>:born`, which
-/// vanishes only with the data) and grants nothing until that long after. Its fencing counter
-/// restarts at its clock in µs, above every token issued before as long as nodes' clocks
-/// agree within the time it was down.
+/// so it sits out until [`rejoin_delay`](RedlockBackendBuilder::rejoin_delay) after its server
+/// started (the Redlock paper's advice): the first time a node serves a namespace its script
+/// reads the server's uptime (`INFO server`) and records the start (`<ns>:born`, which vanishes
+/// only with the data). A node up longer than the delay votes at once, for a new namespace
+/// too. Its fencing counter restarts at its clock in µs, above every token issued before as
+/// long as nodes' clocks agree within the time it was down.
 ///
 /// **Fairness when nodes disagree.** A node that missed a waiter's queue entry (it was down, or
 /// the call timed out) may hand the lock to the next waiter instead. A waiter that hears of

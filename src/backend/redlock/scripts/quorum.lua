@@ -6,8 +6,10 @@
 --                  score, then the lowest entry)
 --   waiters  zset  waiting owner -> liveness deadline (server ms)
 --   fence    string counter, long TTL; restarts at server time in microseconds
---   born     string the server ms at which this node first served the namespace (it has no
---                  expiry, so it is gone only if the node lost its data)
+--   born     string the server ms since which this node remembers every grant of the
+--                  namespace: when its redis-server started (from INFO's uptime, read the first
+--                  time it serves the namespace). It has no expiry, so it is gone only if the
+--                  node lost its data; a node that kept it through a restart kept its data.
 
 Q.first = function(queue) return redis.call('ZRANGE', queue, 0, 0)[1] end
 Q.head = function(queue, n) return redis.call('ZRANGE', queue, 0, n - 1) end
@@ -19,14 +21,24 @@ Q.len = function(queue) return redis.call('ZCARD', queue) end
 -- waiter next in line always hears when a provisional lease ends.
 Q.hint_always = true
 
--- How many ms the node must still sit out: a node that lost its data may have forgotten a
--- grant, so it grants nothing until every lease it could have held has run out.
+-- How many ms the node must still sit out: a node that lost its data (restarted) may have
+-- forgotten a grant, so it grants nothing until every lease it could have held has run out,
+-- `rejoin_ms` after its server started. A node up longer than that votes at once, whether or
+-- not it served the namespace before: it has forgotten nothing.
 local function joining(born, rejoin_ms)
   local now = clock()
   local since = redis.call('GET', born)
   if not since then
-    redis.call('SET', born, int(now))
-    since = now
+    -- Uptime counts whole seconds and may be up to one ahead: take one off, so the start we
+    -- assume is never earlier than the real one. A server that keeps INFO from scripts (an
+    -- ACL without +info) counts as just started: it sits out the whole delay from now.
+    local info = redis.pcall('INFO', 'server')
+    local up = 0
+    if type(info) == 'string' then
+      up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0
+    end
+    since = now - math.max(up - 1, 0) * 1000
+    redis.call('SET', born, int(since))
   end
   local left = tonumber(since) + rejoin_ms - now
   if left > 0 then
