@@ -440,3 +440,74 @@ async fn a_new_namespace_on_long_running_nodes_is_served_at_once() {
     g.release().await.unwrap();
     c.shutdown().await;
 }
+
+/// `n` lock/release pairs in a row on `key`; how long they took.
+async fn pairs(c: &distlock::LockClient, key: &str, n: usize) -> Duration {
+    let started = Instant::now();
+    let mut last = 0;
+    for _ in 0..n {
+        let g = c.mutex(key).lock().await.unwrap();
+        assert!(g.fencing_token() > last);
+        last = g.fencing_token();
+        g.release().await.unwrap();
+    }
+    started.elapsed()
+}
+
+/// Two of five nodes killed (connections refused) and left down cost nothing on the acquire
+/// path: a node known down is skipped (a no vote at once) while it is reconnected in the
+/// background. When they come back they vote again: a third node killed then still leaves a
+/// quorum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_down_cost_nothing_and_count_again_when_back() {
+    let ns = test_namespace!();
+    let mut nodes = Nodes::start(5);
+    let ttl = Duration::from_secs(2);
+    // Straight to the servers: a killed node refuses connections.
+    let c = client_on(nodes.direct_urls(), &ns, ttl, Duration::ZERO).await;
+    const N: usize = 50;
+    pairs(&c, "k", 5).await;
+    let five_up = pairs(&c, "k", N).await;
+    nodes.servers[3].kill();
+    nodes.servers[4].kill();
+    // The first pair finds them down (at most the node timeout), the others skip them.
+    let finding = timeout(BOUND * 2, pairs(&c, "k", 1))
+        .await
+        .expect("the first lock with two nodes down hung");
+    let bound = five_up * 2 + Duration::from_millis(250);
+    let two_down = timeout(Duration::from_secs(60), pairs(&c, "k", N))
+        .await
+        .expect("two nodes down: 50 pairs took over a minute");
+    println!(
+        "{N} lock/release pairs: five nodes up {five_up:?}, two down {two_down:?} \
+         (after a first pair of {finding:?})"
+    );
+    assert!(finding < BOUND, "the first pair took {finding:?}");
+    assert!(
+        two_down <= bound,
+        "two nodes down: {two_down:?} for {N} pairs, five up: {five_up:?}"
+    );
+
+    nodes.servers[3].restart_after(|| {});
+    nodes.servers[4].restart_after(|| {});
+    // They are reconnected in the background (back-off at most 1 s, sooner once their pub/sub
+    // connection is back).
+    sleep(Duration::from_secs(2)).await;
+    nodes.servers[2].kill();
+    let finding = timeout(BOUND * 2, pairs(&c, "k", 1))
+        .await
+        .expect("no quorum with the restarted nodes back");
+    let back = timeout(Duration::from_secs(60), pairs(&c, "k", N))
+        .await
+        .expect("nodes 3 and 4 back, node 2 down: 50 pairs took over a minute");
+    println!(
+        "{N} pairs with nodes 3 and 4 back and node 2 down: {back:?} \
+         (after a first pair of {finding:?})"
+    );
+    assert!(finding < BOUND, "the first pair took {finding:?}");
+    assert!(
+        back <= bound,
+        "{back:?} for {N} pairs, five up: {five_up:?}"
+    );
+    c.shutdown().await;
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use tokio::sync::watch;
 
-use super::node::Node;
+use super::node::{Downs, Node};
 use super::quorum::quorum;
 use super::{Inner, RedlockBackend, RedlockNode};
 use crate::backend::handoff::{check_handoff_ttl, client_id, DEFAULT_HANDOFF_TTL};
@@ -103,7 +103,9 @@ impl RedlockBackend {
 impl RedlockBackendBuilder {
     /// How long one node may take to answer a call (including connecting) before it counts as
     /// not granting. Keep it far below the TTL: an acquisition waits at most this long for the
-    /// slowest node, and the time spent is taken off the lease. Defaults to 200 ms.
+    /// slowest node, and the time spent is taken off the lease. A node that did not answer in
+    /// time, or could not be reached, is then known down: skipped at once until a background
+    /// attempt reaches it again. Defaults to 200 ms.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
@@ -199,9 +201,11 @@ impl RedlockBackendBuilder {
         }
         check_handoff_ttl(self.handoff_ttl)?;
         tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+        let q = quorum(self.nodes.len());
+        let downs = Downs::new(self.nodes.len(), q);
         let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len());
         for node in self.nodes {
-            let node = Node::new(node, self.node_timeout)?;
+            let node = Node::new(node, self.node_timeout, downs.clone())?;
             if nodes.iter().any(|n| n.name == node.name) {
                 return Err(Error::invalid_config(format_args!(
                     "redlock node {} is named twice",
@@ -210,7 +214,6 @@ impl RedlockBackendBuilder {
             }
             nodes.push(node);
         }
-        let q = quorum(nodes.len());
         let probe = Script::new("return 1");
         let probe = probe.prepare_invoke();
         let probes = join_all(nodes.iter().map(|n| n.call::<i64>("connect", &probe))).await;

@@ -165,8 +165,9 @@ impl RedlockBackend {
     }
 
     /// Subscribes the claim to its channel on every node where it is not yet, each within the
-    /// node timeout; a node whose pub/sub is down is skipped (its grants are found by the
-    /// re-check at the holder's deadline instead).
+    /// node timeout; a node skipped as down is passed over at once, and one whose pub/sub is
+    /// down after the node timeout (its grants are found by the re-check at the holder's
+    /// deadline instead).
     async fn subscribe_all(&self, ticket: &RedlockTicket, keys: &Keys) {
         let tickets = ticket.nodes(self.inner.nodes.len());
         let calls = self
@@ -175,7 +176,7 @@ impl RedlockBackend {
             .iter()
             .zip(tickets)
             .map(|(node, nt)| async move {
-                if nt.sub.locked().is_some() {
+                if nt.sub.locked().is_some() || node.skipped() {
                     return;
                 }
                 let sub = match node.hub.subscribe_if_ready(&keys.channel, &keys.owner) {
@@ -193,8 +194,8 @@ impl RedlockBackend {
         join_all(calls).await;
     }
 
-    /// Whether the claim is subscribed on every node, registering it where the channel is
-    /// subscribed already (no I/O).
+    /// Whether the claim is subscribed on every node not skipped as down, registering it where
+    /// the channel is subscribed already (no I/O).
     fn subscribed_everywhere(&self, ticket: &RedlockTicket, keys: &Keys) -> bool {
         let tickets = ticket.nodes(self.inner.nodes.len());
         let mut all = true;
@@ -202,7 +203,7 @@ impl RedlockBackend {
             let mut sub = nt.sub.locked();
             if sub.is_none() {
                 *sub = node.hub.subscribe_if_ready(&keys.channel, &keys.owner);
-                all &= sub.is_some();
+                all &= sub.is_some() || node.skipped();
             }
         }
         all

@@ -57,6 +57,12 @@ pub use self::ticket::RedlockTicket;
 /// too. Its fencing counter restarts at its clock in µs, above every token issued before as
 /// long as nodes' clocks agree within the time it was down.
 ///
+/// **A node that is down** (a call could not reach it) is skipped: calls to it fail at once,
+/// as a no vote, while one background task reconnects it with a growing pause (25 ms to 1 s,
+/// or at once when its pub/sub connection is back). Two of five nodes down cost nothing.
+/// While more nodes are down than a quorum leaves out, calls try them all again, so nodes that
+/// are back count at once.
+///
 /// **Fairness when nodes disagree.** A node that missed a waiter's queue entry (it was down, or
 /// the call timed out) may hand the lock to the next waiter instead. A waiter that hears of
 /// grants from only a minority asks every node 10 ms later, queues again where it was missing,

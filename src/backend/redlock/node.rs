@@ -1,7 +1,11 @@
 //! One independent Redis node of a Redlock set: a command connection made on first use (a node
 //! that is down when the backend starts does not stop it), the node's pub/sub hub, and a
-//! deadline on every call, so a node that is down, slow or silent costs at most that deadline.
+//! deadline on every call, so a node that is slow or silent costs at most that deadline. A
+//! call that cannot reach the node marks it down: until a background task reaches it again,
+//! calls to it fail at once (a no vote), so a node known down costs nothing.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -11,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::backend::redis::commands::{redis_error, Commands, CALL_TIMEOUT};
 use crate::backend::redis::notify::Hub;
-use crate::backend::redis::script::Call;
+use crate::backend::redis::script::{Call, Script};
 use crate::error::{Error, ErrorKind, Result};
 
 /// One node of a Redlock set, as given to [`RedlockBackend::builder`](super::RedlockBackend::builder):
@@ -131,15 +135,49 @@ impl From<&String> for RedlockNode {
 pub(super) struct Node {
     /// `host:port` as the URL gave it, for error messages (never the credentials).
     pub(super) name: String,
+    pub(super) hub: Hub,
+    link: Arc<Link>,
+}
+
+/// The command side of a node, shared with the task that reconnects it while it is down.
+struct Link {
+    name: String,
     client: ::redis::Client,
     commands: OnceCell<Commands>,
-    pub(super) hub: Hub,
     timeout: Duration,
+    /// Set while the node is known down (its last call failed to reach it): calls fail at once,
+    /// as a no vote, and one background task tries to reach it with a growing pause.
+    down: AtomicBool,
+    set: Arc<Downs>,
 }
+
+/// How many nodes of the set are known down, and how many the set tolerates (those beyond a
+/// quorum). While more are down than that, a call to a node known down is tried anyway: the
+/// quorum needs it, so a node that is back counts again at once.
+pub(super) struct Downs {
+    down: AtomicUsize,
+    tolerated: usize,
+}
+
+impl Downs {
+    pub(super) fn new(nodes: usize, quorum: usize) -> Arc<Self> {
+        Arc::new(Self {
+            down: AtomicUsize::new(0),
+            tolerated: nodes.saturating_sub(quorum),
+        })
+    }
+}
+
+/// The first and the longest pause between two attempts to reach a node known down.
+const PROBE_MIN: Duration = Duration::from_millis(25);
+const PROBE_MAX: Duration = Duration::from_secs(1);
+
+/// What reaches a node that is down, to learn that it is back.
+static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
 
 impl Node {
     /// A node for `node`; no I/O until the first call (the hub connects in the background).
-    pub(super) fn new(node: RedlockNode, timeout: Duration) -> Result<Self> {
+    pub(super) fn new(node: RedlockNode, timeout: Duration, set: Arc<Downs>) -> Result<Self> {
         let client = ::redis::Client::open(node.url.as_str())
             .map_err(|e| Error::invalid_config("malformed redis url in redlock").with_source(e))?;
         let info = client.get_connection_info();
@@ -149,12 +187,24 @@ impl Node {
             other => other.to_string(),
         };
         Ok(Self {
-            name,
             hub: Hub::start(client.clone()),
-            client,
-            commands: OnceCell::new_with(node.commands),
-            timeout,
+            link: Arc::new(Link {
+                name: name.clone(),
+                client,
+                commands: OnceCell::new_with(node.commands),
+                timeout,
+                down: AtomicBool::new(false),
+                set,
+            }),
+            name,
         })
+    }
+
+    /// Whether calls skip the node: it is known down (a background task is reconnecting it)
+    /// and no more nodes are down than the set tolerates.
+    pub(super) fn skipped(&self) -> bool {
+        self.link.down.load(Ordering::Acquire)
+            && self.link.set.down.load(Ordering::Acquire) <= self.link.set.tolerated
     }
 
     /// Runs a script on this node within the node's deadline; returns the reply and when the
@@ -164,17 +214,114 @@ impl Node {
         what: &str,
         inv: &Call<'_>,
     ) -> Result<(T, Instant)> {
-        self.call_within(self.timeout, what, inv).await
+        self.call_within(self.link.timeout, what, inv).await
     }
 
     /// As [`call`](Self::call), with a deadline of `limit` (renewing thousands of leases in one
     /// script may take longer than an acquisition should wait).
+    ///
+    /// A node known down fails at once, without I/O, unless more nodes are down than the set
+    /// tolerates. A call that cannot reach the node (a connection refused or dropped, no reply
+    /// in time, a server not ready) marks it down until a call reaches it again.
     pub(super) async fn call_within<T: FromRedisValue>(
         &self,
         limit: Duration,
         what: &str,
         inv: &Call<'_>,
     ) -> Result<(T, Instant)> {
+        if self.skipped() {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "redlock node {}: down, reconnecting in the background",
+                    self.name
+                ),
+            )
+            .transient());
+        }
+        match self.link.call_within(limit, what, inv).await {
+            Ok(reply) => {
+                self.link.mark_up();
+                Ok(reply)
+            }
+            Err((err, unreachable)) => {
+                if unreachable {
+                    self.mark_down();
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Marks the node down and, unless one runs already, starts the task that tries to reach
+    /// it: after a pause growing from [`PROBE_MIN`] to [`PROBE_MAX`], or at once when the
+    /// node's pub/sub connection comes back. It ends when the node answers (it counts again)
+    /// or when the backend is dropped.
+    fn mark_down(&self) {
+        if self.link.down.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.link.set.down.fetch_add(1, Ordering::AcqRel);
+        tracing::debug!(node = %self.name, "redlock node down; reconnecting in the background");
+        let link = Arc::downgrade(&self.link);
+        let mut hub_back = Some(self.hub.reconnects());
+        tokio::spawn(async move {
+            let mut pause = PROBE_MIN;
+            loop {
+                let back = async {
+                    match hub_back.as_mut() {
+                        Some(rx) => {
+                            if rx.changed().await.is_err() {
+                                // The hub is gone: the pause alone paces the attempts.
+                                hub_back = None;
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = back => {}
+                }
+                let Some(link) = link.upgrade() else { return };
+                if !link.down.load(Ordering::Acquire) {
+                    // A call the quorum needed reached it meanwhile.
+                    return;
+                }
+                let probe = PROBE.prepare_invoke();
+                if link
+                    .call_within::<i64>(link.timeout, "probe", &probe)
+                    .await
+                    .is_ok()
+                {
+                    link.mark_up();
+                    return;
+                }
+                pause = (pause * 2).min(PROBE_MAX);
+            }
+        });
+    }
+}
+
+impl Link {
+    /// The node answered: it counts again.
+    fn mark_up(&self) {
+        if self.down.swap(false, Ordering::AcqRel) {
+            self.set.down.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(node = %self.name, "redlock node back");
+        }
+    }
+
+    /// One call within `limit`; a failure says whether the node could not be reached (no
+    /// reply in time, or a failure the command layer counts as transient: the connection, a
+    /// server not ready), as opposed to a reply refusing the call.
+    async fn call_within<T: FromRedisValue>(
+        &self,
+        limit: Duration,
+        what: &str,
+        inv: &Call<'_>,
+    ) -> std::result::Result<(T, Instant), (Error, bool)> {
         let call = async {
             let commands = self
                 .commands
@@ -193,20 +340,27 @@ impl Node {
         };
         match tokio::time::timeout(limit, call).await {
             Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(e)) => Err(Error::new(
-                ErrorKind::Backend,
-                format!("redlock node {}: {e}", self.name),
-            )
-            .with_source(e)
-            .transient()),
-            Err(_) => Err(Error::new(
-                ErrorKind::Backend,
-                format!(
-                    "redlock node {}: no reply to {what} within {limit:?}",
-                    self.name
-                ),
-            )
-            .transient()),
+            Ok(Err(e)) => {
+                let unreachable = e.is_transient();
+                let err = Error::new(
+                    ErrorKind::Backend,
+                    format!("redlock node {}: {e}", self.name),
+                )
+                .with_source(e)
+                .transient();
+                Err((err, unreachable))
+            }
+            Err(_) => Err((
+                Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "redlock node {}: no reply to {what} within {limit:?}",
+                        self.name
+                    ),
+                )
+                .transient(),
+                true,
+            )),
         }
     }
 }
