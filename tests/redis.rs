@@ -5,6 +5,7 @@
 
 mod support;
 
+#[cfg(all(feature = "redis-deadpool", feature = "redis-bb8"))]
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
