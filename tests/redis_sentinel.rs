@@ -106,3 +106,71 @@ async fn bad_sentinel_urls_are_clear_errors() {
     let err = LockClient::connect(&dead).await.unwrap_err();
     assert!(err.is_backend(), "{err}");
 }
+
+/// Issue 31, item 1: the primary is paused (SIGSTOP), not killed; the sentinels promote the
+/// replica; the old primary is resumed and answers as a primary until they demote it. The
+/// holder must follow the switch (renew on the new primary, which has its replicated lease)
+/// or be told it lost the lock: at no moment may it and a new client both believe they hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_primary_leaves_no_two_holders() {
+    let ns = test_namespace!();
+    let mut setup = SentinelSetup::start();
+    let ttl = Duration::from_secs(10);
+    let a = client(&setup, &ns, ttl).await;
+    let held = a.mutex("k").lock().await.unwrap();
+    // Let the grant reach the replica.
+    sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let pid = tokio::task::block_in_place(|| setup.pause_primary());
+    println!("promoted {:?} after the pause", started.elapsed());
+    // A new client (a new replica of the service) finds the new primary.
+    let b = client(&setup, &ns, ttl).await;
+    let waiter = tokio::spawn({
+        let m = b.mutex("k");
+        async move {
+            let guard = m.lock_timeout(Duration::from_secs(30)).await;
+            (Instant::now(), guard)
+        }
+    });
+    sleep(Duration::from_secs(1)).await;
+    support::RedisServer::signal(pid, "CONT");
+    // Past the holder's replicated lease on the new primary, and past the old primary's
+    // demotion, unless the holder kept its lease on the new primary.
+    let lost_at = timeout(Duration::from_secs(14), held.lost())
+        .await
+        .ok()
+        .map(|()| Instant::now());
+    let released_at = if lost_at.is_none() {
+        // The holder stops believing when it asks to release.
+        let asked = Instant::now();
+        held.release().await.unwrap();
+        Some(asked)
+    } else {
+        None
+    };
+    let (granted_at, guard) = timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter was never granted")
+        .unwrap();
+    let guard = guard.expect("the waiter's lock");
+    let gave_up = lost_at.or(released_at).unwrap_or_else(Instant::now);
+    let overlap = gave_up.saturating_duration_since(granted_at);
+    println!(
+        "holder {} {:?} after the pause; waiter granted {:?} after it; overlap {overlap:?}",
+        if lost_at.is_some() {
+            "lost"
+        } else {
+            "released"
+        },
+        gave_up.saturating_duration_since(started),
+        granted_at.saturating_duration_since(started)
+    );
+    assert_eq!(
+        overlap,
+        Duration::ZERO,
+        "two clients believed they held the lock for {overlap:?}"
+    );
+    drop(guard);
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -288,6 +288,26 @@ impl RedisServer {
         self.port
     }
 
+    /// The server's process id, from `INFO server`.
+    pub fn pid(&self) -> u32 {
+        let info: String =
+            query_port(self.port, ::redis::cmd("INFO").arg("server")).expect("INFO server");
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|p| p.trim().parse().ok())
+            .expect("a process_id in INFO server")
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the server process `pid`.
+    pub fn signal(pid: u32, signal: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} {pid} failed");
+    }
+
     /// SIGKILLs the server (every key it held is gone with it); it stays down.
     pub fn kill(&mut self) {
         self.process.stop();

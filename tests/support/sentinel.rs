@@ -114,6 +114,21 @@ impl SentinelSetup {
     /// SIGKILLs the primary and waits until every sentinel names the replica instead.
     pub fn kill_primary(&mut self) {
         self.primary.kill();
+        self.until_replica_promoted();
+    }
+
+    /// SIGSTOPs the primary (it keeps its data and, once resumed, answers as a primary until
+    /// the sentinels demote it) and waits until every sentinel names the replica instead.
+    /// Returns the paused process's id, for [`RedisServer::signal`] `CONT`.
+    pub fn pause_primary(&mut self) -> u32 {
+        let pid = self.primary.pid();
+        RedisServer::signal(pid, "STOP");
+        self.until_replica_promoted();
+        pid
+    }
+
+    /// Waits until every sentinel names the replica as the primary, and it says it is one.
+    pub fn until_replica_promoted(&self) {
         let replica = self.replica.port();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

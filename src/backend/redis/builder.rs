@@ -406,6 +406,7 @@ impl RedisBackendBuilder {
     async fn build_sentinel(mut self) -> Result<RedisBackend> {
         let sentinel = Arc::new(sentinel::Sentinel::from_url(&self.url)?);
         tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+        sentinel.listen();
         let commands = match std::mem::replace(&mut self.source, Source::Own) {
             Source::Own => Commands::Sentinel(sentinel.clone()),
             #[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]

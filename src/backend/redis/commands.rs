@@ -87,7 +87,15 @@ impl Commands {
             let failure = match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
                 Ok(Ok(value)) => return Ok((value, in_doubt, sent)),
                 Ok(Err(f)) => f,
-                Err(_) => Failure::Timeout,
+                Err(_) => {
+                    // A primary that stopped answering (paused, cut off) may have been
+                    // replaced: ask the sentinels again at the next call.
+                    #[cfg(feature = "redis-sentinel")]
+                    if let Self::Sentinel(sentinel) = self {
+                        sentinel.forget();
+                    }
+                    Failure::Timeout
+                }
             };
             let retry = match &failure {
                 Failure::Redis(e) if e.is_connection_refusal() => true,

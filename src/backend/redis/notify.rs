@@ -371,7 +371,17 @@ fn anyone_waits(inner: &HubInner) -> bool {
         .any(|c| !c.mailboxes.is_empty())
 }
 
+/// For a Sentinel source, a receiver that changes when the sentinels announce a new primary.
+fn switches(source: &Source) -> Option<watch::Receiver<u64>> {
+    match source {
+        #[cfg(feature = "redis-sentinel")]
+        Source::Sentinel(sentinel) => Some(sentinel.switches()),
+        _ => None,
+    }
+}
+
 async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiver<Arc<str>>) {
+    let mut switched = switches(&source);
     let mut backoff = RECONNECT_MIN;
     let mut first = true;
     loop {
@@ -479,6 +489,24 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                         tracing::warn!("redis pub/sub connection did not answer PING; reconnecting");
                         break;
                     }
+                }
+                moved = async {
+                    match switched.as_mut() {
+                        Some(rx) => rx.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if !moved {
+                        switched = None;
+                        continue;
+                    }
+                    // The sentinels named a new primary: holders renew there now (the command
+                    // connection was dropped), and this connection moves there too.
+                    tracing::debug!("redis sentinel switched primaries; moving the pub/sub connection");
+                    if let Some(inner) = hub.upgrade() {
+                        inner.reconnects.send_modify(|n| *n += 1);
+                    }
+                    break;
                 }
                 () = tokio::time::sleep_until(rebuild_at.unwrap_or_else(tokio::time::Instant::now)), if rebuild_at.is_some() => {
                     tracing::debug!("replacing the redis cluster pub/sub connection after a node dropped");
