@@ -13,7 +13,11 @@
 //!
 //! `--primitive` picks what the holders take, each in its exclusive form, so one checker judges
 //! them all: `mutex` (the default), `write` (a read-write lock's write side) or `permit` (a
-//! one-permit semaphore). Process backends only; memory runs the mutex.
+//! one-permit semaphore). Process backends only; memory runs the mutex. `--trace` makes every
+//! holder log at TRACE (to nowhere), so every event's fields are evaluated under faults.
+//!
+//! After the faults stop, Redis and Redlock runs also count the lock servers' commands: more
+//! than a few per grant means someone polls, and fails the run.
 //!
 //! Redis, ZooKeeper and PostgreSQL: real servers on loopback (tests/support), each holder a separate process
 //! (this example re-run with `--holder`) reaching the lock server through its own fault proxy.
@@ -78,6 +82,8 @@ struct Args {
     /// Which primitive the holders take, each in its exclusive form: `mutex`, `write` (a
     /// read-write lock's write side) or `permit` (a one-permit semaphore).
     primitive: String,
+    /// Holders log every event at TRACE (to nowhere): observability must change nothing.
+    trace: bool,
     secs: u64,
     seed: u64,
     holder: Option<HolderArgs>,
@@ -94,6 +100,7 @@ fn parse_args() -> Args {
     let mut args = Args {
         backend: "redis".into(),
         primitive: "mutex".into(),
+        trace: false,
         secs: 60,
         seed: wall_ns() as u64,
         holder: None,
@@ -105,6 +112,7 @@ fn parse_args() -> Args {
         match flag.as_str() {
             "--backend" => args.backend = value(),
             "--primitive" => args.primitive = value(),
+            "--trace" => args.trace = true,
             "--secs" => args.secs = value().parse().expect("--secs N"),
             "--seed" => args.seed = value().parse().expect("--seed N"),
             "--holder" => {
@@ -349,6 +357,7 @@ struct Holder {
 struct Fleet {
     backend: String,
     primitive: String,
+    trace: bool,
     exe: std::path::PathBuf,
     resource_url: String,
     ns: String,
@@ -379,6 +388,7 @@ impl Fleet {
         let mut child = Command::new(&self.exe)
             .args(["--backend", &self.backend, "--holder", &i.to_string()])
             .args(["--primitive", &self.primitive])
+            .args(self.trace.then_some("--trace"))
             .args(["--lock-url", &self.lock_url(i)])
             .args(["--resource-url", &self.resource_url, "--ns", &self.ns])
             .stdin(Stdio::piped())
@@ -500,6 +510,7 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     let mut fleet = Fleet {
         backend: args.backend.clone(),
         primitive: args.primitive.clone(),
+        trace: args.trace,
         exe: std::env::current_exe().expect("own path"),
         resource_url: resource.url(),
         ns: ns.clone(),
@@ -578,10 +589,25 @@ fn run_processes(args: &Args) -> (Counts, Vec<String>) {
             fleet.proxies[i].iter().for_each(|p| p.pass());
         }
     });
-    // Faults stop: every holder must get the lock (and write) within 3×TTL.
+    // Faults stop: every holder must get the lock (and write) within 3×TTL, and the lock
+    // server's command rate must stay that of a lock, not of waiters polling.
     let calm = Instant::now();
+    let commands_before = commands_processed(&args.backend, &server.ports());
     std::thread::sleep(TTL * 3);
+    let commands = commands_processed(&args.backend, &server.ports())
+        .zip(commands_before)
+        .map(|(after, before)| after.saturating_sub(before));
     let mut problems = stalled(&fleet.log.lock().unwrap_or_else(|p| p.into_inner()), calm);
+    if let Some(commands) = commands {
+        let grants = granted_since(&fleet.log.lock().unwrap_or_else(|p| p.into_inner()), calm);
+        let per_grant = commands / grants.max(1);
+        println!("chaos calm: {grants} grants, {commands} server commands ({per_grant} a grant)");
+        if per_grant > MAX_COMMANDS_PER_GRANT {
+            problems.push(format!(
+                "{commands} server commands for {grants} grants after the faults stopped: someone polls"
+            ));
+        }
+    }
     fleet.stop_all();
     // Locks and queue entries of holders that stopped cleanly are gone; those of killed ones
     // go with their lease (Redis, PostgreSQL) or session (ZooKeeper).
@@ -708,6 +734,39 @@ fn inject_faults(
         apply(kind, i);
     }
     done
+}
+
+/// What a grant may cost the lock server in commands, all told, while holders contend (an
+/// acquire, a subscription's share, renewals of the holder and its waiters, a release): a
+/// few. A waiter polling every millisecond costs hundreds.
+const MAX_COMMANDS_PER_GRANT: u64 = 50;
+
+/// The commands the Redis servers at `ports` have processed (Redis and Redlock only).
+fn commands_processed(backend: &str, ports: &[u16]) -> Option<u64> {
+    if !matches!(backend, "redis" | "redlock") {
+        return None;
+    }
+    let mut total = 0;
+    for port in ports {
+        let url = format!("redis://127.0.0.1:{port}/");
+        let info: String = redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| redis::cmd("INFO").arg("stats").query(&mut c))
+            .ok()?;
+        total += info
+            .lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())?;
+    }
+    Some(total)
+}
+
+/// Grants reported since `calm`.
+fn granted_since(log: &Log, calm: Instant) -> u64 {
+    log.reports
+        .iter()
+        .filter(|r| matches!(r, Report::Wrote { at, .. } if *at >= calm))
+        .count() as u64
 }
 
 /// Holders without an accepted write since `calm` (the faults stopped 3×TTL before).
@@ -919,6 +978,12 @@ fn run_memory(args: &Args) -> (Counts, Vec<String>) {
 fn main() {
     let args = parse_args();
     if let Some(holder) = args.holder {
+        if args.trace {
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::TRACE)
+                .with_writer(std::io::sink)
+                .init();
+        }
         holder_main(holder, &args.backend, &args.primitive);
         return;
     }
@@ -936,11 +1001,12 @@ fn main() {
         .collect();
     faults.sort();
     println!(
-        "chaos backend={} primitive={} secs={} seed={} grants={} writes_accepted={} skipped_lost={} \
+        "chaos backend={} primitive={} trace={} secs={} seed={} grants={} writes_accepted={} skipped_lost={} \
          stale_while_believed={} stopped_between_check_and_write={} token_regressions={} \
          faults[{}] violations={}",
         args.backend,
         args.primitive,
+        args.trace,
         started.elapsed().as_secs(),
         args.seed,
         counts.grants,

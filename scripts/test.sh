@@ -37,7 +37,7 @@ for backend in memory redis redlock zookeeper postgres; do
 done
 # The other primitives, a bounded slice per run: a read-write lock's write side and a
 # one-permit semaphore, each on a backend the run's seed picks (the full matrix by hand, with
-# --backend and --primitive).
+# --backend and --primitive), with the holders logging at TRACE.
 seed="${DISTLOCK_CHAOS_SEED:-$(date +%s)}"
 backends=(redis redlock zookeeper postgres)
 for primitive in write permit; do
@@ -45,5 +45,5 @@ for primitive in write permit; do
   seed=$(( seed / 4 + 1 ))
   echo "== chaos --backend $backend --primitive $primitive"
   cargo run --locked --all-features --example chaos -- --backend "$backend" --primitive "$primitive" \
-    --secs "${DISTLOCK_CHAOS_SECS:-45}"
+    --trace --secs "${DISTLOCK_CHAOS_SECS:-45}"
 done
