@@ -384,6 +384,9 @@ pub async fn dead_waiters_in_a_row_cost_a_handoff_lease_each(svc: &Service, ns: 
     for (proxy, ..) in &doomed {
         proxy.cut();
     }
+    // A moment for the server to see the dead clients' connections close (a process that
+    // died a moment before the release may still look subscribed).
+    sleep(Duration::from_millis(200)).await;
     let released = Instant::now();
     held.release().await.unwrap();
     let guard = timeout(ttl, waiter)

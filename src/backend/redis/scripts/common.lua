@@ -29,7 +29,7 @@ local Q = {
   remove = function(queue, entry) redis.call('LREM', queue, 1, entry) end,
   len = function(queue) return redis.call('LLEN', queue) end,
   may_grant = function() return true end,
-  publish = function(channel, message) redis.call('PUBLISH', channel, message) end,
+  publish = function(channel, message) return redis.call('PUBLISH', channel, message) end,
   fence_floor = false,
   hint_always = false,
 }
@@ -194,18 +194,28 @@ local function announce(prefix, owner, f, px)
     owner .. ' ' .. int(f) .. ' ' .. int(clock()) .. ' ' .. px)
 end
 
--- How many waiters at the head of the queue hear when a provisional lease ends.
-local HINTED = 3
+-- How far down the queue a hint looks for a waiter whose client is there to hear it, and how
+-- many waiters at least it tells.
+local HINT_SCAN = 32
+local HINT_MIN = 3
 
--- Tells the first `HINTED` waiters in line when the provisional leases just handed out end
--- ("<owner> <server ms> <px>"): if their owners died before confirming them, a live one of
--- these re-checks then instead of at the old holders' deadlines, hands the lock to the next
--- in line and, told that one's provisional lease, re-checks again when it ends. So dead
--- waiters in a row (up to `HINTED` + 1 of them) cost one provisional lease each, not a TTL.
+-- Tells waiters in line when the provisional leases just handed out end ("<owner> <server ms>
+-- <px>"): if their owners died before confirming them, a live waiter told re-checks then
+-- instead of at the old holders' deadlines, hands the lock to the next in line and, told that
+-- one's provisional lease, re-checks again when it ends. So dead waiters in a row cost one
+-- provisional lease each, not a TTL. The first `HINT_MIN` waiters are told (a client whose
+-- pub/sub link is reconnecting may hear nothing now and still be alive), and then more until
+-- one whose client is subscribed heard it (PUBLISH counts them; a dead client's subscription
+-- is gone once the server saw its connection close), at most `HINT_SCAN`.
 local function hint_next(prefix, queue, px)
-  for _, entry in ipairs(Q.head(queue, HINTED)) do
+  local heard = false
+  for i, entry in ipairs(Q.head(queue, HINT_SCAN)) do
+    if heard and i > HINT_MIN then
+      return
+    end
     local _, owner = parse_entry(entry)
-    Q.publish(channel_of(prefix, owner), owner .. ' ' .. int(clock()) .. ' ' .. px)
+    local n = Q.publish(channel_of(prefix, owner), owner .. ' ' .. int(clock()) .. ' ' .. px)
+    heard = heard or (tonumber(n) or 0) > 0
   end
 end
 
