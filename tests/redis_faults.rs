@@ -597,3 +597,72 @@ async fn a_grant_seen_by_a_queue_renewal_is_taken_without_a_renewal_storm() {
     .await;
     holder.shutdown().await;
 }
+
+/// A server that answers but refuses new connections (at `maxclients`) is not out of reach:
+/// the pub/sub connection of a client that holds a lock reconnects at the back-off, not every
+/// 20 ms (found by the attack review: 45 connections a second per holding client against a
+/// saturated server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_refusing_connections_is_not_hammered() {
+    let server = support::RedisServer::start();
+    let c = client(
+        &server.url(),
+        "maxclients",
+        Duration::from_secs(30),
+        Duration::from_secs(2),
+        true,
+    )
+    .await;
+    let held = c.mutex("k").lock().await.unwrap();
+    let mut admin = connection(&server.url()).await;
+    let stat = |info: String, name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_default()
+    };
+    // Room for this admin connection only; every other connection is closed.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg(1)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(killed >= 2, "the client's connections were not closed");
+    let stats: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let before = stat(stats, "rejected_connections:");
+    sleep(Duration::from_secs(3)).await;
+    let stats: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let rejected = stat(stats, "rejected_connections:") - before;
+    println!("{rejected} connections refused in 3 s");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg("10000")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        rejected < 30,
+        "{rejected} connections in 3 s to a server refusing them"
+    );
+    assert!(!held.is_lost());
+    held.release().await.unwrap();
+    c.shutdown().await;
+}

@@ -351,6 +351,13 @@ fn recheck_all(inner: &HubInner) {
     }
 }
 
+/// Whether a connection failed because no server answered at all (refused, or no answer in
+/// time): only then is it tried again at once. A server that answers and refuses (too many
+/// clients, credentials, TLS) waits the back-off.
+fn out_of_reach(e: &::redis::RedisError) -> bool {
+    e.is_connection_refusal() || e.is_timeout()
+}
+
 /// The pause before the next attempt to reach a server that was out of reach: `backoff` while
 /// nobody holds or waits, otherwise the shortest.
 fn pause(hub: &Weak<HubInner>, backoff: Duration) -> Duration {
@@ -403,7 +410,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                 tracing::debug!(error = %err, "redis pub/sub connect failed; retrying");
                 // Only a server out of reach is tried again at once; one that answers and
                 // refuses (credentials, TLS) waits the back-off.
-                let wait = if super::commands::unreachable(&err) {
+                let wait = if out_of_reach(&err) {
                     pause(&hub, backoff)
                 } else {
                     backoff
@@ -437,7 +444,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
             // yet) is tried again at once while anyone holds or waits.
             drop(inner);
             tracing::debug!(error = %err, "redis pub/sub subscribe failed after connecting; retrying");
-            let wait = if super::commands::unreachable(&err) {
+            let wait = if out_of_reach(&err) {
                 pause(&hub, backoff)
             } else {
                 backoff
