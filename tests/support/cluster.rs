@@ -234,24 +234,7 @@ impl RedisCluster {
     /// again on its old config (it rejoins as a replica) and waits until the cluster settles.
     pub fn kill_primary(&mut self, primary: usize, replica: usize) {
         let port = self.nodes[replica].port();
-        self.nodes[primary].restart_after(|| {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let text: String =
-                    query(port, redis::cmd("CLUSTER").arg("NODES")).unwrap_or_default();
-                if text
-                    .lines()
-                    .any(|l| l.contains("myself") && l.contains("master"))
-                {
-                    return;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "the replica never took over:\n{text}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        });
+        self.nodes[primary].restart_after(|| until_primary(port));
         self.until_settled(Duration::from_secs(60));
     }
 
@@ -260,21 +243,7 @@ impl RedisCluster {
     pub fn kill_primary_for_good(&mut self, primary: usize, replica: usize) {
         let port = self.nodes[replica].port();
         self.nodes[primary].kill();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let text: String = query(port, redis::cmd("CLUSTER").arg("NODES")).unwrap_or_default();
-            if text
-                .lines()
-                .any(|l| l.contains("myself") && l.contains("master"))
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the replica never took over:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        until_primary(port);
     }
 
     /// Moves `key`'s slot from the primary serving it to another primary (the `redis-cli
@@ -385,6 +354,25 @@ impl RedisCluster {
             assert!(Instant::now() < deadline, "keys left behind: {left:?}");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// Waits until the node at `port` says it is a primary.
+fn until_primary(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text: String = query(port, redis::cmd("CLUSTER").arg("NODES")).unwrap_or_default();
+        if text
+            .lines()
+            .any(|l| l.contains("myself") && l.contains("master"))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica never took over:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
