@@ -8,7 +8,7 @@ use std::time::Duration;
 use distlock::backend::MemoryBackend;
 use distlock::LockClient;
 use futures::future::BoxFuture;
-use support::contract::{take_multi, take_permit, take_write, torture_family, torture_with, Take};
+use support::contract::{take_multi, take_permit, take_write, torture_with, Take};
 use support::family::{
     downgrade_keeps_queued_writers_out, inspect_sees_the_family, kinds_do_not_mix, rw_exclusion,
     rw_fifo, semaphore_bound, semaphore_head_is_not_overtaken,
@@ -208,6 +208,7 @@ async fn memory_multi_locks_over_overlapping_keys_never_deadlock() {
 mod redis_backend {
     use super::*;
     use distlock::backend::RedisBackend;
+    use support::contract::torture_family;
     use support::redis::{until_only_fences, until_queued};
     use support::shared_redis;
 

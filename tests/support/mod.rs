@@ -289,6 +289,7 @@ impl RedisServer {
     }
 
     /// The server's process id, from `INFO server`.
+    #[cfg(feature = "redis")]
     pub fn pid(&self) -> u32 {
         let info: String =
             query_port(self.port, ::redis::cmd("INFO").arg("server")).expect("INFO server");
