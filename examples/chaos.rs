@@ -262,6 +262,10 @@ fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
             _ => LockClient::builder(
                 distlock::backend::ZkBackend::builder(&args.lock_url)
                     .session_timeout(TTL)
+                    // The test servers' tickTime (tests/support): the lease proof waits a
+                    // fraction of it, and the 2 s default would make most grants of a 2 s
+                    // session wait.
+                    .server_tick(support::zk::SERVER_TICK)
                     .call_timeout(Duration::from_millis(500))
                     .build()
                     .await
