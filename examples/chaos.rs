@@ -993,6 +993,10 @@ fn main() {
         holder_main(holder, &args.backend, &args.primitive);
         return;
     }
+    assert!(
+        !(args.backend == "redlock" && args.primitive == "permit"),
+        "Redlock has no semaphores: --primitive permit runs on redis, zookeeper or postgres"
+    );
     let started = Instant::now();
     let (counts, problems) = match args.backend.as_str() {
         "memory" => run_memory(&args),
