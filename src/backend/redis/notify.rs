@@ -358,9 +358,12 @@ fn out_of_reach(e: &::redis::RedisError) -> bool {
     e.is_connection_refusal() || e.is_timeout()
 }
 
-/// The pause before the next attempt to reach a server that was out of reach: `backoff` while
-/// nobody holds or waits, otherwise the shortest.
-fn pause(hub: &Weak<HubInner>, backoff: Duration) -> Duration {
+/// The pause before the next connection attempt after `err`: `backoff`, unless the server was
+/// out of reach and anyone holds or waits, then the shortest.
+fn pause(hub: &Weak<HubInner>, backoff: Duration, err: &::redis::RedisError) -> Duration {
+    if !out_of_reach(err) {
+        return backoff;
+    }
     match hub.upgrade() {
         Some(inner) if inner.holding.load(Ordering::Relaxed) > 0 || anyone_waits(&inner) => {
             RECONNECT_MIN
@@ -410,12 +413,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                 tracing::debug!(error = %err, "redis pub/sub connect failed; retrying");
                 // Only a server out of reach is tried again at once; one that answers and
                 // refuses (credentials, TLS) waits the back-off.
-                let wait = if out_of_reach(&err) {
-                    pause(&hub, backoff)
-                } else {
-                    backoff
-                };
-                tokio::time::sleep(wait).await;
+                tokio::time::sleep(pause(&hub, backoff, &err)).await;
                 backoff = (backoff * 2).min(RECONNECT_MAX);
                 if hub.strong_count() == 0 {
                     return;
@@ -444,12 +442,7 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
             // yet) is tried again at once while anyone holds or waits.
             drop(inner);
             tracing::debug!(error = %err, "redis pub/sub subscribe failed after connecting; retrying");
-            let wait = if out_of_reach(&err) {
-                pause(&hub, backoff)
-            } else {
-                backoff
-            };
-            tokio::time::sleep(wait).await;
+            tokio::time::sleep(pause(&hub, backoff, &err)).await;
             backoff = (backoff * 2).min(RECONNECT_MAX);
             continue;
         }
