@@ -28,7 +28,7 @@ cargo test --locked --all-features --workspace 2>&1 | tee "$log"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
      END { printf "distlock: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
 
-# The fault suite (examples/chaos.rs): holders looping on one key and writing to a fenced
+# The fault suite (examples/chaos/): holders looping on one key and writing to a fenced
 # resource while faults are injected; it exits non-zero on any violation. A bounded run per
 # backend here; run it for longer by hand (`--secs 600`, `--release`).
 for backend in memory redis redlock zookeeper postgres; do

@@ -1,0 +1,169 @@
+//! The process run: start the servers and holders, inject faults one at a time, then judge the
+//! calm that follows.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::checker::{granted_since, judge, resource_log, stalled, Counts, MAX_COMMANDS_PER_GRANT};
+use crate::fleet::Fleet;
+use crate::servers::{commands_processed, leftovers, Server, REDLOCK_NODES};
+use crate::{support, wall_ns, Args, Rng, HOLDERS, TTL};
+
+pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
+    let mut server = match args.backend.as_str() {
+        "redis" => Server::Redis(support::RedisServer::start()),
+        "postgres" => Server::Pg(support::PgServer::start()),
+        "redlock" => Server::Redlock(
+            (0..REDLOCK_NODES)
+                .map(|_| support::RedisServer::start())
+                .collect(),
+            0,
+        ),
+        _ => Server::Zk(support::ZkServer::start()),
+    };
+    let resource = support::RedisServer::start();
+    let ns = format!("chaos{}", std::process::id());
+    let mut fleet = Fleet {
+        backend: args.backend.clone(),
+        primitive: args.primitive.clone(),
+        trace: args.trace,
+        exe: std::env::current_exe().expect("own path"),
+        resource_url: resource.url(),
+        ns: ns.clone(),
+        holders: (0..HOLDERS).map(|_| None).collect(),
+        proxies: (0..HOLDERS)
+            .map(|_| {
+                server
+                    .ports()
+                    .into_iter()
+                    .map(support::proxy::Proxy::start)
+                    .collect()
+            })
+            .collect(),
+        log: Arc::default(),
+        spawned: 0,
+    };
+    for i in 0..HOLDERS {
+        fleet.spawn(i);
+    }
+    let mut counts = Counts::default();
+    let mut kinds: Vec<&'static str> =
+        vec!["stop", "kill", "kill2", "restart", "blackhole", "reset"];
+    if args.backend == "zookeeper" {
+        kinds.push("expire");
+    }
+    if args.backend == "redlock" {
+        kinds.push("node");
+    }
+    counts.faults = inject_faults(args, &kinds, |kind, i| match kind {
+        "stop" => {
+            let from = wall_ns();
+            fleet.signal(i, nix::sys::signal::Signal::SIGSTOP);
+            std::thread::sleep(TTL + Duration::from_millis(500));
+            fleet.signal(i, nix::sys::signal::Signal::SIGCONT);
+            let to = wall_ns();
+            fleet
+                .log
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .stops
+                .push((i, from, to));
+        }
+        "kill" => {
+            fleet.kill(i);
+            fleet.spawn(i);
+        }
+        "kill2" => {
+            // Two in a row: with one holder at a time, at least one was a queued waiter, and
+            // often both (two dead waiters in a row).
+            let j = (i + 1) % HOLDERS;
+            fleet.kill(i);
+            fleet.kill(j);
+            fleet.spawn(i);
+            fleet.spawn(j);
+        }
+        "restart" => server.restart(),
+        "blackhole" => {
+            fleet.proxies[i].iter().for_each(|p| p.blackhole());
+            std::thread::sleep(TTL + Duration::from_millis(500));
+            fleet.proxies[i].iter().for_each(|p| p.heal());
+        }
+        "expire" => {
+            fleet.proxies[i].iter().for_each(|p| p.blackhole());
+            std::thread::sleep(TTL * 2 + Duration::from_millis(500));
+            fleet.proxies[i].iter().for_each(|p| p.heal());
+        }
+        "node" => {
+            // Node `i` silent for every holder past the lease: a majority still answers.
+            fleet.proxies.iter().for_each(|p| p[i].blackhole());
+            std::thread::sleep(TTL + Duration::from_millis(500));
+            fleet.proxies.iter().for_each(|p| p[i].heal());
+        }
+        _ => {
+            fleet.proxies[i].iter().for_each(|p| p.cut());
+            std::thread::sleep(Duration::from_millis(50));
+            fleet.proxies[i].iter().for_each(|p| p.pass());
+        }
+    });
+    // Faults stop: every holder must get the lock (and write) within 3×TTL, and the lock
+    // server's command rate must stay that of a lock, not of waiters polling.
+    let calm = Instant::now();
+    let commands_before = commands_processed(&args.backend, &server.ports());
+    std::thread::sleep(TTL * 3);
+    let commands = commands_processed(&args.backend, &server.ports())
+        .zip(commands_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let mut problems = stalled(&fleet.log.lock().unwrap_or_else(|p| p.into_inner()), calm);
+    if let Some(commands) = commands {
+        let grants = granted_since(&fleet.log.lock().unwrap_or_else(|p| p.into_inner()), calm);
+        let per_grant = commands / grants.max(1);
+        println!("chaos calm: {grants} grants, {commands} server commands ({per_grant} a grant)");
+        if per_grant > MAX_COMMANDS_PER_GRANT {
+            problems.push(format!(
+                "{commands} server commands for {grants} grants after the faults stopped: someone polls"
+            ));
+        }
+    }
+    fleet.stop_all();
+    // Locks and queue entries of holders that stopped cleanly are gone; those of killed ones
+    // go with their lease (Redis, PostgreSQL) or session (ZooKeeper).
+    std::thread::sleep(TTL * 2 + Duration::from_millis(500));
+    let left: Vec<String> = server
+        .ports()
+        .into_iter()
+        .flat_map(|port| leftovers(&args.backend, port, &ns))
+        .collect();
+    if !left.is_empty() {
+        problems.push(format!("left behind: {left:?}"));
+    }
+    let log = std::mem::take(&mut *fleet.log.lock().unwrap_or_else(|p| p.into_inner()));
+    judge(&log, &resource_log(&resource.url()), &mut counts);
+    counts.faults.insert("spawned", fleet.spawned);
+    (counts, problems)
+}
+
+/// Injects faults for `args.secs`, one at a time, a random pause apart, every kind in turn in
+/// a random order, each on a random holder (`apply(kind, holder)` does it, and returns when
+/// it is over). Returns how many of each kind.
+pub(crate) fn inject_faults(
+    args: &Args,
+    kinds: &[&'static str],
+    mut apply: impl FnMut(&'static str, usize),
+) -> HashMap<&'static str, u64> {
+    let mut rng = Rng(args.seed);
+    let mut done: HashMap<&'static str, u64> = HashMap::new();
+    let mut deck: Vec<&'static str> = Vec::new();
+    let end = Instant::now() + Duration::from_secs(args.secs);
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(300 + rng.below(900)));
+        if deck.is_empty() {
+            deck = kinds.to_vec();
+        }
+        let kind = deck.swap_remove(rng.below(deck.len() as u64) as usize);
+        let i = rng.below(HOLDERS as u64) as usize;
+        *done.entry(kind).or_default() += 1;
+        apply(kind, i);
+    }
+    done
+}

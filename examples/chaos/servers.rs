@@ -1,0 +1,124 @@
+//! The lock servers a process run starts, restarts and inspects afterwards (what was left
+//! behind, how many commands they served).
+
+use std::time::Duration;
+
+use crate::support;
+
+/// The lock server a run uses.
+pub(crate) enum Server {
+    Redis(support::RedisServer),
+    Zk(support::ZkServer),
+    Pg(support::PgServer),
+    /// Independent nodes, and the one restarted next.
+    Redlock(Vec<support::RedisServer>, usize),
+}
+
+/// Nodes of a Redlock run.
+pub(crate) const REDLOCK_NODES: usize = 5;
+
+impl Server {
+    pub(crate) fn ports(&self) -> Vec<u16> {
+        match self {
+            Server::Redis(s) => vec![s.port()],
+            Server::Zk(s) => vec![s.port()],
+            Server::Pg(s) => vec![s.port()],
+            Server::Redlock(nodes, _) => nodes.iter().map(support::RedisServer::port).collect(),
+        }
+    }
+
+    pub(crate) fn restart(&mut self) {
+        let pause = || std::thread::sleep(Duration::from_millis(100));
+        match self {
+            Server::Redis(s) => s.restart_after(pause),
+            Server::Zk(s) => s.restart_after(pause),
+            Server::Pg(s) => s.restart_after(pause),
+            Server::Redlock(nodes, next) => {
+                let n = nodes.len();
+                if let Some(node) = nodes.get_mut(*next % n) {
+                    node.restart_after(pause);
+                }
+                *next += 1;
+            }
+        }
+    }
+}
+
+/// Keys (other than fence counters), znodes or live claim rows left in the namespace.
+pub(crate) fn leftovers(backend: &str, port: u16, ns: &str) -> Vec<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        if backend == "redis" || backend == "redlock" {
+            let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .expect("url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connection");
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{ns}:*"))
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            // Fencing counters carry a TTL; a Redlock node's `born` mark stays with its data.
+            keys.into_iter()
+                .filter(|k| !k.ends_with(":fence") && *k != format!("{ns}:born"))
+                .collect()
+        } else if backend == "postgres" {
+            // Rows whose lease or liveness ran out are dead; they go when the key is next used
+            // or collected.
+            let client = support::pg::connection(&format!(
+                "postgres://postgres@127.0.0.1:{port}/postgres"
+            ))
+            .await;
+            client
+                .query(
+                    "SELECT owner FROM distlock.claims WHERE ns = $1 AND deadline > clock_timestamp()",
+                    &[&ns],
+                )
+                .await
+                .expect("claims")
+                .iter()
+                .map(|r| format!("claim {}", r.get::<_, String>(0)))
+                .collect()
+        } else {
+            let zk = zookeeper_client::Client::connector()
+                .with_session_timeout(Duration::from_secs(5))
+                .connect(&format!("127.0.0.1:{port}"))
+                .await
+                .expect("zookeeper");
+            let mut out = Vec::new();
+            let mut todo = vec![format!("/{ns}")];
+            while let Some(p) = todo.pop() {
+                for k in zk.list_children(&p).await.unwrap_or_default() {
+                    let child = format!("{p}/{k}");
+                    out.push(child.clone());
+                    todo.push(child);
+                }
+            }
+            out
+        }
+    })
+}
+
+/// The commands the Redis servers at `ports` have processed (Redis and Redlock only).
+pub(crate) fn commands_processed(backend: &str, ports: &[u16]) -> Option<u64> {
+    if !matches!(backend, "redis" | "redlock") {
+        return None;
+    }
+    let mut total = 0;
+    for port in ports {
+        let url = format!("redis://127.0.0.1:{port}/");
+        let info: String = redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| redis::cmd("INFO").arg("stats").query(&mut c))
+            .ok()?;
+        total += info
+            .lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())?;
+    }
+    Some(total)
+}
