@@ -29,6 +29,7 @@ mod queue;
 mod recipe;
 mod session;
 mod ticket;
+mod wait;
 
 use std::sync::Arc;
 use std::time::Duration;

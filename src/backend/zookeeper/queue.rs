@@ -15,10 +15,11 @@ use std::sync::Arc;
 
 use tokio::time::{sleep_until, Instant};
 
-use super::client::{Failure, Fired, Watch};
+use super::client::{Failure, Fired};
 use super::recipe::{self, Other, Place};
 use super::session::Up;
 use super::ticket::{fence, lock_path, parent_paths, queue_path, Node, Step, Waiting, ZkTicket};
+use super::wait::watch_ahead;
 use super::Inner;
 use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::error::{Error, Result};
@@ -484,136 +485,6 @@ impl Inner {
     pub(super) fn forget_node(&self, ticket: &ZkTicket, node: &Node) {
         ticket.lock().node = None;
         self.hub.gone(&node.path);
-    }
-
-    pub(super) async fn wait(
-        &self,
-        claim: &Claim,
-        ticket: &ZkTicket,
-        recheck_at: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        let (waiting, node) = {
-            let mut t = ticket.lock();
-            (t.waiting.take(), t.node.clone())
-        };
-        let mut states = self.hub.subscribe();
-        let (Some(waiting), Some(node)) = (waiting, node) else {
-            // No watch to wait on (the last attempt failed): sleep until the pause the layer
-            // above asked for, or until the connection changes.
-            let seen = self.hub.now().changes;
-            match recheck_at {
-                Some(at) => tokio::select! {
-                    () = sleep_until(at) => {}
-                    _ = states.wait_for(|c| c.changes != seen) => {}
-                },
-                None => {
-                    let _ = states.wait_for(|c| c.changes != seen).await;
-                }
-            }
-            return Ok(None);
-        };
-        let mut waiting = waiting;
-        loop {
-            tokio::select! {
-                _ = crate::backend::poll_some(&mut waiting.ahead) => {
-                    // The node ahead of our predecessor went (while the predecessor may still
-                    // hold): if the predecessor heads the queue now, its deletion alone will
-                    // make us the holder.
-                    waiting.ahead = None;
-                    if !self.ahead_gone(claim, &node, &mut waiting).await {
-                        return Ok(None);
-                    }
-                    continue;
-                }
-                fired = &mut waiting.fired => {
-                    return self.predecessor_gone(claim, ticket, &node, fired, waiting.granted_when_gone).await;
-                }
-                // A reconnect or a new session: list again.
-                () = async { let _ = states.wait_for(|c| c.changes != waiting.seen).await; } => return Ok(None),
-            }
-        }
-    }
-
-    /// After the node ahead of our predecessor went: lists the queue and updates `waiting`
-    /// (the predecessor first now: granted when it goes; else the new node ahead of it,
-    /// watched). False to go round the acquire loop instead (our predecessor or our node went,
-    /// the session changed, a call failed).
-    async fn ahead_gone(&self, claim: &Claim, node: &Node, waiting: &mut Waiting) -> bool {
-        let Some(up) = self.hub.current().filter(|up| up.conn.epoch == node.epoch) else {
-            return false;
-        };
-        let queue = queue_path(claim);
-        let Ok(mut kids) = up.zk.children(&queue).await else {
-            return false;
-        };
-        recipe::sort(claim.kind(), &mut kids);
-        match recipe::place(claim.kind(), &kids, &node.name) {
-            Place::Behind {
-                predecessor,
-                granted_when_gone,
-            } if predecessor == waiting.predecessor => {
-                waiting.granted_when_gone = granted_when_gone;
-                match watch_ahead(&up, &queue, claim.kind(), &kids, predecessor).await {
-                    Ok(ahead) => {
-                        waiting.ahead = ahead;
-                        true
-                    }
-                    Err(_) => false,
-                }
-            }
-            _ => false,
-        }
-    }
-
-    /// Our predecessor's watch fired: the grant if its deletion alone makes us the holder (and
-    /// the session is the one our node lives in); `None` to list again.
-    async fn predecessor_gone(
-        &self,
-        claim: &Claim,
-        ticket: &ZkTicket,
-        node: &Node,
-        fired: Fired,
-        granted_when_gone: bool,
-    ) -> Result<Option<Grant>> {
-        // The node ahead went, and only nodes created after ours can have appeared since our
-        // listing: we are the holder (or first in a semaphore's admission queue), no need to
-        // list again, if the session is the one our node lives in and was proven alive
-        // recently.
-        if fired != Fired::Deleted || !granted_when_gone {
-            return Ok(None);
-        }
-        let Some(up) = self.hub.current().filter(|up| up.conn.epoch == node.epoch) else {
-            return Ok(None);
-        };
-        if matches!(claim.kind(), LockKind::Permits { .. }) {
-            ticket.lock().leases.admitted = Some(node.epoch);
-            return Ok(None);
-        }
-        let Ok(since) = self.proof(&up, node).await else {
-            return Ok(None);
-        };
-        if !self.granted(claim, ticket, std::slice::from_ref(node)) {
-            return Ok(None);
-        }
-        Ok(Some(Grant {
-            fence: fence(&node.stat)?,
-            valid_until: since + up.conn.timeout,
-        }))
-    }
-}
-
-/// Watches the node just ahead of `predecessor` among the sorted `kids` of `queue`, if a
-/// `kind` claim watches one ([`recipe::ahead_of`]).
-async fn watch_ahead(
-    up: &Up,
-    queue: &str,
-    kind: LockKind,
-    kids: &[String],
-    predecessor: &str,
-) -> std::result::Result<Option<Watch>, Failure> {
-    match recipe::ahead_of(kind, kids, predecessor) {
-        Some(ahead) => up.zk.watch(&format!("{queue}/{ahead}")).await.map(Some),
-        None => Ok(None),
     }
 }
 
