@@ -353,6 +353,80 @@ impl MultiGuard {
         futures::future::select_all(each).await;
     }
 
+    /// How long every key's lease certainly lasts from now (the shortest of them, drift
+    /// margin included): zero once any is lost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::memory();
+    /// let guard = client.multi_lock(["a", "b"]).lock().await?;
+    /// assert!(!guard.lease_left().is_zero());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lease_left(&self) -> std::time::Duration {
+        self.held
+            .iter()
+            .map(Held::lease_left)
+            .min()
+            .unwrap_or_default()
+    }
+
+    /// Renews every key's lease once, now, asking for `ttl` from this moment (later renewals
+    /// ask for it too), as [`MutexGuard::extend`](crate::MutexGuard::extend) does for one.
+    ///
+    /// # Errors
+    ///
+    /// The first error of any key (see [`MutexGuard::extend`](crate::MutexGuard::extend));
+    /// every key is asked regardless.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`MutexGuard::extend`](crate::MutexGuard::extend): each lease is taken
+    /// to end at the earlier of its old end and `ttl` from the call until a renewal says
+    /// otherwise.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::memory();
+    /// let guard = client.multi_lock(["a", "b"]).lock().await?;
+    /// guard.extend(Duration::from_secs(90)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn extend(&self, ttl: std::time::Duration) -> Result<()> {
+        let each = self.held.iter().map(|h| h.extend(ttl));
+        let results = futures::future::join_all(each).await;
+        results.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+    }
+
+    /// Turns background renewal of every key's lease off or on (see
+    /// [`MutexGuard::set_auto_renew`](crate::MutexGuard::set_auto_renew)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let client = distlock::LockClient::memory();
+    /// let guard = client.multi_lock(["a", "b"]).lock().await?;
+    /// guard.set_auto_renew(false);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_auto_renew(&self, on: bool) {
+        for h in &self.held {
+            h.set_auto_renew(on);
+        }
+    }
+
     /// Releases every key now, in reverse order, and reports the outcome.
     ///
     /// # Errors

@@ -366,3 +366,14 @@ async fn a_short_lease_taken_while_renewal_sleeps_on_a_long_one_is_renewed() {
     long.release().await.unwrap();
     c.shutdown().await;
 }
+
+#[tokio::test]
+async fn lease_control_fixed_extended_and_shorter_leases() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_millis(600);
+    let (a, b) = (
+        client_with(&backend, ttl, true),
+        client_with(&backend, ttl, true),
+    );
+    support::contract::lease_control(&a, &b, ttl).await;
+}

@@ -685,3 +685,16 @@ async fn sslmode_in_every_libpq_spelling_is_honoured() {
     assert!(seen >= 1, "the quoted application name changed on the way");
     drop(backend);
 }
+
+/// Lease control (`lease_left`, a fixed lease, `extend` longer and shorter) as the server sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_control_fixed_extended_and_shorter_leases() {
+    let ns = test_namespace!();
+    let ttl = Duration::from_millis(800);
+    let url = shared_postgres().url();
+    let (a, b) = (
+        client_at(&url, &ns, ttl).await,
+        client_at(&url, &ns, ttl).await,
+    );
+    support::contract::lease_control(&a, &b, ttl).await;
+}

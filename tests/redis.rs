@@ -880,3 +880,20 @@ async fn a_refused_resubscribe_backs_off() {
     admin.shutdown().await;
     waiter.shutdown().await;
 }
+
+/// Lease control (`lease_left`, a fixed lease, `extend` longer and shorter) as the server sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_control_fixed_extended_and_shorter_leases() {
+    let ns = test_namespace!();
+    let ttl = Duration::from_millis(800);
+    let make = || async {
+        let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();
+        LockClient::builder(backend)
+            .namespace(&ns)
+            .ttl(ttl)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (make().await, make().await);
+    support::contract::lease_control(&a, &b, ttl).await;
+}

@@ -666,3 +666,40 @@ async fn a_server_refusing_connections_is_not_hammered() {
     held.release().await.unwrap();
     c.shutdown().await;
 }
+
+/// An extension sent on a dead link does not stretch the lease: the guard (renewal off, 1 s
+/// lease) still reports lost at its old deadline, whatever the server may have applied, and
+/// the extension reports an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_lost_on_the_way_does_not_stretch_the_lease() {
+    let ns = test_namespace!();
+    let proxy = Proxy::start(shared_redis().port());
+    let ttl = Duration::from_secs(1);
+    let c = client(&via(&proxy), &ns, ttl, Duration::from_millis(300), true).await;
+    let sent = Instant::now();
+    let g = c.mutex("k").lock().await.unwrap();
+    g.set_auto_renew(false);
+    proxy.blackhole();
+    let (extended, lost_after) = tokio::join!(
+        timeout(Duration::from_secs(3), g.extend(Duration::from_secs(10))),
+        async {
+            timeout(Duration::from_secs(5), g.lost())
+                .await
+                .expect("lost() never resolved");
+            sent.elapsed()
+        }
+    );
+    assert!(
+        !matches!(extended, Ok(Ok(()))),
+        "an extension on a dead link reported success"
+    );
+    let late = lost_after.saturating_sub(ttl);
+    assert!(
+        late < Duration::from_millis(150),
+        "lost {late:?} after the lease it had before the extension"
+    );
+    assert!(g.lease_left().is_zero());
+    proxy.heal();
+    drop(g);
+    c.shutdown().await;
+}

@@ -418,3 +418,15 @@ async fn a_redlock_url_names_every_node() {
     guard.release().await.unwrap();
     nodes.until_clean(&ns).await;
 }
+
+/// Lease control (`lease_left`, a fixed lease, `extend` longer and shorter) as a quorum of
+/// nodes sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_control_fixed_extended_and_shorter_leases() {
+    let ns = test_namespace!();
+    let ttl = Duration::from_millis(800);
+    let nodes = shared_nodes();
+    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    support::contract::lease_control(&a, &b, ttl).await;
+}

@@ -703,3 +703,22 @@ async fn a_client_built_on_a_backend_takes_the_session_as_its_ttl() {
         c.shutdown().await;
     }
 }
+
+/// A ZooKeeper lease is its session's: a guard reports what is left of it, renews it with
+/// `extend` at the session timeout, and cannot ask for another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_extends_only_to_its_session_timeout() {
+    let ns = test_namespace!();
+    let client = client(&ns).await;
+    let g = client.mutex("lease").lock().await.unwrap();
+    let left = g.lease_left();
+    assert!(
+        left > Duration::ZERO && left <= SESSION,
+        "lease_left {left:?}"
+    );
+    g.extend(SESSION).await.unwrap();
+    let err = g.extend(SESSION * 2).await.unwrap_err();
+    assert_eq!(err.kind(), distlock::ErrorKind::Unsupported, "{err}");
+    assert!(!g.is_lost());
+    g.release().await.unwrap();
+}

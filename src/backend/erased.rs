@@ -46,6 +46,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     fn renew<'a>(&'a self, claims: &'a [(&'a Claim, &'a AnyTicket)])
         -> BoxFuture<'a, Vec<Renewal>>;
     fn name(&self) -> &'static str;
+    fn lease(&self) -> Option<std::time::Duration>;
     fn reconnects(&self) -> Option<watch::Receiver<u64>>;
     fn inspect<'a>(&'a self, namespace: &'a str, key: &'a str)
         -> BoxFuture<'a, Result<Inspection>>;
@@ -146,6 +147,10 @@ impl<B: Backend> DynBackend for B {
                 })
                 .collect()
         })
+    }
+
+    fn lease(&self) -> Option<std::time::Duration> {
+        Backend::lease(self)
     }
 
     fn name(&self) -> &'static str {

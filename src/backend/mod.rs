@@ -19,7 +19,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -150,7 +150,9 @@ pub struct Claim {
     namespace: Arc<str>,
     key: Arc<str>,
     owner: Arc<str>,
-    ttl: Duration,
+    /// The lease length asked for, in nanoseconds: a guard's `extend(ttl)` changes it for its
+    /// own renewals.
+    ttl: Arc<AtomicU64>,
     kind: LockKind,
     /// A write hold turned into a read hold ([`Backend::downgrade`]).
     downgraded: Arc<AtomicBool>,
@@ -169,7 +171,7 @@ impl Claim {
             namespace,
             key,
             owner: uuid::Uuid::new_v4().hyphenated().to_string().into(),
-            ttl,
+            ttl: Arc::new(AtomicU64::new(nanos(ttl))),
             kind,
             downgraded: Arc::new(AtomicBool::new(false)),
             lost: LostSignal::new(backend, kind),
@@ -194,9 +196,17 @@ impl Claim {
         &self.owner
     }
 
-    /// The lease length asked for.
+    /// The lease length asked for. It changes only when the claim's guard extends its lease
+    /// with a new TTL ([`MutexGuard::extend`](crate::MutexGuard::extend)), and then only
+    /// together with the lease's generation, so a renewal reply computed with the old TTL is
+    /// never applied to the new lease.
     pub fn ttl(&self) -> Duration {
-        self.ttl
+        Duration::from_nanos(self.ttl.load(Ordering::Acquire))
+    }
+
+    /// Sets the lease length later renewals ask for.
+    pub(crate) fn set_ttl(&self, ttl: Duration) {
+        self.ttl.store(nanos(ttl), Ordering::Release);
     }
 
     /// What kind of hold is asked for, or held: a write claim reads as [`LockKind::Read`]
@@ -238,11 +248,16 @@ impl fmt::Debug for Claim {
             .field("namespace", &self.namespace)
             .field("key", &self.key)
             .field("owner", &self.owner)
-            .field("ttl", &self.ttl)
+            .field("ttl", &self.ttl())
             .field("kind", &self.kind)
             .field("lost", &self.is_lost())
             .finish()
     }
+}
+
+/// `d` in whole nanoseconds, saturating (584 years).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A one-way "ownership is gone" flag that wakes every watcher.

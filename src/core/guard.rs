@@ -52,6 +52,115 @@ macro_rules! guard_methods {
                 self.held.lost().await;
             }
 
+            /// How long the lease certainly lasts from now: the time left until
+            /// [`is_lost`](Self::is_lost) turns true unless a renewal lands first (the server's
+            /// lease, measured from when the request that set it was sent, less a clock-drift
+            /// margin). Zero once lost.
+            ///
+            /// # Examples
+            ///
+            /// ```
+            /// use std::time::Duration;
+            /// # #[tokio::main(flavor = "current_thread")]
+            /// # async fn main() -> Result<(), distlock::Error> {
+            /// let client = distlock::LockClient::memory();
+            #[doc = $setup]
+            /// assert!(guard.lease_left() > Duration::ZERO);
+            /// assert!(guard.lease_left() <= Duration::from_secs(30)); // the default TTL
+            /// # Ok(())
+            /// # }
+            /// ```
+            pub fn lease_left(&self) -> ::std::time::Duration {
+                self.held.lease_left()
+            }
+
+            /// The instant [`is_lost`](Self::is_lost) is judged against: the lease's end on
+            /// this machine's clock, drift margin included. Renewals move it later; it stays
+            /// in the past once the lease ran out.
+            ///
+            /// # Examples
+            ///
+            /// ```
+            /// # #[tokio::main(flavor = "current_thread")]
+            /// # async fn main() -> Result<(), distlock::Error> {
+            /// let client = distlock::LockClient::memory();
+            #[doc = $setup]
+            /// assert!(guard.valid_until() > std::time::Instant::now());
+            /// # Ok(())
+            /// # }
+            /// ```
+            pub fn valid_until(&self) -> ::std::time::Instant {
+                self.held
+                    .valid_until()
+                    .unwrap_or_else(::std::time::Instant::now)
+            }
+
+            /// Renews the lease once, now, asking the server for `ttl` from this moment; later
+            /// renewals ask for `ttl` too. With renewal off
+            /// ([`set_auto_renew(false)`](Self::set_auto_renew)) this is how a fixed lease is
+            /// made longer (or shorter) when the work needs it. A shorter `ttl` takes effect at
+            /// once: the lease is taken to end no later than `ttl` from the call.
+            ///
+            /// # Errors
+            ///
+            /// - [`InvalidConfig`](crate::ErrorKind::InvalidConfig) for a zero or too short
+            ///   `ttl`,
+            /// - [`Unsupported`](crate::ErrorKind::Unsupported) on a backend whose lease is its
+            ///   session's (ZooKeeper) for any `ttl` but the session timeout,
+            /// - [`Lost`](crate::ErrorKind::Lost) if the lock is no longer held,
+            /// - [`Backend`](crate::ErrorKind::Backend) if the service could not be asked; the
+            ///   lease then ends no later than before the call, and background renewal (if on)
+            ///   goes on trying.
+            ///
+            /// # Cancel safety
+            ///
+            /// Cancel safe: dropped before the reply, the renewal may or may not reach the
+            /// server, and the lease is taken to end at the earlier of its old end and `ttl`
+            /// from the call until a renewal says otherwise.
+            ///
+            /// # Examples
+            ///
+            /// ```
+            /// use std::time::Duration;
+            /// # #[tokio::main(flavor = "current_thread")]
+            /// # async fn main() -> Result<(), distlock::Error> {
+            /// let client = distlock::LockClient::memory();
+            #[doc = $setup]
+            /// guard.set_auto_renew(false);
+            /// guard.extend(Duration::from_secs(120)).await?;
+            /// assert!(guard.lease_left() > Duration::from_secs(60));
+            /// # Ok(())
+            /// # }
+            /// ```
+            pub async fn extend(&self, ttl: ::std::time::Duration) -> $crate::Result<()> {
+                self.held.extend(ttl).await
+            }
+
+            /// Turns background renewal of this lease off (a fixed lease, which ends one TTL
+            /// after the grant or the last [`extend`](Self::extend), like Redisson's
+            /// `lock(leaseTime)`), or on again, whatever the client's
+            /// [`auto_renew`](crate::LockClientBuilder::auto_renew) says. A provisional grant
+            /// (a handoff some backends confirm with one renewal) is still confirmed.
+            ///
+            /// # Examples
+            ///
+            /// ```
+            /// use std::time::Duration;
+            /// # #[tokio::main(flavor = "current_thread")]
+            /// # async fn main() -> Result<(), distlock::Error> {
+            /// let client = distlock::LockClient::builder(distlock::backend::MemoryBackend::new())
+            ///     .ttl(Duration::from_millis(50))
+            ///     .build()?;
+            #[doc = $setup]
+            /// guard.set_auto_renew(false);
+            /// guard.lost().await; // one TTL after the grant
+            /// # Ok(())
+            /// # }
+            /// ```
+            pub fn set_auto_renew(&self, on: bool) {
+                self.held.set_auto_renew(on);
+            }
+
             /// Releases it now and reports the outcome, handing the lock on to the waiters next
             /// in line. Dropping the guard does the same in a spawned task.
             ///

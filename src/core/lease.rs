@@ -9,7 +9,7 @@
 //! - a renewal reply speaks only for the state the claim was in when the call was *sent* (a
 //!   queue-entry renewal sent before a handoff says nothing about the lease that followed).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
 use super::Core;
-use crate::backend::{AnyTicket, Claim, Grant};
+use crate::backend::{AnyTicket, Claim, Grant, Renewal};
 use crate::error::{Error, Result};
 use crate::sync::LockExt;
 
@@ -40,10 +40,20 @@ pub(crate) struct Lease {
     schedule: StdMutex<Schedule>,
     /// Set once the claim is being released: renewal stops for good.
     done: AtomicBool,
+    /// Whether the engine renews this lease: [`RENEW_DEFAULT`] (as the client says),
+    /// [`RENEW_ON`] or [`RENEW_OFF`] (set by its guard).
+    renew: AtomicU8,
     /// Woken when a renewal sent while the claim was queued finds it holding the lock: the
     /// server granted it (a handoff whose message never arrived).
     granted: Notify,
 }
+
+/// A lease renews as its client's `auto_renew` says.
+const RENEW_DEFAULT: u8 = 0;
+/// A lease whose guard turned renewal on.
+const RENEW_ON: u8 = 1;
+/// A lease whose guard turned renewal off: it ends one TTL after its last grant or extension.
+const RENEW_OFF: u8 = 2;
 
 /// What is known about a lease, and when to look at it next.
 #[derive(Clone, Copy, Debug)]
@@ -110,6 +120,7 @@ impl Lease {
                 held_since: None,
             }),
             done: AtomicBool::new(false),
+            renew: AtomicU8::new(RENEW_DEFAULT),
             granted: Notify::new(),
         }
     }
@@ -152,6 +163,58 @@ impl Lease {
     /// When the held lease must be taken as lost; `None` while queued.
     pub(crate) fn lost_at(&self) -> Option<Instant> {
         self.schedule().lost_at(self.drift)
+    }
+
+    /// Whether the engine renews this lease, given the client's `auto_renew`.
+    pub(crate) fn renews(&self, client_default: bool) -> bool {
+        match self.renew.load(Ordering::Acquire) {
+            RENEW_ON => true,
+            RENEW_OFF => false,
+            _ => client_default,
+        }
+    }
+
+    /// Turns renewal of this lease on or off, whatever the client's default.
+    pub(crate) fn set_renews(&self, on: bool) {
+        let flag = if on { RENEW_ON } else { RENEW_OFF };
+        self.renew.store(flag, Ordering::Release);
+    }
+
+    /// Starts an explicit extension with a new TTL, about to be sent at `sent`: later renewals
+    /// ask for `ttl`, and the lease moves to a new generation so that no renewal reply
+    /// computed with the old TTL is applied to it. Until the reply, the lease is taken to end
+    /// no later than `sent + ttl` (a shorter TTL shortens it at once: the server may apply it
+    /// at any moment from now). Returns the new generation, or `None` if the claim does not
+    /// hold a lease that still stands.
+    pub(crate) fn begin_extend(&self, ttl: Duration, sent: Instant) -> Option<u64> {
+        let mut s = self.schedule();
+        let standing = !self.claim.is_lost()
+            && s.held.is_some()
+            && s.lost_at(self.drift).is_none_or(|at| sent < at);
+        if !standing {
+            return None;
+        }
+        self.claim.set_ttl(ttl);
+        let until = sent + ttl;
+        let mut valid_until = until;
+        if let Some(held) = s.held.as_mut() {
+            if until < held.valid_until {
+                held.valid_until = until;
+            } else {
+                valid_until = held.valid_until;
+            }
+        }
+        if valid_until == until {
+            s.span = ttl;
+        }
+        s.generation += 1;
+        s.next = renew_at(sent, valid_until);
+        Some(s.generation)
+    }
+
+    /// When the held lease must be taken as lost, on the std clock; `None` while queued.
+    pub(crate) fn valid_until(&self) -> Option<std::time::Instant> {
+        self.lost_at().map(Instant::into_std)
     }
 
     /// Stops renewal. Returns `false` if it was already stopped.
@@ -339,6 +402,76 @@ impl Held {
         self.lease.lost().await;
     }
 
+    /// How long the lease certainly lasts from now, drift margin included: zero once lost.
+    pub(crate) fn lease_left(&self) -> Duration {
+        if self.is_lost() {
+            return Duration::ZERO;
+        }
+        self.lease.lost_at().map_or(Duration::ZERO, |at| {
+            at.saturating_duration_since(Instant::now())
+        })
+    }
+
+    pub(crate) fn valid_until(&self) -> Option<std::time::Instant> {
+        self.lease.valid_until()
+    }
+
+    /// Turns background renewal of this lease on or off.
+    pub(crate) fn set_auto_renew(&self, on: bool) {
+        self.lease.set_renews(on);
+        // The engine times the lease again: a renewal timer added, or dropped.
+        self.client.retrack(&self.lease);
+    }
+
+    /// One renewal now, asking the server for a lease of `ttl` (later renewals ask for it
+    /// too).
+    pub(crate) async fn extend(&self, ttl: Duration) -> Result<()> {
+        super::rules::validate_ttl(ttl)?;
+        if let Some(lease) = self.client.backend.lease() {
+            if lease != ttl {
+                return Err(Error::unsupported(format_args!(
+                    "`{}`: this backend's lease is its session's ({lease:?}), the same for every \
+                     lock; a guard cannot ask for another",
+                    self.key()
+                )));
+            }
+        }
+        let sent = Instant::now();
+        let Some(generation) = self.lease.begin_extend(ttl, sent) else {
+            return Err(Error::lost(self.key()));
+        };
+        self.client.retrack(&self.lease);
+        let claim = &self.lease.claim;
+        let reply = self
+            .client
+            .backend
+            .renew(&[(claim, &self.lease.ticket)])
+            .await
+            .into_iter()
+            .next();
+        let verdict = match reply {
+            Some(Renewal::Extended(until)) => self.lease.extend(generation, sent, until),
+            Some(Renewal::NotOwner | Renewal::Queued(_)) => self.lease.refused(generation),
+            Some(Renewal::Failed(e)) => return Err(e),
+            None => {
+                return Err(Error::new(
+                    crate::ErrorKind::Backend,
+                    "the backend answered no renewal",
+                ))
+            }
+        };
+        self.client.retrack(&self.lease);
+        match verdict {
+            Verdict::Lost => {
+                claim.mark_lost();
+                Err(Error::lost(self.key()))
+            }
+            // Stale: a later extension or a downgrade moved the lease on meanwhile.
+            Verdict::Kept | Verdict::Stale if !self.is_lost() => Ok(()),
+            _ => Err(Error::lost(self.key())),
+        }
+    }
+
     /// Turns a write hold into a read hold on the server, keeping the lease and its fencing
     /// token. On an error the hold is released (this `Held` is dropped).
     pub(crate) async fn downgrade(self) -> Result<Self> {
@@ -510,5 +643,39 @@ mod tests {
             Verdict::Kept
         );
         assert_eq!(l.refused(held), Verdict::Lost);
+    }
+
+    #[test]
+    fn a_shorter_ttl_shortens_the_lease_at_once_and_old_replies_do_not_stretch_it() {
+        let l = lease(Duration::from_secs(10));
+        let granted = Instant::now();
+        l.set_held(Grant {
+            fence: 1,
+            valid_until: granted + Duration::from_secs(10),
+        });
+        // A renewal goes out with the 10 s TTL...
+        let old = l.schedule().generation;
+        // ...then the guard asks for 1 s: the lease ends within 1 s of now before any reply.
+        let sent = Instant::now();
+        let new = l.begin_extend(Duration::from_secs(1), sent).unwrap();
+        assert_eq!(l.claim.ttl(), Duration::from_secs(1));
+        assert!(l.lost_at().unwrap() <= sent + Duration::from_secs(1));
+        // The old renewal's reply lands last: the server may have applied the 1 s TTL after
+        // it, so it must not give the lease back its 10 s.
+        assert_eq!(
+            l.extend(old, granted, granted + Duration::from_secs(10)),
+            Verdict::Stale
+        );
+        assert!(l.lost_at().unwrap() <= sent + Duration::from_secs(1));
+        // The extension's own reply applies.
+        assert_eq!(
+            l.extend(new, sent, sent + Duration::from_secs(1)),
+            Verdict::Kept
+        );
+        // A lost lease cannot be extended.
+        l.claim.mark_lost();
+        assert!(l
+            .begin_extend(Duration::from_secs(5), Instant::now())
+            .is_none());
     }
 }

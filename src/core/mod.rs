@@ -97,6 +97,14 @@ impl Core {
         Ok(engine)
     }
 
+    /// Has the renewal engine (if one runs) time `lease` again from its current schedule.
+    pub(crate) fn retrack(&self, lease: &Arc<Lease>) {
+        let engine = self.engine.locked().clone();
+        if let Some(engine) = engine {
+            engine.track(lease);
+        }
+    }
+
     /// Stops renewal of `lease` for good. Returns `false` if it was already stopped (released
     /// before, or by shutdown).
     pub(crate) fn stop(&self, lease: &Lease) -> bool {

@@ -253,7 +253,7 @@ impl Task {
         let renewing = t.in_flight == Some(s.generation);
         let renew = match s.held {
             _ if renewing => None,
-            Some(_) if !(config.auto_renew || s.confirm) => None,
+            Some(_) if !(t.lease.renews(config.auto_renew) || s.confirm) => None,
             _ => Some(s.next),
         };
         let at = match (renew, s.lost_at(t.lease.drift())) {
@@ -303,7 +303,7 @@ impl Task {
                 self.tracked.remove(&id);
                 continue;
             }
-            let wanted = s.held.is_none() || self.config.auto_renew || s.confirm;
+            let wanted = s.held.is_none() || t.lease.renews(self.config.auto_renew) || s.confirm;
             let ttl = t.lease.claim.ttl();
             if wanted && t.in_flight != Some(s.generation) && s.next <= now + ttl / 6 {
                 t.in_flight = Some(s.generation);

@@ -337,3 +337,97 @@ pub async fn granted<G>(
         .expect("acquisition task")
         .expect("acquisition")
 }
+
+/// Lease control on a guard, judged against the server through a second client: `a` and `b`
+/// share a namespace and a TTL of `ttl` (a second or so). Checks what `lease_left`,
+/// `set_auto_renew(false)` and `extend` promise: a fixed lease ends (for the server too: `b`
+/// is granted) one TTL after the grant; an extended one outlasts its first TTL and then ends;
+/// a shorter TTL is what later renewals ask for; a lost guard cannot be extended.
+pub async fn lease_control(a: &LockClient, b: &LockClient, ttl: Duration) {
+    let slack = Duration::from_millis(1500);
+    // 1. What is left: within the TTL, not zero.
+    let g = a.mutex("lease-left").lock().await.unwrap();
+    let left = g.lease_left();
+    assert!(
+        left > Duration::ZERO && left <= ttl,
+        "lease_left {left:?} with ttl {ttl:?}"
+    );
+    assert!(g.valid_until() > std::time::Instant::now());
+    let err = g.extend(Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), distlock::ErrorKind::InvalidConfig, "{err}");
+    drop(g);
+
+    // 2. A fixed lease: not renewed, so the guard reports lost and the server lets `b` in,
+    // both about one TTL after the grant.
+    let g = a.mutex("fixed").lock().await.unwrap();
+    let granted = tokio::time::Instant::now();
+    g.set_auto_renew(false);
+    timeout(ttl + slack, g.lost())
+        .await
+        .expect("a fixed lease never ended");
+    assert!(g.lease_left().is_zero());
+    let b_got = timeout(ttl + slack, b.mutex("fixed").lock())
+        .await
+        .expect("the server kept a fixed lease past its TTL")
+        .unwrap();
+    assert!(
+        granted.elapsed() >= ttl / 2,
+        "the fixed lease ended after {:?} of a {ttl:?} TTL",
+        granted.elapsed()
+    );
+    let err = g.extend(ttl).await.unwrap_err();
+    assert!(err.is_lost(), "extending a lost lease: {err}");
+    drop((g, b_got));
+
+    // 3. A fixed lease extended to three TTLs: still held (here and on the server) past its
+    // first TTL, then it ends.
+    let g = a.mutex("extended").lock().await.unwrap();
+    g.set_auto_renew(false);
+    g.extend(ttl * 3).await.unwrap();
+    assert!(g.lease_left() > ttl * 2, "left {:?}", g.lease_left());
+    sleep(ttl + ttl / 2).await;
+    assert!(!g.is_lost(), "an extended lease ended at its first TTL");
+    let err = b.mutex("extended").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err}");
+    timeout(ttl * 3 + slack, g.lost())
+        .await
+        .expect("the extended lease never ended");
+    timeout(ttl + slack, b.mutex("extended").lock())
+        .await
+        .expect("the server kept the extended lease")
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    drop(g);
+
+    // 4. A shorter TTL, renewed: held across several of them; then, not renewed, it ends on
+    // the server within the shorter TTL.
+    let short = ttl / 2;
+    let g = a.mutex("shorter").lock().await.unwrap();
+    g.extend(short).await.unwrap();
+    assert!(
+        g.lease_left() <= short,
+        "left {:?} after extend({short:?})",
+        g.lease_left()
+    );
+    sleep(short * 3).await;
+    assert!(!g.is_lost(), "a renewed shorter lease was lost");
+    let err = b.mutex("shorter").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err}");
+    g.set_auto_renew(false);
+    let off = tokio::time::Instant::now();
+    timeout(short + slack, b.mutex("shorter").lock())
+        .await
+        .expect("the server did not take the shorter TTL")
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert!(
+        off.elapsed() < ttl + slack / 2,
+        "b waited {:?}: the server kept the old TTL",
+        off.elapsed()
+    );
+    assert!(g.is_lost());
+}
