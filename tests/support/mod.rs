@@ -6,6 +6,8 @@
 //! server. So a server shared by every test of a binary (`shared_redis()`) never outlives it.
 #![allow(dead_code)]
 
+#[cfg(feature = "redis")]
+pub mod clock;
 #[cfg(feature = "redis-cluster")]
 pub mod cluster;
 pub mod contract;
@@ -84,7 +86,14 @@ struct Supervised {
 impl Supervised {
     /// Runs `program args...` under `sh`, killing it when our end of the pipe closes.
     fn spawn(program: &Path, args: &[String], log: &Path) -> Self {
+        Self::spawn_env(program, args, log, &[])
+    }
+
+    /// Like [`spawn`](Self::spawn), with extra environment variables (for the wrapper and the
+    /// program alike).
+    fn spawn_env(program: &Path, args: &[String], log: &Path, env: &[(String, String)]) -> Self {
         let mut cmd = Command::new("sh");
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.arg("-c")
             .arg(r#""$@" & pid=$!; cat >/dev/null; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null"#)
             .arg("supervised")
@@ -157,6 +166,17 @@ fn ask_all(port: u16, request: &[u8]) -> std::io::Result<String> {
 fn launch(
     what: &str,
     log_files: &[&str],
+    command: impl FnMut(u16, &Path) -> (PathBuf, Vec<String>),
+    ready: impl Fn(u16) -> bool,
+) -> (Supervised, u16, tempfile::TempDir) {
+    launch_env(what, log_files, &[], command, ready)
+}
+
+/// Like [`launch`], with extra environment variables for the server.
+fn launch_env(
+    what: &str,
+    log_files: &[&str],
+    env: &[(String, String)],
     mut command: impl FnMut(u16, &Path) -> (PathBuf, Vec<String>),
     ready: impl Fn(u16) -> bool,
 ) -> (Supervised, u16, tempfile::TempDir) {
@@ -165,7 +185,8 @@ fn launch(
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let (program, args) = command(port, dir.path());
-        let mut process = Supervised::spawn(&program, &args, &dir.path().join(log_files[0]));
+        let mut process =
+            Supervised::spawn_env(&program, &args, &dir.path().join(log_files[0]), env);
         let deadline = Instant::now() + READY_TIMEOUT;
         while Instant::now() < deadline && !process.exited() {
             if ready(port) {
@@ -189,9 +210,24 @@ fn respawn(
     log_files: &[&str],
     ready: fn(u16) -> bool,
 ) -> Supervised {
+    respawn_env(what, program, args, &[], port, dir, log_files, ready)
+}
+
+/// Like [`respawn`], with extra environment variables for the server.
+#[allow(clippy::too_many_arguments)]
+fn respawn_env(
+    what: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    port: u16,
+    dir: &Path,
+    log_files: &[&str],
+    ready: fn(u16) -> bool,
+) -> Supervised {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
-        let mut process = Supervised::spawn(program, args, &dir.join(log_files[0]));
+        let mut process = Supervised::spawn_env(program, args, &dir.join(log_files[0]), env);
         let started = Instant::now();
         while !process.exited() && started.elapsed() < Duration::from_secs(20) {
             if ready(port) {
@@ -214,6 +250,8 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    /// Extra environment variables the server runs with (and runs with again on a restart).
+    env: Vec<(String, String)>,
 }
 
 fn redis_args(port: u16, dir: &Path, extra: &[String]) -> Vec<String> {
@@ -250,11 +288,18 @@ impl RedisServer {
 
     /// Like [`start`](Self::start), with extra `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_with_env(extra, &[])
+    }
+
+    /// Like [`start_with`](Self::start_with), with extra environment variables for the server
+    /// (an `LD_PRELOAD`, say: see [`clock::ClockShim`]).
+    pub fn start_with_env(extra: &[&str], env: &[(String, String)]) -> Self {
         let bin = require_binary("redis-server");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let (process, port, dir) = launch(
+        let (process, port, dir) = launch_env(
             "redis-server",
             &["redis.log", "stdout.log", "stdout.err"],
+            env,
             |port, dir| (bin.clone(), redis_args(port, dir, &extra)),
             redis_ready,
         );
@@ -263,6 +308,7 @@ impl RedisServer {
             port,
             dir,
             extra,
+            env: env.to_vec(),
         }
     }
 
@@ -273,10 +319,11 @@ impl RedisServer {
         down();
         let bin = require_binary("redis-server");
         let args = redis_args(self.port, self.dir.path(), &self.extra);
-        self.process = respawn(
+        self.process = respawn_env(
             "redis-server",
             &bin,
             &args,
+            &self.env,
             self.port,
             self.dir.path(),
             &["redis.log", "stdout.log", "stdout.err"],

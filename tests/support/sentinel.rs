@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::clock::ClockShim;
 use super::{launch, query_port, require_binary, RedisServer, Supervised};
 
 /// The master name the sentinels monitor.
@@ -12,13 +13,41 @@ pub struct SentinelSetup {
     pub primary: RedisServer,
     pub replica: RedisServer,
     sentinels: Vec<(Supervised, u16, tempfile::TempDir)>,
+    /// The clock shim the replica runs with, if any (kept while the replica may restart).
+    clock: Option<ClockShim>,
 }
 
 impl SentinelSetup {
     pub fn start() -> Self {
+        Self::start_with_replica_clock(None)
+    }
+
+    /// Like [`start`](Self::start), with the replica's wall clock (so its `TIME`) `behind` the
+    /// real one by an `LD_PRELOAD` shim (see [`ClockShim`]); checked before this returns.
+    pub fn start_with_replica_clock_behind(behind: Duration) -> Self {
+        let shim = ClockShim::behind(behind);
+        let setup = Self::start_with_replica_clock(Some(shim));
+        setup.replica_clock_behind();
+        setup
+    }
+
+    /// How far behind the replica's `TIME` reads; fails the test unless it is the shift it was
+    /// started with (within 1 s), or if it was started with none.
+    pub fn replica_clock_behind(&self) -> Duration {
+        let shim = self
+            .clock
+            .as_ref()
+            .expect("a setup started with a shifted replica clock");
+        shim.check(self.replica.port(), Duration::from_secs(1))
+    }
+
+    fn start_with_replica_clock(clock: Option<ClockShim>) -> Self {
         let primary = RedisServer::start();
-        let replica =
-            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+        let env = clock.as_ref().map(ClockShim::env).unwrap_or_default();
+        let replica = RedisServer::start_with_env(
+            &["--replicaof", "127.0.0.1", &primary.port().to_string()],
+            &env,
+        );
         let bin = require_binary("redis-server");
         let sentinels = (0..3)
             .map(|_| {
@@ -51,6 +80,7 @@ impl SentinelSetup {
             primary,
             replica,
             sentinels,
+            clock,
         };
         setup.until_ready(Duration::from_secs(60));
         setup
