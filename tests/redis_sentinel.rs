@@ -174,3 +174,187 @@ async fn a_paused_primary_leaves_no_two_holders() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Issue 31, item 3: a failover that loses the last grant, to a replica whose clock is 30 s
+/// behind. A gets T1 (replicated); the replica is paused and cut off from the primary; A gets
+/// T2 on the primary alone; the primary is killed for good, the replica resumed and promoted;
+/// B then gets T3 from it. T3 must be above T2, though the promoted node never saw T2 and its
+/// clock (the old floor) reads below it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_a_lossy_failover_to_a_replica_whose_clock_is_behind() {
+    let ns = test_namespace!();
+    let behind = Duration::from_secs(30);
+    let mut setup =
+        tokio::task::block_in_place(|| SentinelSetup::start_with_replica_clock_behind(behind));
+    let ttl = Duration::from_secs(10);
+    let a = client(&setup, &ns, ttl).await;
+
+    // T1, released, and both on the replica.
+    let first = a.mutex("k").lock().await.unwrap();
+    let t1 = first.fencing_token();
+    first.release().await.unwrap();
+    let mut replica = support::redis::connection(&setup.replica.url()).await;
+    let fence = format!("{ns}:{{k}}:fence");
+    let lock = format!("{ns}:{{k}}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (counter, held): (Option<u64>, bool) = redis::pipe()
+            .get(&fence)
+            .exists(&lock)
+            .query_async(&mut replica)
+            .await
+            .unwrap();
+        if counter == Some(t1) && !held {
+            break;
+        }
+        assert!(Instant::now() < deadline, "T1 never reached the replica");
+        sleep(Duration::from_millis(20)).await;
+    }
+    drop(replica);
+
+    // Cut the replica off: paused, and its link dropped on the primary's side, so nothing
+    // written from now on reaches it (a paused replica's socket would still buffer it).
+    let replica_pid = tokio::task::block_in_place(|| setup.replica.pid());
+    support::RedisServer::signal(replica_pid, "STOP");
+    let dropped: i64 = tokio::task::block_in_place(|| {
+        support::query_port(
+            setup.primary.port(),
+            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
+        )
+    })
+    .unwrap();
+    assert_eq!(
+        dropped, 1,
+        "the replica's link to the primary was not dropped"
+    );
+
+    // T2 on the primary alone.
+    let second = a.mutex("k").lock().await.unwrap();
+    let t2 = second.fencing_token();
+    assert!(t2 > t1, "T2 {t2} not above T1 {t1}");
+
+    // The primary dies for good; the replica, resumed, is promoted.
+    let started = Instant::now();
+    tokio::task::block_in_place(|| {
+        setup.primary.kill();
+        support::RedisServer::signal(replica_pid, "CONT");
+        setup.until_replica_promoted();
+    });
+    let failover = started.elapsed();
+    let promoted_behind = tokio::task::block_in_place(|| setup.replica_clock_behind());
+
+    // B's grant on the promoted replica, which never saw T2.
+    let b = client(&setup, &ns, ttl).await;
+    let third = timeout(Duration::from_secs(20), b.mutex("k").lock())
+        .await
+        .expect("no grant from the promoted replica")
+        .unwrap();
+    let t3 = third.fencing_token();
+    let gap_us = i128::from(t3) - i128::from(t2);
+    println!(
+        "T1 {t1}, T2 {t2} (T1 + {} µs), T3 {t3}: T3 - T2 = {gap_us} µs; promoted {failover:?} \
+         after the primary was killed, its clock {promoted_behind:?} behind",
+        t2 - t1
+    );
+    assert!(
+        t3 > t2,
+        "the fencing token went backwards across the failover: T3 {t3} is {} µs below T2 {t2} \
+         (the promoted replica's clock reads {promoted_behind:?} behind; failover took {failover:?})",
+        -gap_us
+    );
+    drop(third);
+    drop(second);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Issue 31, item 3, the other side: the client's clock is a floor for fencing tokens, so one
+/// far ahead must not push them out of reach. Called directly with the largest clock a client
+/// can send, the acquire script lifts the token exactly half the fence counter's TTL (30 min)
+/// above the server's clock, no further, and the counter then lives its full TTL (an hour), so
+/// it expires only once the server's clock has passed the token and restarts above it. A clock
+/// argument that is no number is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_clock_far_ahead_lifts_tokens_at_most_half_the_fence_ttl() {
+    let ns = test_namespace!();
+    let setup = tokio::task::block_in_place(SentinelSetup::start);
+    // A first grant loads the library on the primary.
+    let a = client(&setup, &ns, Duration::from_secs(10)).await;
+    a.mutex("k").lock().await.unwrap().release().await.unwrap();
+    let primary = setup.primary.url();
+    let libraries = support::redis::libraries(&primary).await;
+    let [library] = libraries.as_slice() else {
+        panic!("expected one function library, found {libraries:?}");
+    };
+    let mut con = support::redis::connection(&primary).await;
+    let lock = format!("{ns}:{{raw}}");
+    let fence = format!("{lock}:fence");
+    let fence_ttl_ms: i64 = 3_600_000;
+    let server_us = async |con: &mut redis::aio::MultiplexedConnection| -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(con).await.unwrap();
+        s * 1_000_000 + us
+    };
+    let acquire = async |con: &mut redis::aio::MultiplexedConnection, clock: &str| -> i64 {
+        let reply: Vec<i64> = redis::cmd("FCALL")
+            .arg(format!("{library}_acquire"))
+            .arg(4)
+            .arg(&lock)
+            .arg(format!("{lock}:q"))
+            .arg(format!("{lock}:w"))
+            .arg(&fence)
+            .arg("raw.1")
+            .arg(1000)
+            .arg(0)
+            .arg(fence_ttl_ms)
+            .arg(1000)
+            .arg(format!("{lock}:c:"))
+            .arg(clock)
+            .query_async(con)
+            .await
+            .unwrap();
+        assert_eq!(reply.first(), Some(&1), "not granted: {reply:?}");
+        let _: () = redis::cmd("DEL").arg(&lock).query_async(con).await.unwrap();
+        reply[1]
+    };
+
+    let before = server_us(&mut con).await;
+    let ignored = acquire(&mut con, "not-a-clock").await;
+    let after = server_us(&mut con).await;
+    assert!(
+        (before..=after).contains(&ignored),
+        "a clock argument that is no number moved the token: {ignored} outside server time \
+         {before}..={after}"
+    );
+
+    let half_ttl_us = fence_ttl_ms * 1000 / 2;
+    let before = server_us(&mut con).await;
+    let lifted = acquire(&mut con, &u64::MAX.to_string()).await;
+    let after = server_us(&mut con).await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&fence)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    println!(
+        "a clock of u64::MAX µs: token {} s above the server's clock, counter TTL {pttl} ms",
+        (lifted - before) as f64 / 1e6
+    );
+    assert!(
+        (before + half_ttl_us..=after + half_ttl_us).contains(&lifted),
+        "a far-ahead client clock lifted the token to {lifted}, not half the fence TTL above \
+         server time {before}..={after}"
+    );
+    assert!(
+        pttl > fence_ttl_ms - 10_000,
+        "the lifted counter lives {pttl} ms, less than the fence TTL: it could expire and \
+         restart below the token"
+    );
+    // The next grant, with a clock that is right, counts on from there.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    let next = acquire(&mut con, &now_us.to_string()).await;
+    assert_eq!(next, lifted + 1);
+    a.shutdown().await;
+}

@@ -210,9 +210,13 @@ impl RedisBackendBuilder {
     /// Cluster pick the most up-to-date replica, but with more replicas than `replicas` it may
     /// be another); replicas acknowledge receipt, not an fsync; and a grant is still visible
     /// on the primary before it is acknowledged (a reader of the lock's keys sees it). Fencing
-    /// tokens are what protect your storage across a failover: on Cluster and Sentinel they
-    /// never fall below the server's clock in µs, so they keep increasing even when the
-    /// counter's last increments were lost. Not available through a pool (`WAIT` must go over
+    /// tokens are what protect your storage across a failover: a token you were given is on the
+    /// replicas that acknowledged, so a promoted one of those issues higher tokens whatever the
+    /// clocks read; otherwise, on Cluster and Sentinel, tokens never fall below the server's
+    /// clock in µs nor below the requesting client's, so they keep increasing even when the
+    /// counter's last increments were lost, unless the promoted node's clock and the requesting
+    /// client's clock are both behind the clocks that issued the lost tokens by more than the
+    /// failover took (see [`RedisBackend`]). Not available through a pool (`WAIT` must go over
     /// the connection that wrote), nor on a single server without replicas (every grant would
     /// fail).
     ///

@@ -11,7 +11,9 @@ use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long the fencing counter of an unused key lives. After it expires, the next grant starts
-/// from server time in microseconds, which is larger than any token handed out before.
+/// from server time in microseconds, which is larger than any token handed out before. (Where
+/// the client's clock lifts tokens, on Cluster and Sentinel, it lifts them at most half of this
+/// above the server's clock, so that still holds: see `next_fence` in `scripts/common.lua`.)
 pub(crate) const FENCE_TTL: Duration = Duration::from_secs(3600);
 
 fn fence_of(raw: i64) -> Result<u64> {
@@ -109,6 +111,8 @@ impl RedisBackend {
         if let Some(shared) = &shared {
             inv.arg(&shared.kind).arg(shared.max);
         }
+        // A second floor for the fencing token, besides the server's clock (`next_fence`).
+        inv.arg_clock();
         let (reply, sent): (Vec<::redis::Value>, Instant) =
             self.inner.commands.invoke_timed("acquire", &inv).await?;
         let (code, value, server_ms) = parse_acquire(claim, &reply)?;
@@ -172,6 +176,8 @@ impl RedisBackend {
         if let Some(shared) = &shared {
             inv.arg(format!("{}:{}", shared.kind, keys.owner));
         }
+        // The tokens of the grants it hands on are floored by our clock too.
+        inv.arg_clock();
         let (held, in_doubt, _): (i64, bool, Instant) = self
             .inner
             .commands
@@ -194,7 +200,8 @@ impl RedisBackend {
             .arg(millis(claim.ttl()))
             .arg(millis(FENCE_TTL))
             .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels);
+            .arg(&keys.channels)
+            .arg_clock();
         let ((done, fence), sent): ((i64, i64), Instant) =
             self.inner.commands.invoke_timed("downgrade", &inv).await?;
         if done != 1 {

@@ -75,8 +75,14 @@ pub(crate) use self::url::hosts_of;
 /// grants are announced on the lock's shard channel (`SPUBLISH`/`SSUBSCRIBE`) and renewals go one
 /// script call per slot. With Sentinel (feature `redis-sentinel`) commands and pub/sub follow
 /// the primary the sentinels name. On both, fencing tokens never fall below the server's clock
-/// in µs, so they keep increasing across a failover that lost the counter's last increments;
-/// [`replicas_ack`](RedisBackendBuilder::replicas_ack) makes grants wait for replicas.
+/// in µs nor below the clock in µs of the client whose request makes the grant, so they keep
+/// increasing across a failover that lost the counter's last increments as long as, at the
+/// promoted node's first grant, its clock or the requesting client's clock reads later than
+/// the clocks that issued the lost tokens did (one clock may be wrong by any amount; both
+/// behind by more than the failover took can send tokens back; a client's clock counts up to
+/// 30 minutes above the server's). [`replicas_ack`](RedisBackendBuilder::replicas_ack) makes
+/// grants wait for replicas, which keeps tokens increasing whatever the clocks when the promoted
+/// replica is one that acknowledged.
 ///
 /// # Examples
 ///

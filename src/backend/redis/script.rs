@@ -11,6 +11,7 @@
 //! functions later on (this user may not load the lost library) gets the call by `EVALSHA`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::redis::{FromRedisValue, RedisResult, ToRedisArgs};
 
@@ -39,6 +40,7 @@ impl Script {
             fallback: true,
             keys: Vec::new(),
             args: Vec::new(),
+            clock: None,
         }
     }
 
@@ -170,6 +172,9 @@ pub(crate) struct Call<'a> {
     fallback: bool,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
+    /// The index in `args` that is this machine's clock, read as each attempt is sent (see
+    /// [`arg_clock`](Self::arg_clock)).
+    clock: Option<usize>,
 }
 
 impl Call<'_> {
@@ -183,6 +188,27 @@ impl Call<'_> {
     pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
         arg.write_redis_args(&mut self.args);
         self
+    }
+
+    /// Adds this machine's wall clock in µs since 1970 as an argument, read anew each time the
+    /// call is sent (a call sent again after a failover carries the clock of then, not of the
+    /// first attempt). A clock before 1970 is sent as 0. One per call.
+    pub(crate) fn arg_clock(&mut self) -> &mut Self {
+        self.clock = Some(self.args.len());
+        self.args.push(Vec::new());
+        self
+    }
+
+    /// The arguments as this attempt sends them: the clock argument, if any, read now.
+    fn sent_args(&self) -> impl Iterator<Item = std::borrow::Cow<'_, [u8]>> {
+        let now = self.clock.map(|_| wall_clock_us().to_string().into_bytes());
+        self.args
+            .iter()
+            .enumerate()
+            .map(move |(i, arg)| match &now {
+                Some(now) if self.clock == Some(i) => std::borrow::Cow::Owned(now.clone()),
+                _ => std::borrow::Cow::Borrowed(arg.as_slice()),
+            })
     }
 
     /// A function call that reports the server's refusal instead of going by `EVALSHA`: how
@@ -210,8 +236,8 @@ impl Call<'_> {
         for key in &self.keys {
             fcall.arg(key);
         }
-        for arg in &self.args {
-            fcall.arg(arg);
+        for arg in self.sent_args() {
+            fcall.arg(&*arg);
         }
         let refused = match fcall.query_async(con).await {
             Err(e) if says(&e, "function not found") => match functions.library.load(con).await {
@@ -244,11 +270,18 @@ impl Call<'_> {
         for key in &self.keys {
             inv.key(key);
         }
-        for arg in &self.args {
-            inv.arg(arg);
+        for arg in self.sent_args() {
+            inv.arg(&*arg);
         }
         inv.invoke_async(con).await
     }
+}
+
+/// This machine's wall clock in µs since 1970; 0 before then.
+fn wall_clock_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// Whether the server answered (with an error), rather than the connection failing.

@@ -1,11 +1,13 @@
 -- Take the lock, or join (or keep our place in) its FIFO queue.
 -- KEYS: lock, queue, waiters, fence
--- ARGV: owner, ttl ms, wait (1|0), fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:")
+-- ARGV: owner, ttl ms, wait (1|0), fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:"),
+--       the client's clock in µs (see `next_fence`)
 -- Returns {1, fence, 0} when the lock is ours, {0, holder pttl, server ms} otherwise, and
 -- {-1, family} if the key is in use as a read-write lock or semaphore.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+client_clock(ARGV[7])
 
 local holder, family, queued = unpack(redis.call('HMGET', lock, 'o', 't', 'q'))
 if family then

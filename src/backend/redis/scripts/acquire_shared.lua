@@ -1,13 +1,15 @@
 -- Take a read-write lock or semaphore claim, or join (or keep our place in) its FIFO queue.
 -- KEYS: base, holders, queue, waiters, fence
 -- ARGV: owner, ttl ms, wait (1|0), fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:"),
---       kind ('r', 'w', or the permit count), permits of the semaphore (0 for a read-write lock)
+--       kind ('r', 'w', or the permit count), permits of the semaphore (0 for a read-write lock),
+--       the client's clock in µs (see `next_fence`)
 -- Returns {1, fence, 0} when the claim holds the lock, {0, ms to the earliest holder deadline,
 -- server ms} when it waits, {-1, family} if the key is in use as another kind of lock.
 local base, holders, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local kind, max = ARGV[7], ARGV[8]
+client_clock(ARGV[9])
 
 local ours = 'rw'
 if kind ~= 'r' and kind ~= 'w' then

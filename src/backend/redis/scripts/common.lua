@@ -14,7 +14,7 @@
 --   waiters  zset  owner token -> liveness deadline (server ms)
 --   fence    string counter, long TTL; restarts at server time in microseconds
 -- Owner tokens are "<client id>.<claim id>". Every time is the server's TIME; no client clock
--- reaches a score.
+-- reaches a score (a client's clock only lifts fencing tokens: see `next_fence`).
 
 -- How the queue is kept, whether the node may grant, how grants are announced and whether
 -- tokens stay above the server's clock. Here: a list in arrival order, always, PUBLISH, no.
@@ -36,6 +36,9 @@ local Q = {
 
 -- Server time in ms and in µs, read once per script and only if needed.
 local NOW, NOW_US
+-- The wall clock in µs of the client whose call this is, as it sent it (`client_clock`), or
+-- nil: a second floor for fencing tokens where the server's may be wrong (see `next_fence`).
+local CLIENT_US
 local function clock()
   if not NOW then
     local t = redis.call('TIME')
@@ -48,7 +51,17 @@ end
 -- Forgets the clock read. A script sent by EVALSHA starts afresh at every call; a function of
 -- our library (FCALL) shares the library's state with earlier calls, so it starts with this.
 local function fresh()
-  NOW, NOW_US = nil, nil
+  NOW, NOW_US, CLIENT_US = nil, nil, nil
+end
+
+-- Takes the calling client's clock (µs since 1970, as a string; anything else is ignored),
+-- where tokens have a floor (`Q.fence_floor`) and nowhere else: Redlock runs some of these
+-- scripts (gated.lua) with its own arguments after theirs, and its tokens come from its quorum.
+local function client_clock(arg)
+  local us = tonumber(arg)
+  if Q.fence_floor and us and us > 0 then
+    CLIENT_US = us
+  end
 end
 
 local function int(n)
@@ -67,15 +80,27 @@ end
 -- The next fencing token: one more than the last; a new counter (the old one expired, which
 -- it does `fence_ttl` after it was created) starts at server time in microseconds. Grants come
 -- far less often than once a microsecond, so that is above every token handed out before, and
--- the counter itself cannot leak. With `Q.fence_floor` no token is below server time in µs at
--- all, so a counter that a failover set back (its last increments never reached the promoted
--- replica) still restarts above every token issued before.
+-- the counter itself cannot leak.
+--
+-- With `Q.fence_floor` no token is below server time in µs, nor below the calling client's
+-- clock in µs (`client_clock`), at all: a counter that a failover set back (its last
+-- increments never reached the promoted replica) still restarts above every token issued
+-- before, unless both clocks read earlier than the clock that issued it did (one node's clock
+-- alone, behind by more than the failover took, no longer sends tokens back). A client's clock
+-- lifts a token at most `fence_ttl` / 2 above the server's: a token set there is below server
+-- time by the time its counter expires (it lives `fence_ttl` from that write), so the restart
+-- at server time stays above it; and a wild client clock cannot push tokens out of the range
+-- a Lua number holds exactly.
 local function next_fence(fence, fence_ttl)
   local f = redis.call('INCR', fence)
   if f == 1 or Q.fence_floor then
     local _, now_us = clock()
-    if f < now_us then
-      f = now_us
+    local floor = now_us
+    if CLIENT_US then
+      floor = math.max(floor, math.min(CLIENT_US, now_us + fence_ttl * 500))
+    end
+    if f < floor then
+      f = floor
       redis.call('SET', fence, int(f), 'PX', fence_ttl)
     end
   end

@@ -1,10 +1,12 @@
 -- Remove every trace of an owner: its grant (handing the lock to the next live waiter) or its
 -- queue entry. Idempotent.
 -- KEYS: lock, queue, waiters, fence
--- ARGV: owner, fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:")
+-- ARGV: owner, fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:"), the client's clock
+--       in µs (see `next_fence`)
 -- Returns 1 if the owner held the lock, 0 otherwise.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, fence_ttl, handoff_ttl, prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+client_clock(ARGV[5])
 
 local holder, family, w, wq, queued = unpack(redis.call('HMGET', lock, 'o', 't', 'w', 'wq', 'q'))
 if family then

@@ -2,11 +2,13 @@
 -- then grant the waiters that now fit (a cancelled writer at the head lets the readers behind
 -- it in). Idempotent.
 -- KEYS: base, holders, queue, waiters, fence
--- ARGV: owner, fence ttl ms, handoff ttl ms, channel prefix, queue entry ("<kind>:<owner>")
+-- ARGV: owner, fence ttl ms, handoff ttl ms, channel prefix, queue entry ("<kind>:<owner>"), the
+--       client's clock in µs (see `next_fence`)
 -- Returns 1 if the owner held the lock, 0 otherwise.
 local base, holders, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, fence_ttl, handoff_ttl, prefix, entry =
   ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+client_clock(ARGV[6])
 
 if redis.call('HEXISTS', base, 't') == 0 then
   -- Not a read-write lock or semaphore (free now, or a mutex that refused this claim): only
