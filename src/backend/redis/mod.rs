@@ -78,9 +78,9 @@ pub(crate) use self::url::hosts_of;
 /// in µs nor below the clock in µs of the client whose request makes the grant, so they keep
 /// increasing across a failover that lost the counter's last increments as long as, at the
 /// promoted node's first grant, its clock or the requesting client's clock reads later than
-/// the clocks that issued the lost tokens did (one clock may be wrong by any amount; both
-/// behind by more than the failover took can send tokens back; a client's clock counts up to
-/// 30 minutes above the server's). [`replicas_ack`](RedisBackendBuilder::replicas_ack) makes
+/// the clocks that issued the lost tokens did (one of the two may be wrong; both behind by
+/// more than the failover took can send tokens back; a client's clock counts up to 30 minutes
+/// above the server's). [`replicas_ack`](RedisBackendBuilder::replicas_ack) makes
 /// grants wait for replicas, which keeps tokens increasing whatever the clocks when the promoted
 /// replica is one that acknowledged.
 ///
