@@ -491,6 +491,34 @@ impl LockClient {
     pub async fn shutdown(&self) {
         self.inner.shutdown().await;
     }
+
+    /// [`shutdown`](Self::shutdown) for synchronous code: blocks this thread until the
+    /// client is shut down (see [`Mutex::blocking_lock`](crate::Mutex::blocking_lock) for
+    /// where it runs).
+    ///
+    /// # Errors
+    ///
+    /// [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
+    /// runtime (use `shutdown().await` there); nothing is shut down then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not a future: it returns once the client is shut down.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// drop(client.mutex("k").blocking_lock()?);
+    /// client.blocking_shutdown()?; // the release above is certainly done
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn blocking_shutdown(&self) -> Result<()> {
+        self.inner.blocking.block_on("blocking_shutdown", async {
+            self.inner.shutdown().await;
+            Ok(())
+        })
+    }
 }
 
 impl fmt::Debug for LockClient {

@@ -35,6 +35,11 @@ pub enum ErrorKind {
     Closed,
     /// The call was made outside a Tokio runtime, so there is nowhere to run lease renewal.
     NoRuntime,
+    /// A blocking call ([`Mutex::blocking_lock`](crate::Mutex::blocking_lock) and the like)
+    /// was made inside a current-thread tokio runtime, where blocking its one thread would
+    /// stall every task: use the async form, or call it from a thread of your own or a
+    /// multi-thread runtime.
+    InAsyncContext,
     /// The key is in use on the server as another kind of lock (a mutex asked for as a
     /// read-write lock, a semaphore asked for with another number of permits, ...). One key
     /// holds one kind of lock at a time.

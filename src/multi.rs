@@ -222,6 +222,33 @@ impl MultiLock {
         self.take(Mode::Wait, None)
     }
 
+    /// Takes every key, blocking this thread: [`lock`](Self::lock) for synchronous code (see
+    /// [`Mutex::blocking_lock`](crate::Mutex::blocking_lock) for where it runs).
+    ///
+    /// # Errors
+    ///
+    /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
+    ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
+    ///   place (`tokio::task::block_in_place`),
+    /// - otherwise the errors of [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not a future: it returns once the call is over. The guard it returns releases on drop
+    /// as any other, renewed meanwhile by the runtime the client was built in (or its own).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// let both = client.multi_lock(["a", "b"]).blocking_lock()?;
+    /// # drop(both);
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn blocking_lock(&self) -> Result<MultiGuard> {
+        self.core.blocking.block_on("blocking_lock", self.lock())
+    }
+
     /// Takes every key only if each is free now, without waiting.
     ///
     /// # Errors

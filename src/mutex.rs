@@ -114,6 +114,71 @@ impl Mutex {
         self.acquire(Mode::Wait)
     }
 
+    /// Waits for the lock, blocking this thread: [`lock`](Self::lock) for synchronous code.
+    /// It runs on the runtime the client was built in or, for a client built outside any, on
+    /// a small runtime of the client's own.
+    ///
+    /// # Errors
+    ///
+    /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
+    ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
+    ///   place (`tokio::task::block_in_place`),
+    /// - otherwise the errors of [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not a future: it returns once the call is over. The guard it returns releases on drop
+    /// as any other, renewed meanwhile by the runtime the client was built in (or its own).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory(); // no runtime needed
+    /// let guard = client.mutex("migrations").blocking_lock()?;
+    /// assert!(guard.fencing_token() > 0);
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn blocking_lock(&self) -> Result<MutexGuard> {
+        self.target
+            .core
+            .blocking
+            .block_on("blocking_lock", self.lock())
+    }
+
+    /// Waits at most `timeout` for the lock, blocking this thread:
+    /// [`lock_timeout`](Self::lock_timeout) for synchronous code.
+    ///
+    /// # Errors
+    ///
+    /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
+    ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
+    ///   place (`tokio::task::block_in_place`),
+    /// - otherwise the errors of [`lock_timeout`](Self::lock_timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not a future: it returns once the call is over. The guard it returns releases on drop
+    /// as any other, renewed meanwhile by the runtime the client was built in (or its own).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let client = distlock::LockClient::memory();
+    /// let held = client.mutex("k").blocking_lock()?;
+    /// let err = client.mutex("k").blocking_lock_timeout(Duration::from_millis(20)).unwrap_err();
+    /// assert!(err.is_timeout());
+    /// # drop(held);
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn blocking_lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
+        let call = self.lock_timeout(timeout);
+        self.target
+            .core
+            .blocking
+            .block_on("blocking_lock_timeout", call)
+    }
+
     /// Takes the lock only if it is free and nobody is queued for it, without waiting.
     ///
     /// # Errors

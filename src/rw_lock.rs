@@ -165,6 +165,67 @@ impl RwLock {
         self.write_as(Mode::Wait)
     }
 
+    /// Waits for read access, blocking this thread: [`read`](Self::read) for synchronous
+    /// code (see [`Mutex::blocking_lock`](crate::Mutex::blocking_lock) for where it runs).
+    ///
+    /// # Errors
+    ///
+    /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
+    ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
+    ///   place (`tokio::task::block_in_place`),
+    /// - otherwise the errors of [`read`](Self::read).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not a future: it returns once the call is over. The guard it returns releases on drop
+    /// as any other, renewed meanwhile by the runtime the client was built in (or its own).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// let a = client.rw_lock("config").blocking_read()?;
+    /// let b = client.rw_lock("config").blocking_read()?; // readers share
+    /// # drop((a, b));
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn blocking_read(&self) -> Result<RwLockReadGuard> {
+        self.target
+            .core
+            .blocking
+            .block_on("blocking_read", self.read())
+    }
+
+    /// Waits for write access, blocking this thread: [`write`](Self::write) for synchronous
+    /// code (see [`Mutex::blocking_lock`](crate::Mutex::blocking_lock) for where it runs).
+    ///
+    /// # Errors
+    ///
+    /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
+    ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
+    ///   place (`tokio::task::block_in_place`),
+    /// - otherwise the errors of [`write`](Self::write).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not a future: it returns once the call is over. The guard it returns releases on drop
+    /// as any other, renewed meanwhile by the runtime the client was built in (or its own).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// let guard = client.rw_lock("config").blocking_write()?;
+    /// # drop(guard);
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn blocking_write(&self) -> Result<RwLockWriteGuard> {
+        self.target
+            .core
+            .blocking
+            .block_on("blocking_write", self.write())
+    }
+
     /// Takes read access only if it can be granted now, without waiting.
     ///
     /// # Errors

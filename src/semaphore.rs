@@ -169,6 +169,67 @@ impl Semaphore {
         self.take(n, Mode::Wait)
     }
 
+    /// Waits for one permit, blocking this thread: [`acquire`](Self::acquire) for synchronous
+    /// code (see [`Mutex::blocking_lock`](crate::Mutex::blocking_lock) for where it runs).
+    ///
+    /// # Errors
+    ///
+    /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
+    ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
+    ///   place (`tokio::task::block_in_place`),
+    /// - otherwise the errors of [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not a future: it returns once the call is over. The guard it returns releases on drop
+    /// as any other, renewed meanwhile by the runtime the client was built in (or its own).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// let permit = client.semaphore("exports", 4).blocking_acquire()?;
+    /// # drop(permit);
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn blocking_acquire(&self) -> Result<SemaphorePermit> {
+        self.target
+            .core
+            .blocking
+            .block_on("blocking_acquire", self.acquire())
+    }
+
+    /// Waits for `n` permits at once, blocking this thread:
+    /// [`acquire_many`](Self::acquire_many) for synchronous code.
+    ///
+    /// # Errors
+    ///
+    /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
+    ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
+    ///   place (`tokio::task::block_in_place`),
+    /// - otherwise the errors of [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not a future: it returns once the call is over. The guard it returns releases on drop
+    /// as any other, renewed meanwhile by the runtime the client was built in (or its own).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// let permits = client.semaphore("exports", 4).blocking_acquire_many(3)?;
+    /// assert_eq!(permits.count(), 3);
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn blocking_acquire_many(&self, n: u32) -> Result<SemaphorePermit> {
+        let call = self.acquire_many(n);
+        self.target
+            .core
+            .blocking
+            .block_on("blocking_acquire_many", call)
+    }
+
     /// Takes one permit only if one is free and nobody is queued, without waiting.
     ///
     /// # Errors

@@ -377,3 +377,103 @@ async fn lease_control_fixed_extended_and_shorter_leases() {
     );
     support::contract::lease_control(&a, &b, ttl).await;
 }
+
+/// Synchronous code locks with the blocking forms: a client built outside any runtime runs
+/// them on its own, renews the lease while the thread holds it, and two threads exclude each
+/// other in order.
+#[test]
+fn blocking_calls_work_without_a_runtime_and_renew() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_millis(300);
+    let a = LockClient::builder(backend.clone())
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    let b = LockClient::builder(backend.clone())
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    let held = a.mutex("k").blocking_lock().unwrap();
+    // Held past several TTLs: the client's own runtime renews it.
+    std::thread::sleep(ttl * 4);
+    assert!(!held.is_lost());
+    let err = b
+        .mutex("k")
+        .blocking_lock_timeout(Duration::from_millis(50))
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let waiter = std::thread::spawn(move || {
+        let g = b.mutex("k").blocking_lock().unwrap();
+        let token = g.fencing_token();
+        drop(g);
+        b.blocking_shutdown().unwrap();
+        token
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let first = held.fencing_token();
+    drop(held);
+    let second = waiter.join().unwrap();
+    assert!(second > first);
+    let r = a.rw_lock("rw").blocking_read().unwrap();
+    drop(r);
+    let w = a.rw_lock("rw").blocking_write().unwrap();
+    drop(w);
+    let p = a.semaphore("s", 3).blocking_acquire_many(2).unwrap();
+    assert_eq!(p.count(), 2);
+    drop(p);
+    drop(a.multi_lock(["x", "y"]).blocking_lock().unwrap());
+    a.blocking_shutdown().unwrap();
+    assert_eq!(backend.stats().holders, 0);
+}
+
+/// A blocking call inside a current-thread runtime (its one thread runs every task) is
+/// refused with an error, not a panic, and leaves nothing held.
+#[tokio::test]
+async fn a_blocking_call_inside_a_current_thread_runtime_is_an_error() {
+    let backend = MemoryBackend::new();
+    let c = client(&backend);
+    let err = c.mutex("k").blocking_lock().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InAsyncContext, "{err}");
+    assert!(err.to_string().contains("current-thread"), "{err}");
+    let err = c.blocking_shutdown().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InAsyncContext);
+    assert!(c.mutex("k").try_lock().await.is_ok());
+    // From a thread of its own it runs on the runtime the client was built in (this one,
+    // driven meanwhile by the test's await).
+    let c2 = c.clone();
+    let job =
+        std::thread::spawn(move || c2.mutex("other").blocking_lock().map(|g| g.fencing_token()));
+    while !job.is_finished() {
+        tokio::task::yield_now().await;
+    }
+    assert!(job.join().unwrap().unwrap() > 0);
+}
+
+/// On a multi-thread runtime a blocking call blocks in place, from a task or from a
+/// `spawn_blocking` job, while renewals go on: a task that blocks for the lock is served
+/// when the holder (another task) releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_calls_on_a_multi_thread_runtime_block_in_place() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_millis(300);
+    let c = client_with(&backend, ttl, true);
+    let held = c.mutex("k").lock().await.unwrap();
+    let c2 = c.clone();
+    let job = tokio::task::spawn_blocking(move || {
+        c2.mutex("k").blocking_lock().map(|g| g.fencing_token())
+    });
+    sleep(ttl * 3).await;
+    assert!(!held.is_lost(), "renewal stopped while a thread blocked");
+    assert!(!job.is_finished());
+    let first = held.fencing_token();
+    drop(held);
+    let second = timeout(Duration::from_secs(5), job)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(second > first);
+    // In a task itself.
+    let token = c.mutex("in-task").blocking_lock().unwrap().fencing_token();
+    assert!(token > 0);
+}

@@ -897,3 +897,41 @@ async fn lease_control_fixed_extended_and_shorter_leases() {
     let (a, b) = (make().await, make().await);
     support::contract::lease_control(&a, &b, ttl).await;
 }
+
+/// A service's synchronous code (a `spawn_blocking` job) locks with the blocking form on the
+/// runtime the client was built in: the lease is renewed while the job holds it, and a
+/// contender elsewhere is kept out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_lock_from_a_blocking_task_is_renewed() {
+    let ns = test_namespace!();
+    let ttl = Duration::from_millis(600);
+    let make = || async {
+        let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();
+        LockClient::builder(backend)
+            .namespace(&ns)
+            .ttl(ttl)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (make().await, make().await);
+    let job = tokio::task::spawn_blocking(move || {
+        let g = a.mutex("job").blocking_lock().unwrap();
+        std::thread::sleep(ttl * 3);
+        let lost = g.is_lost();
+        drop(g);
+        a.blocking_shutdown().unwrap();
+        lost
+    });
+    sleep(ttl * 2).await;
+    let err = b.mutex("job").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err}");
+    assert!(
+        !job.await.unwrap(),
+        "the blocking holder's lease was not renewed"
+    );
+    let g = timeout(Duration::from_secs(2), b.mutex("job").lock())
+        .await
+        .expect("the blocking holder's release never came")
+        .unwrap();
+    g.release().await.unwrap();
+}

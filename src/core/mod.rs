@@ -7,6 +7,7 @@
 //! the core calls the backend. Nothing here knows the client or the primitives.
 
 pub(crate) mod acquire;
+pub(crate) mod blocking;
 pub(crate) mod guard;
 pub(crate) mod lease;
 pub(crate) mod metrics;
@@ -49,6 +50,8 @@ pub(crate) struct Core {
     pending: Arc<Pending>,
     closed: watch::Sender<bool>,
     pub(crate) ids: LeaseIds,
+    /// Where blocking calls run.
+    pub(crate) blocking: blocking::Blocking,
 }
 
 impl Core {
@@ -60,6 +63,7 @@ impl Core {
             pending: Arc::default(),
             closed: watch::Sender::new(false),
             ids: LeaseIds::default(),
+            blocking: blocking::Blocking::capture(),
         }
     }
 
