@@ -22,6 +22,13 @@ if not family then
 end
 purge(base, holders)
 local now = clock()
+local deadline = redis.call('ZSCORE', holders, owner)
+if deadline then
+  -- Ours already (handed to us, or asked again): never queue a holder. Its entry would outlive
+  -- its hold, and its release would hand the lock straight back to it, a grant nobody
+  -- confirms that blocks every waiter for the handoff lease.
+  return {1, tonumber(redis.call('HGET', base, 'f:' .. owner)), tonumber(deadline) - now}
+end
 if wait then
   redis.call('ZADD', queue, 'NX', priority, kind .. ':' .. owner)
   redis.call('ZADD', waiters, now + ttl, owner)
@@ -32,7 +39,7 @@ keep(base, 2 * ttl)
 -- Waiters that fit now are granted in priority order (we may be one of them).
 grant_pass(base, holders, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
 
-local deadline = redis.call('ZSCORE', holders, owner)
+deadline = redis.call('ZSCORE', holders, owner)
 if deadline then
   return {1, tonumber(redis.call('HGET', base, 'f:' .. owner)), tonumber(deadline) - now}
 end
