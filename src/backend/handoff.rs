@@ -172,6 +172,15 @@ impl ServerClock {
         *self.0.locked() = Some((sent, server_ms));
     }
 
+    /// Whether `server_ms` (server clock) is before the server answered the last request: a
+    /// message sent then told of something that answer already took into account.
+    #[cfg(feature = "redlock")]
+    pub(crate) fn predates(&self, server_ms: i64) -> bool {
+        self.0
+            .locked()
+            .is_some_and(|(_, at_sent)| server_ms < at_sent)
+    }
+
     /// Places `server_ms + px` (server clock) on the local clock, no later than it really is.
     /// `None` if we never learned the server's clock, or the moment is from before then.
     pub(crate) fn local_time(&self, server_ms: i64, px: u64) -> Option<Instant> {

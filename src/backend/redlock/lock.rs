@@ -75,6 +75,11 @@ impl RedlockBackend {
             let clock = &tickets[node].clock;
             match wake {
                 Wake::Recheck => return Ok(None),
+                // A provisional lease handed out before this node answered our last request:
+                // that answer's re-check moment already covers it. (Every grant tells the
+                // first waiters in line on every node; asking again for each such message
+                // made each grant cost several rounds over every node.)
+                Wake::NextInLine(end) if clock.predates(end.server_ms) => {}
                 Wake::NextInLine(end) => {
                     if !next_in_line(clock, end, &mut deadline) {
                         return Ok(None);
