@@ -88,11 +88,11 @@ pub(crate) fn resource_log(url: &str) -> Vec<u64> {
     })
 }
 
-/// What a grant may cost the lock server in commands, all told, while holders contend: an
+/// What a grant may cost each lock server in commands, all told, while holders contend: an
 /// acquire, a subscription's share, renewals of the holder and its waiters, a release, and
 /// every command those scripts run inside (Redis counts them too): about 20 for a mutex and
-/// 50 for a read-write lock or semaphore in these runs. A waiter re-checking every
-/// millisecond costs thousands.
+/// 50 for a read-write lock or semaphore in these runs (Redlock: about 30 and 60 on each of
+/// its nodes). A waiter re-checking every millisecond costs thousands.
 pub(crate) const MAX_COMMANDS_PER_GRANT: u64 = 200;
 
 /// Grants reported since `calm`.

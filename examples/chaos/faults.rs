@@ -118,8 +118,14 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     if let Some(commands) = commands {
         let grants = granted_since(&fleet.log.lock().unwrap_or_else(|p| p.into_inner()), calm);
         let per_grant = commands / grants.max(1);
-        println!("chaos calm: {grants} grants, {commands} server commands ({per_grant} a grant)");
-        if per_grant > MAX_COMMANDS_PER_GRANT {
+        // Redlock's grant runs on every node: the bound is per lock server.
+        let servers = server.ports().len().max(1) as u64;
+        let per_server = per_grant / servers;
+        println!(
+            "chaos calm: {grants} grants, {commands} server commands ({per_grant} a grant, \
+             {per_server} per server)"
+        );
+        if per_server > MAX_COMMANDS_PER_GRANT {
             problems.push(format!(
                 "{commands} server commands for {grants} grants after the faults stopped: someone polls"
             ));
