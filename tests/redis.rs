@@ -27,6 +27,16 @@ async fn client(ns: &str) -> LockClient {
     client_at(&shared_redis().url(), ns).await
 }
 
+/// A client of the shared server whose locks get `ttl`.
+async fn client_ttl(ns: &str, ttl: Duration) -> LockClient {
+    let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();
+    LockClient::builder(backend)
+        .namespace(ns)
+        .ttl(ttl)
+        .build()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_and_increasing_fences() {
     let ns = test_namespace!();
@@ -886,15 +896,7 @@ async fn a_refused_resubscribe_backs_off() {
 async fn lease_control_fixed_extended_and_shorter_leases() {
     let ns = test_namespace!();
     let ttl = Duration::from_millis(800);
-    let make = || async {
-        let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();
-        LockClient::builder(backend)
-            .namespace(&ns)
-            .ttl(ttl)
-            .build()
-            .unwrap()
-    };
-    let (a, b) = (make().await, make().await);
+    let (a, b) = (client_ttl(&ns, ttl).await, client_ttl(&ns, ttl).await);
     support::contract::lease_control(&a, &b, ttl).await;
 }
 
@@ -905,15 +907,7 @@ async fn lease_control_fixed_extended_and_shorter_leases() {
 async fn a_blocking_lock_from_a_blocking_task_is_renewed() {
     let ns = test_namespace!();
     let ttl = Duration::from_millis(600);
-    let make = || async {
-        let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();
-        LockClient::builder(backend)
-            .namespace(&ns)
-            .ttl(ttl)
-            .build()
-            .unwrap()
-    };
-    let (a, b) = (make().await, make().await);
+    let (a, b) = (client_ttl(&ns, ttl).await, client_ttl(&ns, ttl).await);
     let job = tokio::task::spawn_blocking(move || {
         let g = a.mutex("job").blocking_lock().unwrap();
         std::thread::sleep(ttl * 3);
