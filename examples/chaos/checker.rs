@@ -1,41 +1,99 @@
 //! The checker: what holders report, and the judgement of it — believed-stale writes, tokens
-//! that do not increase, holders that stall, servers that are polled.
+//! out of the order the docs promise, believed holds that overlap where the primitive forbids
+//! it, holders that stall, servers that are polled.
 
-use std::collections::HashMap;
-use std::time::Instant;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
-use crate::HOLDERS;
+use crate::holder::{HANDOFF, LONG_HOLD};
+use crate::{HOLDERS, TTL};
 
-/// One line a holder reports per grant.
+/// One line a holder reports, with who sent it and when the driver read it.
+#[derive(Debug, Clone)]
+pub(crate) struct Line {
+    pub(crate) holder: usize,
+    pub(crate) at: Instant,
+    pub(crate) report: Report,
+}
+
+/// What a holder reports.
 #[derive(Debug, Clone)]
 pub(crate) enum Report {
-    /// `token accepted check_ns write_ns`: wrote (or tried to) after checking it held.
+    /// `Q`: starts to wait.
+    Queued,
+    /// `G call_ns start_ns`: granted, and checked not lost at `start_ns`.
+    Granted { start_ns: u128 },
+    /// `L`: granted, but already lost at the check.
+    SkippedLost,
+    /// `W key mode token accepted check_ns write_ns`: wrote (or tried to) after checking it held.
     Wrote {
-        holder: usize,
+        key: String,
+        mode: char,
         token: u64,
         accepted: bool,
         check_ns: u128,
         write_ns: u128,
-        at: Instant,
     },
-    /// Granted, but already lost at the check: did not write.
-    SkippedLost,
+    /// `I key mode weight token call_ns start_ns end_ns believed`: a hold of `key`, believed
+    /// (not lost) at `start_ns` and, if `believed`, still at `end_ns`.
+    Held(Interval),
 }
 
-pub(crate) fn parse_report(holder: usize, line: &str) -> Option<Report> {
-    let mut f = line.split_whitespace();
-    match f.next()? {
-        "W" => Some(Report::Wrote {
-            holder,
-            token: f.next()?.parse().ok()?,
-            accepted: f.next()? == "1",
-            check_ns: f.next()?.parse().ok()?,
-            write_ns: f.next()?.parse().ok()?,
-            at: Instant::now(),
-        }),
-        "L" => Some(Report::SkippedLost),
-        _ => None,
-    }
+/// A hold of one key. Modes: `X` exclusive, `R` read, `D` the read half of a downgraded write
+/// (no new grant: its token is the write's), `P` `weight` permits of a semaphore.
+#[derive(Debug, Clone)]
+pub(crate) struct Interval {
+    pub(crate) holder: usize,
+    pub(crate) key: String,
+    pub(crate) mode: char,
+    pub(crate) weight: u32,
+    pub(crate) token: u64,
+    /// When the holder asked for it: a grant that started before this is granted before.
+    pub(crate) call_ns: u128,
+    pub(crate) start_ns: u128,
+    pub(crate) end_ns: u128,
+    pub(crate) believed: bool,
+}
+
+pub(crate) fn parse_report(holder: usize, line: &str) -> Option<Line> {
+    let report = match line.split_whitespace().next()? {
+        "Q" => Report::Queued,
+        "L" => Report::SkippedLost,
+        "G" => Report::Granted {
+            start_ns: line.split_whitespace().nth(2)?.parse().ok()?,
+        },
+        "W" => {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            Report::Wrote {
+                key: f.get(1)?.to_string(),
+                mode: f.get(2)?.chars().next()?,
+                token: f.get(3)?.parse().ok()?,
+                accepted: *f.get(4)? == "1",
+                check_ns: f.get(5)?.parse().ok()?,
+                write_ns: f.get(6)?.parse().ok()?,
+            }
+        }
+        "I" => {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            Report::Held(Interval {
+                holder,
+                key: f.get(1)?.to_string(),
+                mode: f.get(2)?.chars().next()?,
+                weight: f.get(3)?.parse().ok()?,
+                token: f.get(4)?.parse().ok()?,
+                call_ns: f.get(5)?.parse().ok()?,
+                start_ns: f.get(6)?.parse().ok()?,
+                end_ns: f.get(7)?.parse().ok()?,
+                believed: *f.get(8)? == "1",
+            })
+        }
+        _ => return None,
+    };
+    Some(Line {
+        holder,
+        at: Instant::now(),
+        report,
+    })
 }
 
 // The driver.
@@ -49,21 +107,57 @@ pub(crate) struct Counts {
     pub(crate) stopped_between: u64,
     /// Rejected although checked not lost, no SIGSTOP to explain it.
     pub(crate) stale_believed: u64,
-    /// Accepted with a token not above the last accepted one.
+    /// Accepted with a token out of the resource's order, or a grant whose token is not
+    /// above every token granted before it (as the primitive's docs promise), or two grants
+    /// with one token.
     pub(crate) token_regressions: u64,
+    /// Holds reported, and those believed at both ends (the ones judged for overlaps).
+    pub(crate) intervals: u64,
+    pub(crate) believed: u64,
+    /// Believed holds that overlap where the primitive forbids it (two writers, a reader
+    /// beside a writer, more than n permits), with no SIGSTOP inside to explain it.
+    pub(crate) overlaps: u64,
+    /// Such overlaps explained by a SIGSTOP of one of the holders inside its hold.
+    pub(crate) overlaps_stopped: u64,
     pub(crate) faults: HashMap<&'static str, u64>,
+    /// The liveness figures of the calm (see [`liveness`]).
+    pub(crate) liveness: String,
 }
 
-/// Everything the holders reported, and the SIGSTOP windows, for the checker.
+/// Everything the holders reported, the SIGSTOP windows and the kills, for the checker.
 #[derive(Default)]
 pub(crate) struct Log {
-    pub(crate) reports: Vec<Report>,
+    pub(crate) lines: Vec<Line>,
     /// (holder, stopped at, continued at) in wall ns.
     pub(crate) stops: Vec<(usize, u128, u128)>,
+    /// When holders were killed (one entry a holder): their queue entries may still be in line.
+    pub(crate) kills: Vec<Instant>,
+    /// Each judged handoff after a waiter kill: (release to next grant, bound).
+    pub(crate) handoffs: Vec<(Duration, Duration)>,
+    /// Problems found while the faults ran (a waiter fault's handoff judged on the spot).
+    pub(crate) problems: Vec<String>,
 }
 
-/// The tokens of the writes the resource accepted, in its order.
-pub(crate) fn resource_log(url: &str) -> Vec<u64> {
+impl Log {
+    fn stopped(&self, holder: usize, from_ns: u128, to_ns: u128) -> bool {
+        self.stops
+            .iter()
+            .any(|(h, from, to)| *h == holder && *from <= to_ns && *to >= from_ns)
+    }
+
+    pub(crate) fn intervals(&self) -> impl Iterator<Item = &Interval> {
+        self.lines.iter().filter_map(|l| match &l.report {
+            Report::Held(i) => Some(i),
+            _ => None,
+        })
+    }
+}
+
+/// The accepted writes the resource logged for each key, in its order: (mode, token).
+pub(crate) type ResourceLog = Vec<(String, Vec<(char, u64)>)>;
+
+/// The resource's logs of `keys`.
+pub(crate) fn resource_log(url: &str, keys: &[&str]) -> ResourceLog {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -74,17 +168,27 @@ pub(crate) fn resource_log(url: &str) -> Vec<u64> {
             .get_multiplexed_async_connection()
             .await
             .expect("resource connection");
-        let entries: Vec<String> = redis::cmd("LRANGE")
-            .arg("chaos:log")
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
-        entries
-            .iter()
-            .filter_map(|e| e.split(' ').next()?.parse().ok())
-            .collect()
+        let mut out = Vec::new();
+        for key in keys {
+            let [_, _, log] = crate::holder::resource_keys(key);
+            let entries: Vec<String> = redis::cmd("LRANGE")
+                .arg(log)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            let parsed = entries
+                .iter()
+                .filter_map(|e| {
+                    let mut f = e.split(' ');
+                    let mode = f.next()?.chars().next()?;
+                    Some((mode, f.next()?.parse().ok()?))
+                })
+                .collect();
+            out.push((key.to_string(), parsed));
+        }
+        out
     })
 }
 
@@ -92,69 +196,255 @@ pub(crate) fn resource_log(url: &str) -> Vec<u64> {
 /// acquire, a subscription's share, renewals of the holder and its waiters, a release, and
 /// every command those scripts run inside (Redis counts them too): about 20 for a mutex and
 /// 50 for a read-write lock or semaphore in these runs (Redlock: about 30 and 60 on each of
-/// its nodes). A waiter re-checking every millisecond costs thousands.
+/// its nodes). A waiter re-checking every millisecond costs thousands. PostgreSQL counts
+/// transactions, ZooKeeper packets received.
 pub(crate) const MAX_COMMANDS_PER_GRANT: u64 = 200;
 
 /// Grants reported since `calm`.
 pub(crate) fn granted_since(log: &Log, calm: Instant) -> u64 {
-    log.reports
+    log.lines
         .iter()
-        .filter(|r| matches!(r, Report::Wrote { at, .. } if *at >= calm))
+        .filter(|l| matches!(l.report, Report::Granted { .. }) && l.at >= calm)
         .count() as u64
 }
 
-/// Holders without an accepted write since `calm` (the faults stopped 3×TTL before).
-pub(crate) fn stalled(log: &Log, calm: Instant) -> Vec<String> {
-    (0..HOLDERS)
-        .filter(|&i| {
-            !log.reports.iter().any(|r| {
-                matches!(r, Report::Wrote { holder, accepted: true, at, .. } if *holder == i && *at >= calm)
-            })
-        })
-        .map(|i| format!("holder {i} made no progress within 3xTTL of the faults stopping"))
-        .collect()
+/// Slack on top of every liveness bound: process start, connects, a loaded machine.
+const SLACK: Duration = Duration::from_millis(1000);
+
+/// What dead waiters in line cost before the next live one is served: a handoff lease each
+/// where the lock is handed over (Redis, Redlock, PostgreSQL); on ZooKeeper their sessions
+/// expire together, one session timeout (and a server tick) after they died.
+pub(crate) fn dead_waiters_cost(backend: &str, dead: usize) -> Duration {
+    if dead == 0 {
+        Duration::ZERO
+    } else if backend == "zookeeper" {
+        TTL + Duration::from_millis(500)
+    } else {
+        HANDOFF * dead as u32
+    }
+}
+
+/// Liveness after the faults stop at `calm` (judged at `end`): every live holder is granted
+/// within TTL + what the holders killed lately cost as dead waiters + the holds of the others
+/// ahead of it + slack; and once the calm's first grant happened, no gap between consecutive
+/// grants (or before `end`) reaches a TTL. Returns the summary figures and the problems.
+pub(crate) fn liveness(
+    log: &Log,
+    backend: &str,
+    calm: Instant,
+    end: Instant,
+) -> (String, Vec<String>) {
+    let mut problems = Vec::new();
+    let dead = log
+        .kills
+        .iter()
+        .filter(|k| calm.saturating_duration_since(**k) < TTL * 2)
+        .count();
+    let bound = TTL + dead_waiters_cost(backend, dead) + LONG_HOLD * (HOLDERS as u32 - 1) + SLACK;
+    let grants: Vec<&Line> = log
+        .lines
+        .iter()
+        .filter(|l| matches!(l.report, Report::Granted { .. }) && l.at >= calm)
+        .collect();
+    let mut first_max = Duration::ZERO;
+    for i in 0..HOLDERS {
+        match grants.iter().find(|l| l.holder == i) {
+            Some(l) => {
+                let d = l.at - calm;
+                first_max = first_max.max(d);
+                if d > bound {
+                    problems.push(format!(
+                        "holder {i} first granted {d:?} after the faults stopped (bound {bound:?}: {dead} dead waiters)"
+                    ));
+                }
+            }
+            None => problems.push(format!(
+                "holder {i} not granted in the {:?} after the faults stopped",
+                end - calm
+            )),
+        }
+    }
+    // On ZooKeeper, waiters killed just before the calm hold their place until their sessions
+    // expire: gaps are judged from then on.
+    let last_kill = log.kills.iter().max().copied();
+    let from = match (backend, last_kill) {
+        ("zookeeper", Some(k)) => (k + TTL + SLACK).max(calm),
+        _ => calm,
+    };
+    let mut gap_max = Duration::ZERO;
+    let times: Vec<Instant> = grants.iter().map(|l| l.at).chain([end]).collect();
+    for w in times.windows(2) {
+        if w[0] >= from {
+            gap_max = gap_max.max(w[1] - w[0]);
+        }
+    }
+    if gap_max >= TTL {
+        problems.push(format!(
+            "a {gap_max:?} stall between grants after the faults stopped (a TTL is {TTL:?})"
+        ));
+    }
+    (
+        format!(
+            "calm_first_grant_max_ms={} calm_bound_ms={} calm_gap_max_ms={}",
+            first_max.as_millis(),
+            bound.as_millis(),
+            gap_max.as_millis()
+        ),
+        problems,
+    )
 }
 
 /// The checker: counts grants and writes, and every violation.
-pub(crate) fn judge(log: &Log, accepted_in_order: &[u64], counts: &mut Counts) {
-    // The resource's own order of accepted writes: each grant writes once, so every token
-    // must be above the one before (an equal one is two grants with one token).
-    counts.token_regressions += accepted_in_order
-        .windows(2)
-        .filter(|w| w[1] <= w[0])
-        .count() as u64;
-    let mut writes: Vec<&Report> = log.reports.iter().collect();
-    writes.sort_by_key(|r| match r {
-        Report::Wrote { write_ns, .. } => *write_ns,
-        Report::SkippedLost => 0,
-    });
-    for r in writes {
-        counts.grants += 1;
-        match r {
-            Report::SkippedLost => counts.skipped_lost += 1,
+pub(crate) fn judge(log: &Log, resource: &ResourceLog, capacity: u32, counts: &mut Counts) {
+    // The resource's own order of accepted writes, per key: a write's token above every token
+    // accepted before it, a read's above every write's (the read half of a downgraded write
+    // carries the write's token). Each grant writes once, so an equal token is two grants
+    // with one token.
+    for (_, entries) in resource {
+        let (mut max_all, mut max_write) = (0u64, 0u64);
+        for &(mode, token) in entries {
+            let ok = match mode {
+                'w' => token > max_all,
+                'd' => token >= max_write,
+                _ => token > max_write,
+            };
+            if !ok {
+                counts.token_regressions += 1;
+            }
+            max_all = max_all.max(token);
+            if mode == 'w' {
+                max_write = max_write.max(token);
+            }
+        }
+    }
+    for l in &log.lines {
+        match &l.report {
+            Report::Granted { .. } => counts.grants += 1,
+            Report::SkippedLost => {
+                counts.grants += 1;
+                counts.skipped_lost += 1;
+            }
             Report::Wrote {
-                holder,
+                key,
+                mode,
                 token,
                 accepted,
                 check_ns,
                 write_ns,
-                ..
             } => {
                 if *accepted {
                     counts.accepted += 1;
-                    let _ = token;
+                } else if log.stopped(l.holder, *check_ns, *write_ns) {
+                    counts.stopped_between += 1;
                 } else {
-                    let stopped = log
-                        .stops
-                        .iter()
-                        .any(|(h, from, to)| h == holder && *from <= *write_ns && *to >= *check_ns);
-                    if stopped {
-                        counts.stopped_between += 1;
-                    } else {
-                        counts.stale_believed += 1;
+                    counts.stale_believed += 1;
+                    if counts.stale_believed <= 5 {
+                        println!(
+                            "chaos stale: holder {} key {key} mode {mode} token {token} refused at {write_ns}",
+                            l.holder
+                        );
                     }
                 }
             }
+            _ => {}
         }
     }
+    let mut by_key: BTreeMap<&str, Vec<&Interval>> = BTreeMap::new();
+    for i in log.intervals() {
+        by_key.entry(i.key.as_str()).or_default().push(i);
+    }
+    for holds in by_key.values() {
+        counts.intervals += holds.len() as u64;
+        counts.token_regressions += grant_order(holds);
+        let believed: Vec<&Interval> = holds.iter().copied().filter(|i| i.believed).collect();
+        counts.believed += believed.len() as u64;
+        let (bad, stopped) = overlaps(log, believed, capacity);
+        counts.overlaps += bad;
+        counts.overlaps_stopped += stopped;
+    }
+    if let Some((gap, bound)) = log.handoffs.iter().max_by_key(|(g, _)| *g) {
+        counts.liveness += &format!(
+            " waiter_kills_judged={} handoff_gap_max_ms={} (bound {} ms)",
+            log.handoffs.len(),
+            gap.as_millis(),
+            bound.as_millis()
+        );
+    }
+}
+
+/// Tokens in grant order, as the docs promise: a grant `b` asked for after a grant `a` was
+/// held (a's check before b's call) has a greater token than `a` — every pair for a mutex, a
+/// write lock or a semaphore ("increasing in grant order"); for a read-write lock a write
+/// above everything before it and a read above every write before it, readers among
+/// themselves in no order. And no two grants of a key share a token. Returns the violations.
+fn grant_order(holds: &[&Interval]) -> u64 {
+    let grants: Vec<&Interval> = holds.iter().copied().filter(|i| i.mode != 'D').collect();
+    let mut bad = 0;
+    let mut tokens: Vec<u64> = grants.iter().map(|i| i.token).collect();
+    tokens.sort_unstable();
+    bad += tokens.windows(2).filter(|w| w[0] == w[1]).count() as u64;
+    let mut by_start = grants.clone();
+    by_start.sort_by_key(|i| i.start_ns);
+    let mut by_call = grants;
+    by_call.sort_by_key(|i| i.call_ns);
+    let (mut next, mut max_all, mut max_excl) = (0, 0u64, 0u64);
+    for b in by_call {
+        while next < by_start.len() && by_start[next].start_ns < b.call_ns {
+            let a = by_start[next];
+            max_all = max_all.max(a.token);
+            if a.mode != 'R' {
+                max_excl = max_excl.max(a.token);
+            }
+            next += 1;
+        }
+        let floor = if b.mode == 'R' { max_excl } else { max_all };
+        if b.token <= floor && floor > 0 {
+            bad += 1;
+        }
+    }
+    bad
+}
+
+/// Believed holds of one key that overlap where the primitive forbids: anything beside an
+/// exclusive hold, or more than `capacity` permits at an instant. An overlap with a SIGSTOP of
+/// one of its holders inside that holder's hold is explained (the holder could not check).
+/// Returns (unexplained, explained).
+fn overlaps(log: &Log, mut holds: Vec<&Interval>, capacity: u32) -> (u64, u64) {
+    holds.sort_by_key(|i| i.start_ns);
+    let stopped = |i: &Interval| log.stopped(i.holder, i.start_ns, i.end_ns);
+    let (mut bad, mut explained) = (0, 0);
+    let mut active: Vec<&Interval> = Vec::new();
+    for b in holds {
+        active.retain(|a| a.end_ns > b.start_ns);
+        let shared = |i: &Interval| matches!(i.mode, 'R' | 'D');
+        let clash: Vec<&Interval> = active
+            .iter()
+            .copied()
+            .filter(|a| (a.mode == 'X' || b.mode == 'X') || shared(a) != shared(b))
+            .collect();
+        let permits: u32 = active
+            .iter()
+            .filter(|a| a.mode == 'P')
+            .map(|a| a.weight)
+            .sum::<u32>()
+            + if b.mode == 'P' { b.weight } else { 0 };
+        let over = b.mode == 'P' && permits > capacity;
+        if !clash.is_empty() || over {
+            let involved: Vec<&Interval> = if over {
+                active.iter().copied().filter(|a| a.mode == 'P').collect()
+            } else {
+                clash
+            };
+            if stopped(b) || involved.iter().any(|a| stopped(a)) {
+                explained += 1;
+            } else {
+                bad += 1;
+                if bad <= 5 {
+                    println!("chaos overlap: {b:?} beside {involved:?}");
+                }
+            }
+        }
+        active.push(b);
+    }
+    (bad, explained)
 }

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::checker::{granted_since, judge, resource_log, stalled, Counts, MAX_COMMANDS_PER_GRANT};
+use crate::checker::{
+    granted_since, judge, liveness, resource_log, Counts, MAX_COMMANDS_PER_GRANT,
+};
 use crate::fleet::Fleet;
 use crate::servers::{commands_processed, leftovers, Server, REDLOCK_NODES};
 use crate::{support, wall_ns, Args, Rng, HOLDERS, TTL};
@@ -48,8 +50,16 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         fleet.spawn(i);
     }
     let mut counts = Counts::default();
-    let mut kinds: Vec<&'static str> =
-        vec!["stop", "kill", "kill2", "restart", "blackhole", "reset"];
+    let mut kinds: Vec<&'static str> = vec![
+        "stop",
+        "kill",
+        "kill2",
+        "restart",
+        "blackhole",
+        "reset",
+        "stopq",
+        "killq",
+    ];
     if args.backend == "zookeeper" {
         kinds.push("expire");
     }
@@ -70,7 +80,18 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
                 .stops
                 .push((i, from, to));
         }
+        "stopq" => crate::waiters::stop_waiter(&fleet, i),
+        // Two or three queued waiters in a row.
+        "killq" => {
+            crate::waiters::kill_waiters(&mut fleet, 2 + i % 2, &args.backend, &args.primitive)
+        }
         "kill" => {
+            fleet
+                .log
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .kills
+                .push(Instant::now());
             fleet.kill(i);
             fleet.spawn(i);
         }
@@ -78,6 +99,12 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
             // Two in a row: with one holder at a time, at least one was a queued waiter, and
             // often both (two dead waiters in a row).
             let j = (i + 1) % HOLDERS;
+            fleet
+                .log
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .kills
+                .extend([Instant::now(); 2]);
             fleet.kill(i);
             fleet.kill(j);
             fleet.spawn(i);
@@ -106,15 +133,22 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
             fleet.proxies[i].iter().for_each(|p| p.pass());
         }
     });
-    // Faults stop: every holder must get the lock (and write) within 3×TTL, and the lock
-    // server's command rate must stay that of a lock, not of waiters polling.
+    // Faults stop: every holder must get the lock within a judged bound, with no TTL-long
+    // stall, and the lock server's command rate must stay that of a lock, not of waiters
+    // polling.
     let calm = Instant::now();
     let commands_before = commands_processed(&args.backend, &server.ports());
     std::thread::sleep(TTL * 3);
     let commands = commands_processed(&args.backend, &server.ports())
         .zip(commands_before)
         .map(|(after, before)| after.saturating_sub(before));
-    let mut problems = stalled(&fleet.log.lock().unwrap_or_else(|p| p.into_inner()), calm);
+    let (figures, mut problems) = liveness(
+        &fleet.log.lock().unwrap_or_else(|p| p.into_inner()),
+        &args.backend,
+        calm,
+        Instant::now(),
+    );
+    counts.liveness = figures;
     if let Some(commands) = commands {
         let grants = granted_since(&fleet.log.lock().unwrap_or_else(|p| p.into_inner()), calm);
         let per_grant = commands / grants.max(1);
@@ -144,7 +178,15 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         problems.push(format!("left behind: {left:?}"));
     }
     let log = std::mem::take(&mut *fleet.log.lock().unwrap_or_else(|p| p.into_inner()));
-    judge(&log, &resource_log(&resource.url()), &mut counts);
+    problems.extend(log.problems.iter().cloned());
+    let keys = crate::holder::keys_of(&args.primitive);
+    let capacity = crate::holder::capacity_of(&args.primitive);
+    judge(
+        &log,
+        &resource_log(&resource.url(), &keys),
+        capacity,
+        &mut counts,
+    );
     counts.faults.insert("spawned", fleet.spawned);
     (counts, problems)
 }

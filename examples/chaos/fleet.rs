@@ -62,10 +62,7 @@ impl Fleet {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(r) = parse_report(i, &line) {
-                    log.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .reports
-                        .push(r);
+                    log.lock().unwrap_or_else(|p| p.into_inner()).lines.push(r);
                 }
             }
         });

@@ -1,30 +1,83 @@
-//! The holder process: one client looping on the key, writing to the fenced resource with each
-//! grant's token, and reporting each grant on stdout for the driver.
+//! The holder process: one client looping on the form's keys, writing to the fenced resource with
+//! each grant's token, and reporting on stdout for the driver: when it starts to wait, each
+//! grant, each write, and each hold's believed interval.
 
 use std::io::Write;
 use std::time::Duration;
 
 use distlock::LockClient;
 
-use crate::{support, wall_ns, HolderArgs, HOLD, TTL};
+use crate::{support, wall_ns, HolderArgs, Rng, HOLD, TTL};
 
-/// Accepts a write only if its token is at least the highest seen; appends accepted ones.
+/// The handoff lease the holders configure (Redis, Redlock, PostgreSQL): how long a lock handed
+/// to a waiter that died stays stuck. Shorter than the 2 s default, so that a dead waiter's
+/// cost stands apart from a TTL-long stall.
+pub(crate) const HANDOFF: Duration = Duration::from_millis(300);
+/// One round in [`LONG_EVERY`] holds this long instead of [`HOLD`], so that holds span faults
+/// (a server restart, a waiter's death) and a late "lost" shows as an overlap.
+pub(crate) const LONG_HOLD: Duration = Duration::from_millis(500);
+pub(crate) const LONG_EVERY: u64 = 10;
+/// The semaphore of the `permits` form.
+pub(crate) const PERMITS: u32 = 3;
+/// The keys of the `multi` form; each round takes two of them.
+pub(crate) const MULTI_KEYS: [&str; 3] = ["chaos:a", "chaos:b", "chaos:c"];
+
+/// Every `--primitive` form.
+pub(crate) const FORMS: [&str; 6] = ["mutex", "write", "permit", "rw", "permits", "multi"];
+
+/// The keys a form's holders take.
+pub(crate) fn keys_of(primitive: &str) -> Vec<&'static str> {
+    if primitive == "multi" {
+        MULTI_KEYS.to_vec()
+    } else {
+        vec!["chaos"]
+    }
+}
+
+/// How many holds of one key may be believed at once (weights of `P` intervals).
+pub(crate) fn capacity_of(primitive: &str) -> u32 {
+    if primitive == "permits" {
+        PERMITS
+    } else {
+        1
+    }
+}
+
+/// Accepts a write only if its token passes the fence that the read-write lock's docs ask of
+/// storage (the exclusive forms write only `w`): a write (`w`) needs a token at least the
+/// highest write and read tokens seen, a read (`r`, or `d` after a downgrade) at least the
+/// highest write token. Appends each accepted one (`mode token holder`) to the key's log.
 pub(crate) const FENCED_WRITE: &str = r"
-local max = tonumber(redis.call('GET', KEYS[1]) or '0')
+local mw = tonumber(redis.call('GET', KEYS[1]) or '0')
+local mr = tonumber(redis.call('GET', KEYS[2]) or '0')
 local token = tonumber(ARGV[1])
-if token < max then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. ARGV[2])
+if token < mw then return 0 end
+if ARGV[2] == 'w' then
+  if token < mr then return 0 end
+  redis.call('SET', KEYS[1], ARGV[1])
+elseif token > mr then
+  redis.call('SET', KEYS[2], ARGV[1])
+end
+redis.call('RPUSH', KEYS[3], ARGV[2] .. ' ' .. ARGV[1] .. ' ' .. ARGV[3])
 return 1
 ";
 
-// The holder process (Redis, ZooKeeper).
+/// The resource keys of lock key `key`: highest write token, highest read token, log.
+pub(crate) fn resource_keys(key: &str) -> [String; 3] {
+    [
+        format!("{key}:maxw"),
+        format!("{key}:maxr"),
+        format!("{key}:log"),
+    ]
+}
 
 /// A held lock of any primitive, as the holder loop uses it.
 pub(crate) enum Held {
     Mutex(distlock::MutexGuard),
     Write(distlock::RwLockWriteGuard),
+    Read(distlock::RwLockReadGuard),
     Permit(distlock::SemaphorePermit),
+    Multi(distlock::MultiGuard),
 }
 
 impl Held {
@@ -32,41 +85,205 @@ impl Held {
         match self {
             Self::Mutex(g) => g.is_lost(),
             Self::Write(g) => g.is_lost(),
+            Self::Read(g) => g.is_lost(),
             Self::Permit(g) => g.is_lost(),
+            Self::Multi(g) => g.is_lost(),
         }
     }
 
-    pub(crate) fn fencing_token(&self) -> u64 {
+    /// Each key held, with its grant's token.
+    pub(crate) fn parts(&self) -> Vec<(String, u64)> {
+        let one = |t: u64| vec![("chaos".to_string(), t)];
         match self {
-            Self::Mutex(g) => g.fencing_token(),
-            Self::Write(g) => g.fencing_token(),
-            Self::Permit(g) => g.fencing_token(),
+            Self::Mutex(g) => one(g.fencing_token()),
+            Self::Write(g) => one(g.fencing_token()),
+            Self::Read(g) => one(g.fencing_token()),
+            Self::Permit(g) => one(g.fencing_token()),
+            Self::Multi(g) => g
+                .fencing_tokens()
+                .into_iter()
+                .map(|(k, t)| (k.to_string(), t))
+                .collect(),
         }
     }
 }
 
-/// Takes `primitive` on key `chaos`, waiting at most `patience`.
+/// What one round takes.
+#[derive(Clone, Debug)]
+pub(crate) enum Plan {
+    Mutex,
+    Write,
+    Read,
+    /// A write, downgraded to a read half-way through the hold.
+    Downgrade,
+    /// `n` permits of a semaphore of `of`.
+    Permits(u32, u32),
+    Multi(Vec<&'static str>),
+}
+
+impl Plan {
+    /// Picks a round of `primitive` (`rw`, `permits` and `multi` vary from round to round).
+    pub(crate) fn pick(primitive: &str, rng: &mut Rng) -> Self {
+        match primitive {
+            "write" => Self::Write,
+            "permit" => Self::Permits(1, 1),
+            "rw" => match rng.below(20) {
+                0..=8 => Self::Read,
+                9..=16 => Self::Write,
+                _ => Self::Downgrade,
+            },
+            "permits" => Self::Permits(1 + rng.below(2) as u32, PERMITS),
+            "multi" => {
+                let skip = rng.below(3) as usize;
+                Self::Multi(
+                    MULTI_KEYS
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| *i != skip)
+                        .map(|(_, k)| *k)
+                        .collect(),
+                )
+            }
+            _ => Self::Mutex,
+        }
+    }
+
+    /// The interval mode of the hold (`X` exclusive, `R` shared with readers, `P` permits) and
+    /// its weight; and the resource write mode (`None`: permits of n > 1 fence nothing).
+    pub(crate) fn modes(&self) -> (char, u32, Option<char>) {
+        match self {
+            Self::Read => ('R', 1, Some('r')),
+            Self::Permits(n, of) if *of > 1 => ('P', *n, None),
+            _ => ('X', 1, Some('w')),
+        }
+    }
+}
+
+/// Takes what `plan` says, waiting at most `patience`.
 pub(crate) async fn take(
     client: &LockClient,
-    primitive: &str,
+    plan: &Plan,
     patience: Duration,
 ) -> distlock::Result<Held> {
-    match primitive {
-        "write" => client
+    match plan {
+        Plan::Write | Plan::Downgrade => client
             .rw_lock("chaos")
             .write_timeout(patience)
             .await
             .map(Held::Write),
-        "permit" => client
-            .semaphore("chaos", 1)
-            .acquire_timeout(patience)
+        Plan::Read => client
+            .rw_lock("chaos")
+            .read_timeout(patience)
+            .await
+            .map(Held::Read),
+        Plan::Permits(n, of) => client
+            .semaphore("chaos", *of)
+            .acquire_many_timeout(*n, patience)
             .await
             .map(Held::Permit),
-        _ => client
+        Plan::Multi(keys) => client
+            .multi_lock(keys.iter().copied())
+            .lock_timeout(patience)
+            .await
+            .map(Held::Multi),
+        Plan::Mutex => client
             .mutex("chaos")
             .lock_timeout(patience)
             .await
             .map(Held::Mutex),
+    }
+}
+
+/// Writes `token` for `key` in `mode` to the fenced resource and reports it (`W`).
+async fn fenced_write(
+    resource: &redis::aio::MultiplexedConnection,
+    id: usize,
+    key: &str,
+    token: u64,
+    mode: char,
+) {
+    let check_ns = wall_ns();
+    let [maxw, maxr, log] = resource_keys(key);
+    let accepted: redis::RedisResult<i64> = redis::Script::new(FENCED_WRITE)
+        .key(maxw)
+        .key(maxr)
+        .key(log)
+        .arg(token)
+        .arg(mode.to_string())
+        .arg(id)
+        .invoke_async(&mut resource.clone())
+        .await;
+    let write_ns = wall_ns();
+    if let Ok(accepted) = accepted {
+        say(&format!(
+            "W {key} {mode} {token} {accepted} {check_ns} {write_ns}"
+        ));
+    }
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Reports the believed interval of each part of a hold (`I key mode weight token call_ns
+/// start_ns end_ns believed`), checking `is_lost()` once more at its end.
+fn report_interval(held: &Held, mode: char, weight: u32, call_ns: u128, start_ns: u128) -> bool {
+    let believed = !held.is_lost();
+    let end_ns = wall_ns();
+    for (key, token) in held.parts() {
+        say(&format!(
+            "I {key} {mode} {weight} {token} {call_ns} {start_ns} {end_ns} {}",
+            u8::from(believed)
+        ));
+    }
+    believed
+}
+
+/// One round: wait (`Q`), take, check, write, hold, check again, release.
+async fn round(
+    client: &LockClient,
+    resource: &redis::aio::MultiplexedConnection,
+    id: usize,
+    plan: Plan,
+    hold: Duration,
+) {
+    say("Q");
+    let call_ns = wall_ns();
+    let Ok(held) = take(client, &plan, Duration::from_secs(10)).await else {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        return;
+    };
+    if held.is_lost() {
+        say("L");
+        return;
+    }
+    let start_ns = wall_ns();
+    say(&format!("G {call_ns} {start_ns}"));
+    let (mode, weight, write) = plan.modes();
+    if let Some(w) = write {
+        for (key, token) in held.parts() {
+            fenced_write(resource, id, &key, token, w).await;
+        }
+    }
+    tokio::time::sleep(hold).await;
+    let believed = report_interval(&held, mode, weight, call_ns, start_ns);
+    if let (Plan::Downgrade, true, Held::Write(w)) = (&plan, believed, held) {
+        let Ok(read) = w.downgrade().await else {
+            return;
+        };
+        let read = Held::Read(read);
+        if read.is_lost() {
+            return;
+        }
+        let start_ns = wall_ns();
+        for (key, token) in read.parts() {
+            fenced_write(resource, id, &key, token, 'd').await;
+        }
+        tokio::time::sleep(HOLD).await;
+        // `D`: the read part of a downgraded write, with the write's token (not a new grant).
+        report_interval(&read, 'D', 1, call_ns, start_ns);
     }
 }
 
@@ -79,12 +296,16 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
     rt.block_on(async move {
         let client = match backend {
             "redis" => LockClient::builder(
-                distlock::backend::RedisBackend::connect(&args.lock_url)
+                distlock::backend::RedisBackend::builder(&args.lock_url)
+                    .handoff_ttl(HANDOFF)
+                    .build()
                     .await
                     .expect("redis backend"),
             ),
             "postgres" => LockClient::builder(
-                distlock::backend::PgBackend::connect(&args.lock_url)
+                distlock::backend::PgBackend::builder(&args.lock_url)
+                    .handoff_ttl(HANDOFF)
+                    .build()
                     .await
                     .expect("postgres backend"),
             ),
@@ -92,6 +313,7 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
             "redlock" => LockClient::builder(
                 distlock::backend::RedlockBackend::builder(args.lock_url.split(','))
                     .rejoin_delay(TTL)
+                    .handoff_ttl(HANDOFF)
                     .build()
                     .await
                     .expect("redlock backend"),
@@ -118,7 +340,6 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
             .get_multiplexed_async_connection()
             .await
             .expect("resource connection");
-        let script = redis::Script::new(FENCED_WRITE);
         // The driver closes our stdin to ask us to stop.
         let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
         std::thread::spawn(move || {
@@ -126,40 +347,18 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
             while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {}
             let _ = stop_tx.send(true);
         });
-        let mut out = std::io::stdout();
+        let mut rng = Rng(wall_ns() as u64 ^ (args.id as u64) << 48);
         while !*stop.borrow() {
-            let got = tokio::select! {
-                g = take(&client, primitive, Duration::from_secs(10)) => g,
+            let plan = Plan::pick(primitive, &mut rng);
+            let hold = if rng.below(LONG_EVERY) == 0 {
+                LONG_HOLD
+            } else {
+                HOLD
+            };
+            tokio::select! {
+                () = round(&client, &resource, args.id, plan, hold) => {}
                 _ = stop.changed() => break,
-            };
-            let Ok(guard) = got else {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            };
-            if guard.is_lost() {
-                let _ = writeln!(out, "L");
-                continue;
             }
-            let check_ns = wall_ns();
-            let mut conn = resource.clone();
-            let accepted: redis::RedisResult<i64> = script
-                .key("chaos:max")
-                .key("chaos:log")
-                .arg(guard.fencing_token())
-                .arg(args.id)
-                .invoke_async(&mut conn)
-                .await;
-            let write_ns = wall_ns();
-            if let Ok(accepted) = accepted {
-                let _ = writeln!(
-                    out,
-                    "W {} {} {check_ns} {write_ns}",
-                    guard.fencing_token(),
-                    accepted
-                );
-            }
-            tokio::time::sleep(HOLD).await;
-            drop(guard);
         }
         client.shutdown().await;
     });

@@ -48,6 +48,7 @@ mod fleet;
 mod holder;
 mod memory;
 mod servers;
+mod waiters;
 
 #[path = "../../tests/support/mod.rs"]
 #[allow(unused_macros)]
@@ -161,8 +162,14 @@ fn main() {
         return;
     }
     assert!(
-        !(args.backend == "redlock" && args.primitive == "permit"),
-        "Redlock has no semaphores: --primitive permit runs on redis, zookeeper or postgres"
+        holder::FORMS.contains(&args.primitive.as_str()),
+        "unknown --primitive {}; one of {:?}",
+        args.primitive,
+        holder::FORMS
+    );
+    assert!(
+        !(args.backend == "redlock" && args.primitive.starts_with("permit")),
+        "Redlock has no semaphores: --primitive permit and permits run on redis, zookeeper or postgres"
     );
     let started = Instant::now();
     let (counts, problems) = match args.backend.as_str() {
@@ -170,7 +177,8 @@ fn main() {
         "redis" | "zookeeper" | "postgres" | "redlock" => run_processes(&args),
         other => panic!("unknown --backend {other}; memory, redis, redlock, zookeeper or postgres"),
     };
-    let violations = counts.stale_believed + counts.token_regressions + problems.len() as u64;
+    let violations =
+        counts.stale_believed + counts.token_regressions + counts.overlaps + problems.len() as u64;
     let mut faults: Vec<String> = counts
         .faults
         .iter()
@@ -180,7 +188,7 @@ fn main() {
     println!(
         "chaos backend={} primitive={} trace={} secs={} seed={} grants={} writes_accepted={} skipped_lost={} \
          stale_while_believed={} stopped_between_check_and_write={} token_regressions={} \
-         faults[{}] violations={}",
+         intervals={} believed={} overlaps={} overlaps_stopped={} {} faults[{}] violations={}",
         args.backend,
         args.primitive,
         args.trace,
@@ -192,6 +200,11 @@ fn main() {
         counts.stale_believed,
         counts.stopped_between,
         counts.token_regressions,
+        counts.intervals,
+        counts.believed,
+        counts.overlaps,
+        counts.overlaps_stopped,
+        counts.liveness,
         faults.join(" "),
         violations
     );

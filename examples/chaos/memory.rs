@@ -1,15 +1,17 @@
 //! The memory run: holders are threads of this process, each with its own runtime (where its
 //! client renews); faults pause, abort or shut down a holder.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use distlock::LockClient;
 
-use crate::checker::{judge, stalled, Counts, Log, Report};
+use crate::checker::{judge, liveness, Counts, Interval, Line, Log, Report};
 use crate::faults::inject_faults;
-use crate::{wall_ns, Args, HOLD, HOLDERS, TTL};
+use crate::holder::{capacity_of, keys_of, take, Plan, LONG_EVERY, LONG_HOLD};
+use crate::{wall_ns, Args, Rng, HOLD, HOLDERS, TTL};
 
 /// What the driver can do to a memory holder.
 #[derive(Default)]
@@ -22,8 +24,24 @@ pub(crate) struct Knobs {
     pub(crate) quit: std::sync::atomic::AtomicBool,
 }
 
-/// The in-process resource: the highest token seen, and the accepted ones in order.
-pub(crate) type Resource = Arc<StdMutex<(u64, Vec<u64>)>>;
+/// The in-process resource, per key: the highest write and read tokens seen, and the accepted
+/// writes in order (the fence of [`crate::holder::FENCED_WRITE`]).
+pub(crate) type Resource = Arc<StdMutex<HashMap<String, (u64, u64, Vec<(char, u64)>)>>>;
+
+fn fenced_write(resource: &Resource, key: &str, token: u64, mode: char) -> bool {
+    let mut r = resource.lock().unwrap_or_else(|p| p.into_inner());
+    let (mw, mr, log) = r.entry(key.to_string()).or_default();
+    if token < *mw || (mode == 'w' && token < *mr) {
+        return false;
+    }
+    if mode == 'w' {
+        *mw = token;
+    } else {
+        *mr = (*mr).max(token);
+    }
+    log.push((mode, token));
+    true
+}
 
 pub(crate) async fn memory_holder_loop(
     i: usize,
@@ -31,23 +49,38 @@ pub(crate) async fn memory_holder_loop(
     knobs: &Knobs,
     resource: &Resource,
     log: &StdMutex<Log>,
+    primitive: &str,
 ) {
+    let report = |report: Report| {
+        log.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .lines
+            .push(Line {
+                holder: i,
+                at: Instant::now(),
+                report,
+            });
+    };
+    let mut rng = Rng(wall_ns() as u64 ^ (i as u64) << 48);
     loop {
-        let Ok(guard) = client
-            .mutex("chaos")
-            .lock_timeout(Duration::from_secs(10))
-            .await
-        else {
+        // A downgrade runs as a plain write here.
+        let plan = Plan::pick(primitive, &mut rng);
+        let hold = if rng.below(LONG_EVERY) == 0 {
+            LONG_HOLD
+        } else {
+            HOLD
+        };
+        report(Report::Queued);
+        let call_ns = wall_ns();
+        let Ok(guard) = take(client, &plan, Duration::from_secs(10)).await else {
             continue;
         };
         if guard.is_lost() {
-            log.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .reports
-                .push(Report::SkippedLost);
+            report(Report::SkippedLost);
             continue;
         }
         let check_ns = wall_ns();
+        report(Report::Granted { start_ns: check_ns });
         let pause = knobs.pause_ms.swap(0, Ordering::AcqRel);
         if pause > 0 {
             std::thread::sleep(Duration::from_millis(pause));
@@ -57,29 +90,36 @@ pub(crate) async fn memory_holder_loop(
                 .stops
                 .push((i, check_ns, to));
         }
-        let token = guard.fencing_token();
-        let accepted = {
-            let mut r = resource.lock().unwrap_or_else(|p| p.into_inner());
-            let ok = token >= r.0;
-            if ok {
-                r.0 = token;
-                r.1.push(token);
+        let (mode, weight, write) = plan.modes();
+        if let Some(w) = write {
+            for (key, token) in guard.parts() {
+                let accepted = fenced_write(resource, &key, token, w);
+                report(Report::Wrote {
+                    key,
+                    mode: w,
+                    token,
+                    accepted,
+                    check_ns,
+                    write_ns: wall_ns(),
+                });
             }
-            ok
-        };
-        let write_ns = wall_ns();
-        log.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .reports
-            .push(Report::Wrote {
+        }
+        tokio::time::sleep(hold).await;
+        let believed = !guard.is_lost();
+        let end_ns = wall_ns();
+        for (key, token) in guard.parts() {
+            report(Report::Held(Interval {
                 holder: i,
+                key,
+                mode,
+                weight,
                 token,
-                accepted,
-                check_ns,
-                write_ns,
-                at: Instant::now(),
-            });
-        tokio::time::sleep(HOLD).await;
+                call_ns,
+                start_ns: check_ns,
+                end_ns,
+                believed,
+            }));
+        }
         drop(guard);
     }
 }
@@ -97,6 +137,7 @@ pub(crate) fn run_memory(args: &Args) -> (Counts, Vec<String>) {
                 log.clone(),
                 knobs.clone(),
             );
+            let primitive = args.primitive.clone();
             std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -109,7 +150,7 @@ pub(crate) fn run_memory(args: &Args) -> (Counts, Vec<String>) {
                             .build()
                             .expect("client");
                         tokio::select! {
-                            () = memory_holder_loop(i, &client, &knobs[i], &resource, &log) => {}
+                            () = memory_holder_loop(i, &client, &knobs[i], &resource, &log, &primitive) => {}
                             () = knobs[i].kill.notified() => {}
                         }
                         // The dropped loop's guard or claim is released in the background.
@@ -137,6 +178,7 @@ pub(crate) fn run_memory(args: &Args) -> (Counts, Vec<String>) {
     };
     let calm = Instant::now();
     std::thread::sleep(TTL * 3 + Duration::from_millis(500));
+    let end = Instant::now();
     let mut problems = Vec::new();
     for k in knobs.iter() {
         k.quit.store(true, Ordering::Release);
@@ -146,14 +188,23 @@ pub(crate) fn run_memory(args: &Args) -> (Counts, Vec<String>) {
         let _ = t.join();
     }
     let log = std::mem::take(&mut *log.lock().unwrap_or_else(|p| p.into_inner()));
-    problems.extend(stalled(&log, calm));
+    let (figures, live) = liveness(&log, "memory", calm, end);
+    counts.liveness = figures;
+    problems.extend(live);
     // Every client is gone: released claims are gone, dropped ones expire with their lease.
     std::thread::sleep(TTL + Duration::from_millis(500));
     let stats = backend.stats();
     if stats.holders + stats.waiters > 0 {
         problems.push(format!("left behind: {stats:?}"));
     }
-    let accepted = std::mem::take(&mut resource.lock().unwrap_or_else(|p| p.into_inner()).1);
-    judge(&log, &accepted, &mut counts);
+    let written = std::mem::take(&mut *resource.lock().unwrap_or_else(|p| p.into_inner()));
+    let written = keys_of(&args.primitive)
+        .into_iter()
+        .map(|k| {
+            let log = written.get(k).map(|w| w.2.clone()).unwrap_or_default();
+            (k.to_string(), log)
+        })
+        .collect();
+    judge(&log, &written, capacity_of(&args.primitive), &mut counts);
     (counts, problems)
 }

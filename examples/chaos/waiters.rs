@@ -1,0 +1,134 @@
+//! Faults on queued waiters (holders report `Q` when they start to wait): SIGSTOP one past its
+//! lease, or SIGKILL two or three in a row and judge, on the spot, how long the lock then takes
+//! to reach a live holder.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::checker::{dead_waiters_cost, Log, Report};
+use crate::fleet::Fleet;
+use crate::holder::LONG_HOLD;
+use crate::{wall_ns, HOLDERS, TTL};
+
+/// On top of what dead waiters cost: the next live waiter's round trips on a loaded machine.
+const HANDOFF_SLACK: Duration = Duration::from_millis(500);
+
+fn log(fleet: &Fleet) -> std::sync::MutexGuard<'_, Log> {
+    fleet.log.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Holders whose last report is `Q` (waiting), at least `min_age` old.
+pub(crate) fn queued(log: &Log, min_age: Duration) -> Vec<usize> {
+    let now = Instant::now();
+    let mut last: Vec<Option<(bool, Instant)>> = vec![None; HOLDERS];
+    for l in log.lines.iter().rev() {
+        if last[l.holder].is_none() {
+            last[l.holder] = Some((matches!(l.report, Report::Queued), l.at));
+        }
+        if last.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    (0..HOLDERS)
+        .filter(|&i| matches!(last[i], Some((true, at)) if now - at >= min_age))
+        .collect()
+}
+
+/// Waits (up to a second) until `want` holders are queued; returns those that are.
+fn wait_for_queued(fleet: &Fleet, want: usize) -> Vec<usize> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let q = queued(&log(fleet), Duration::from_millis(30));
+        if q.len() >= want || Instant::now() >= deadline {
+            return q;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGSTOPs a queued waiter past its lease, then SIGCONTs it.
+pub(crate) fn stop_waiter(fleet: &Fleet, pick: usize) {
+    let q = wait_for_queued(fleet, 1);
+    let Some(&i) = q.get(pick % q.len().max(1)) else {
+        return;
+    };
+    let from = wall_ns();
+    fleet.signal(i, Signal::SIGSTOP);
+    std::thread::sleep(TTL + Duration::from_millis(500));
+    fleet.signal(i, Signal::SIGCONT);
+    let to = wall_ns();
+    log(fleet).stops.push((i, from, to));
+}
+
+/// SIGKILLs `n` queued waiters in a row (fewer if fewer wait), respawns them, and judges the
+/// next handoff: from the first hold to end after the kill, the next grant must come within
+/// what the dead waiters in line cost (a handoff lease each; on ZooKeeper their sessions'
+/// expiry) plus slack. A waiter granted while it was being frozen is no waiter: it holds for a
+/// TTL, and the first hold to end after the kill is then the one after it.
+pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive: &str) {
+    let q = wait_for_queued(fleet, n);
+    let victims: Vec<usize> = q.into_iter().take(n).collect();
+    if victims.is_empty() {
+        return;
+    }
+    for &i in &victims {
+        fleet.signal(i, Signal::SIGSTOP);
+    }
+    let t0 = wall_ns();
+    let killed_at = Instant::now();
+    let earlier = log(fleet)
+        .kills
+        .iter()
+        .filter(|k| killed_at.saturating_duration_since(**k) < TTL + Duration::from_millis(200))
+        .count();
+    for &i in &victims {
+        fleet.kill(i);
+        log(fleet).kills.push(killed_at);
+    }
+    for &i in &victims {
+        fleet.spawn(i);
+    }
+    let dead = victims.len() + earlier;
+    let mut bound = dead_waiters_cost(backend, dead) + HANDOFF_SLACK;
+    // Shared holds: the next in line may need a second holder's release too.
+    if matches!(primitive, "rw" | "permits") {
+        bound += LONG_HOLD;
+    }
+    // A multi-lock waiter may die holding its first key (for a TTL).
+    if primitive == "multi" {
+        bound += TTL;
+    }
+    std::thread::sleep(TTL + LONG_HOLD + bound + Duration::from_secs(1));
+    let mut log = log(fleet);
+    let release = log.intervals().map(|i| i.end_ns).filter(|e| *e >= t0).min();
+    let next = release.and_then(|r| {
+        log.lines
+            .iter()
+            .filter_map(|l| match l.report {
+                Report::Granted { start_ns } if start_ns > r => Some(start_ns),
+                _ => None,
+            })
+            .min()
+    });
+    let problem = match (release, next) {
+        (Some(r), Some(g)) => {
+            let gap = Duration::from_nanos((g - r) as u64);
+            log.handoffs.push((gap, bound));
+            (gap > bound).then(|| {
+                format!(
+                    "after killing waiters {victims:?} ({dead} dead in line) the next grant came \
+                     {gap:?} after a release (bound {bound:?})"
+                )
+            })
+        }
+        (None, _) => Some(format!(
+            "after killing waiters {victims:?} no hold ended in {:?}",
+            killed_at.elapsed()
+        )),
+        (Some(_), None) => Some(format!(
+            "after killing waiters {victims:?} nobody was granted after the next release"
+        )),
+    };
+    log.problems.extend(problem);
+}
