@@ -110,7 +110,11 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
             fleet.spawn(i);
             fleet.spawn(j);
         }
-        "restart" => server.restart(),
+        "restart" => {
+            // With a hold in progress that outlasts the outage.
+            crate::waiters::extend_hold(&mut fleet);
+            server.restart();
+        }
         "blackhole" => {
             fleet.proxies[i].iter().for_each(|p| p.blackhole());
             std::thread::sleep(TTL + Duration::from_millis(500));

@@ -17,6 +17,13 @@ pub(crate) const HANDOFF: Duration = Duration::from_millis(300);
 /// (a server restart, a waiter's death) and a late "lost" shows as an overlap.
 pub(crate) const LONG_HOLD: Duration = Duration::from_millis(500);
 pub(crate) const LONG_EVERY: u64 = 10;
+/// How long a hold lasts once the driver asks (before a server restart): past the outage and
+/// the renewal that follows it, so a holder told late that its lock went with the server's
+/// data shows as an overlap.
+pub(crate) const EXTENDED_HOLD: Duration = Duration::from_millis(1500);
+/// How often a holder checks `is_lost()` while it holds: a believed interval ends at the last
+/// check that found the lock held.
+const CHECK_EVERY: Duration = Duration::from_millis(5);
 /// The semaphore of the `permits` form.
 pub(crate) const PERMITS: u32 = 3;
 /// The keys of the `multi` form; each round takes two of them.
@@ -227,14 +234,37 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
-/// Reports the believed interval of each part of a hold (`I key mode weight token call_ns
-/// start_ns end_ns believed`), checking `is_lost()` once more at its end.
-fn report_interval(held: &Held, mode: char, weight: u32, call_ns: u128, start_ns: u128) -> bool {
-    let believed = !held.is_lost();
-    let end_ns = wall_ns();
+/// Holds for `hold` (longer if the driver asks, see [`EXTENDED_HOLD`]), checking `is_lost()`
+/// every few milliseconds, and reports the believed interval of each part (`I key mode weight
+/// token call_ns start_ns end_ns believed`): from the check after the grant to the last check
+/// that found it not lost. Says whether it was still believed at the end.
+async fn hold_and_report(
+    held: &Held,
+    hold: Duration,
+    extend: &tokio::sync::Notify,
+    (mode, weight): (char, u32),
+    call_ns: u128,
+    start_ns: u128,
+) -> bool {
+    let mut until = tokio::time::Instant::now() + hold;
+    let mut last_ok = start_ns;
+    let believed = loop {
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            break true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep((until - now).min(CHECK_EVERY)) => {}
+            () = extend.notified() => until = tokio::time::Instant::now() + EXTENDED_HOLD,
+        }
+        if held.is_lost() {
+            break false;
+        }
+        last_ok = wall_ns();
+    };
     for (key, token) in held.parts() {
         say(&format!(
-            "I {key} {mode} {weight} {token} {call_ns} {start_ns} {end_ns} {}",
+            "I {key} {mode} {weight} {token} {call_ns} {start_ns} {last_ok} {}",
             u8::from(believed)
         ));
     }
@@ -246,8 +276,8 @@ async fn round(
     client: &LockClient,
     resource: &redis::aio::MultiplexedConnection,
     id: usize,
-    plan: Plan,
-    hold: Duration,
+    (plan, hold): (Plan, Duration),
+    extend: &tokio::sync::Notify,
 ) {
     say("Q");
     let call_ns = wall_ns();
@@ -267,8 +297,7 @@ async fn round(
             fenced_write(resource, id, &key, token, w).await;
         }
     }
-    tokio::time::sleep(hold).await;
-    let believed = report_interval(&held, mode, weight, call_ns, start_ns);
+    let believed = hold_and_report(&held, hold, extend, (mode, weight), call_ns, start_ns).await;
     if let (Plan::Downgrade, true, Held::Write(w)) = (&plan, believed, held) {
         let Ok(read) = w.downgrade().await else {
             return;
@@ -281,9 +310,8 @@ async fn round(
         for (key, token) in read.parts() {
             fenced_write(resource, id, &key, token, 'd').await;
         }
-        tokio::time::sleep(HOLD).await;
         // `D`: the read part of a downgraded write, with the write's token (not a new grant).
-        report_interval(&read, 'D', 1, call_ns, start_ns);
+        hold_and_report(&read, HOLD, extend, ('D', 1), call_ns, start_ns).await;
     }
 }
 
@@ -340,11 +368,19 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
             .get_multiplexed_async_connection()
             .await
             .expect("resource connection");
-        // The driver closes our stdin to ask us to stop.
+        // The driver closes our stdin to ask us to stop, and writes `H` to have the hold in
+        // progress (or the next) last [`EXTENDED_HOLD`].
         let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
+        let extend = std::sync::Arc::new(tokio::sync::Notify::new());
+        let asked = extend.clone();
         std::thread::spawn(move || {
-            let mut sink = String::new();
-            while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {}
+            let mut line = String::new();
+            while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+                if line.trim() == "H" {
+                    asked.notify_one();
+                }
+                line.clear();
+            }
             let _ = stop_tx.send(true);
         });
         let mut rng = Rng(wall_ns() as u64 ^ (args.id as u64) << 48);
@@ -356,7 +392,7 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
                 HOLD
             };
             tokio::select! {
-                () = round(&client, &resource, args.id, plan, hold) => {}
+                () = round(&client, &resource, args.id, (plan, hold), &extend) => {}
                 _ = stop.changed() => break,
             }
         }

@@ -47,6 +47,7 @@ mod faults;
 mod fleet;
 mod holder;
 mod memory;
+mod rate;
 mod servers;
 mod waiters;
 

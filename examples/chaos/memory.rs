@@ -104,9 +104,21 @@ pub(crate) async fn memory_holder_loop(
                 });
             }
         }
-        tokio::time::sleep(hold).await;
-        let believed = !guard.is_lost();
-        let end_ns = wall_ns();
+        // As a process holder does: the believed interval ends at the last check that found
+        // the lock held.
+        let until = tokio::time::Instant::now() + hold;
+        let mut end_ns = check_ns;
+        let believed = loop {
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                break true;
+            }
+            tokio::time::sleep((until - now).min(Duration::from_millis(5))).await;
+            if guard.is_lost() {
+                break false;
+            }
+            end_ns = wall_ns();
+        };
         for (key, token) in guard.parts() {
             report(Report::Held(Interval {
                 holder: i,

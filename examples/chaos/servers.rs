@@ -103,10 +103,11 @@ pub(crate) fn leftovers(backend: &str, port: u16, ns: &str) -> Vec<String> {
     })
 }
 
-/// The commands the Redis servers at `ports` have processed (Redis and Redlock only).
+/// The commands the Redis servers at `ports` have processed (PostgreSQL: transactions,
+/// ZooKeeper: packets received; see `rate.rs`).
 pub(crate) fn commands_processed(backend: &str, ports: &[u16]) -> Option<u64> {
     if !matches!(backend, "redis" | "redlock") {
-        return None;
+        return ports.iter().map(|p| crate::rate::served(backend, *p)).sum();
     }
     let mut total = 0;
     for port in ports {

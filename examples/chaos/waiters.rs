@@ -35,6 +35,39 @@ pub(crate) fn queued(log: &Log, min_age: Duration) -> Vec<usize> {
         .collect()
 }
 
+/// Asks a holder that holds now (its last report `G`) to keep holding past a restart
+/// ([`crate::holder::EXTENDED_HOLD`]); waits up to a second for one. Returns it.
+pub(crate) fn extend_hold(fleet: &mut Fleet) -> Option<usize> {
+    use std::io::Write;
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let holding = {
+            let log = log(fleet);
+            (0..HOLDERS).find(|&i| {
+                matches!(
+                    log.lines
+                        .iter()
+                        .rev()
+                        .find(|l| l.holder == i)
+                        .map(|l| &l.report),
+                    Some(Report::Granted { .. })
+                )
+            })
+        };
+        if let Some(i) = holding {
+            let stdin = fleet.holders[i].as_mut()?.stdin.as_mut()?;
+            stdin.write_all(b"H\n").ok()?;
+            stdin.flush().ok()?;
+            std::thread::sleep(Duration::from_millis(20));
+            return Some(i);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Waits (up to a second) until `want` holders are queued; returns those that are.
 fn wait_for_queued(fleet: &Fleet, want: usize) -> Vec<usize> {
     let deadline = Instant::now() + Duration::from_secs(1);
