@@ -35,20 +35,23 @@ for backend in memory redis redlock zookeeper postgres; do
   echo "== chaos --backend $backend"
   cargo run --locked --all-features --example chaos -- --backend "$backend" --secs "${DISTLOCK_CHAOS_SECS:-45}"
 done
-# The other primitives, a bounded slice per run: a read-write lock's write side and a
-# one-permit semaphore, each on a backend the run's seed picks (the full matrix by hand, with
-# --backend and --primitive), with the holders logging at TRACE.
-# Redlock has no semaphores: the permit form runs on the other three.
+# The other primitives, a bounded slice per run: two runs, each a form and a backend the run's
+# seed picks (the full matrix by hand, with --backend and --primitive), with the holders
+# logging at TRACE. Forms: write (a read-write lock's write side), permit (a one-permit
+# semaphore), rw (readers, writers, downgrades), permits (a semaphore of 3, one or two permits
+# a holder), multi (two of three keys). Redlock has no semaphores: the permit forms run on the
+# other three.
 seed="${DISTLOCK_CHAOS_SEED:-$(date +%s)}"
-for primitive in write permit; do
-  if [ "$primitive" = write ]; then
-    backends=(redis redlock zookeeper postgres)
-  else
-    backends=(redis zookeeper postgres)
-  fi
+forms=(rw permits multi write permit)
+for run in 1 2; do
+  primitive="${forms[$(( (seed / 3 + run) % ${#forms[@]} ))]}"
+  case "$primitive" in
+    permit|permits) backends=(redis zookeeper postgres) ;;
+    *) backends=(redis redlock zookeeper postgres) ;;
+  esac
   backend="${backends[$(( seed % ${#backends[@]} ))]}"
   seed=$(( seed / 4 + 1 ))
-  echo "== chaos --backend $backend --primitive $primitive"
+  echo "== chaos --backend $backend --primitive $primitive (seed $seed)"
   cargo run --locked --all-features --example chaos -- --backend "$backend" --primitive "$primitive" \
-    --trace --secs "${DISTLOCK_CHAOS_SECS:-45}"
+    --trace --seed "$seed" --secs "${DISTLOCK_CHAOS_SECS:-45}"
 done

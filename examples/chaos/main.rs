@@ -11,13 +11,22 @@
 //! cargo run --release --all-features --example chaos -- --backend redis --primitive permit
 //! ```
 //!
-//! `--primitive` picks what the holders take, each in its exclusive form, so one checker judges
-//! them all: `mutex` (the default), `write` (a read-write lock's write side) or `permit` (a
-//! one-permit semaphore). Process backends only; memory runs the mutex. `--trace` makes every
-//! holder log at TRACE (to nowhere), so every event's fields are evaluated under faults.
+//! `--primitive` picks what the holders take: `mutex` (the default), `write` (a read-write
+//! lock's write side) or `permit` (a one-permit semaphore), each exclusive; `rw` (each round a
+//! read, a write, or a write downgraded to a read half-way), `permits` (a semaphore of 3, one
+//! or two permits a round with `acquire_many`) or `multi` (a multi-lock of two of three keys).
+//! Memory runs every form but downgrades (a plain write there). `--trace` makes every holder
+//! log at TRACE (to nowhere), so every event's fields are evaluated under faults.
 //!
-//! After the faults stop, Redis and Redlock runs also count the lock servers' commands: more
-//! than [`MAX_COMMANDS_PER_GRANT`] a grant means someone polls, and fails the run.
+//! Each holder reports when it starts to wait (`Q`), each grant, each write, and each hold's
+//! believed interval: from the `is_lost()` check after the grant to the last check (every 5 ms
+//! while it holds) that found it held; wall clocks of one host compare. Holders hold 5 ms, one
+//! round in ten 500 ms, and a hold in progress is stretched to 1.5 s before a server restart.
+//! They use a 300 ms handoff lease ([`holder::HANDOFF`]).
+//!
+//! After the faults stop, runs count what the lock server served (Redis and Redlock: commands,
+//! PostgreSQL: transactions, ZooKeeper: packets received): more than
+//! `checker::MAX_COMMANDS_PER_GRANT` a grant means someone polls, and fails the run.
 //!
 //! Redis, ZooKeeper and PostgreSQL: real servers on loopback (tests/support), each holder a separate process
 //! (this example re-run with `--holder`) reaching the lock server through its own fault proxy.
@@ -25,7 +34,10 @@
 //! token is at least the highest it has seen. Each holder loops: lock, check `is_lost()`,
 //! write with its token, hold a moment, release. Faults, one at a time, each kind in turn in
 //! random order: SIGSTOP a holder past its lease (then SIGCONT); SIGKILL a holder (and start a
-//! new one); SIGKILL two in a row (at least one of them a queued waiter); restart the lock server (Redis without its data, ZooKeeper and PostgreSQL on their
+//! new one); SIGKILL two in a row (at least one of them a queued waiter); SIGSTOP a queued
+//! waiter past its lease (`stopq`); SIGKILL two or three queued waiters in a row (`killq`: from
+//! the first hold to end after it, the next grant must come within a handoff lease a dead
+//! waiter in line, on ZooKeeper their sessions' expiry, plus 0.5 s); restart the lock server (Redis without its data, ZooKeeper and PostgreSQL on their
 //! data, PostgreSQL after a crash); blackhole
 //! a holder's connection past its lease; reset a holder's connection; on ZooKeeper, blackhole
 //! past the session timeout (the session expires). Redlock: five `redis-server` nodes, each
@@ -37,11 +49,18 @@
 //!
 //! The checker fails the run on any of: a write the resource rejected although its holder had
 //! just checked it was not lost (a SIGSTOP between the check and the write is the one allowed
-//! exception, counted apart); an accepted write whose token is not above every earlier accepted
-//! token (two grants with one token, or a stale grant); a holder without an accepted write in
-//! the 3×TTL after faults stop; keys (beyond fence counters), znodes or live claim rows left
-//! after the holders shut down. It prints one summary line and exits non-zero on a violation.
-
+//! exception, counted apart); per key, accepted tokens out of the fence's order (a write above
+//! every earlier token, a read above every write), or grants whose tokens break what the docs
+//! promise (a grant asked for after another was held has a greater token, readers among
+//! themselves excepted; no two grants share one); believed holds that overlap where the
+//! primitive forbids it (anything beside an exclusive hold, a reader beside a writer, more than
+//! n permits at an instant; a SIGSTOP of one of the holders inside its hold is the allowed
+//! exception, counted apart as `overlaps_stopped`); after the faults stop, a holder first
+//! granted later than TTL + what the recently killed cost as dead waiters + the holds ahead of
+//! it + 1 s, or a gap between consecutive grants of a TTL; a waiter kill's handoff over its
+//! bound; keys (beyond fence counters), znodes or live claim rows left after the holders shut
+//! down. It prints one summary line and exits non-zero on a violation.
+//!
 mod checker;
 mod faults;
 mod fleet;
