@@ -261,3 +261,26 @@ async fn a_timed_out_lock_through_a_deadpool_pool_leaves_no_holder() {
     pooled.shutdown().await;
     other.shutdown().await;
 }
+
+/// Issue 27, item 2 on PostgreSQL: two waiters queued in a row die; the live one behind them
+/// is granted within about two handoff leases of the release, not at a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_dead_waiters_in_a_row_cost_two_handoff_leases() {
+    faults::dead_waiters_in_a_row_cost_a_handoff_lease_each(
+        &support::pg::service(),
+        &test_namespace!(),
+        2,
+    )
+    .await;
+}
+
+/// The same with five in a row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_dead_waiters_in_a_row_cost_five_handoff_leases() {
+    faults::dead_waiters_in_a_row_cost_a_handoff_lease_each(
+        &support::pg::service(),
+        &test_namespace!(),
+        5,
+    )
+    .await;
+}

@@ -188,11 +188,25 @@ async fn run(
         let client = Arc::new(client);
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
 
-        // LISTEN, driving the connection meanwhile.
+        // LISTEN, driving the connection meanwhile; first mark the connection as open with the
+        // client's advisory lock (`distlock.listener` in the schema), which goes with the
+        // session: a release that hands a lock on tells waiters down the queue until it reaches
+        // one whose client holds it. Without the mark (a lock wait cut short) hints only reach
+        // further than they need.
         let listen = {
             let client = client.clone();
             let sql = format!("LISTEN {channel}");
-            async move { client.batch_execute(&sql).await }
+            let mark = format!(
+                "SET lock_timeout = '2s'; \
+                 SELECT pg_advisory_lock(hashtextextended('{channel}', 0)); \
+                 SET lock_timeout = 0"
+            );
+            async move {
+                if let Err(e) = client.batch_execute(&mark).await {
+                    tracing::debug!(error = %e, "postgres listen connection not marked as open");
+                }
+                client.batch_execute(&sql).await
+            }
         };
         let listened = tokio::time::timeout(CONNECT_TIMEOUT, async {
             tokio::pin!(listen);

@@ -83,11 +83,44 @@ BEGIN
   END IF;
 END $$;
 
+-- The advisory lock key that marks a client's LISTEN connection as open: the connection holds
+-- it (exclusive, for its session) once it listens, so the lock goes when the connection does.
+CREATE FUNCTION distlock.listener(owner text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended(distlock.channel(owner), 0) $$;
+
+-- Tells waiters in line, from the head, when the provisional leases just handed out end
+-- ('<owner> <server ms> <px>'): a waiter told re-checks then, in case the new holders died
+-- before confirming, hands the lock on and is told the next lease's end in turn. Waiters are
+-- told until one whose client is there to hear it was (its LISTEN connection holds the
+-- client's `listener` lock; `p_quiet`, the caller, hears its reply), at most 32: so dead
+-- waiters in a row cost a provisional lease each, not a TTL (issue 27). A client reconnecting
+-- its LISTEN connection re-checks when it is back.
+CREATE FUNCTION distlock.hint_next(
+  p_ns text, p_key text, p_now timestamptz, p_handoff_ms integer, p_quiet text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  c record;
+BEGIN
+  FOR c IN SELECT owner FROM distlock.claims
+           WHERE ns = p_ns AND key = p_key AND fence IS NULL ORDER BY seq LIMIT 32 LOOP
+    IF c.owner = p_quiet THEN
+      RETURN;
+    END IF;
+    PERFORM pg_notify(distlock.channel(c.owner),
+      c.owner || ' ' || distlock.ms(p_now) || ' ' || p_handoff_ms);
+    -- A shared try fails only while the client's LISTEN connection holds the lock.
+    IF NOT pg_try_advisory_xact_lock_shared(distlock.listener(c.owner)) THEN
+      RETURN;
+    END IF;
+  END LOOP;
+END $$;
+
 -- Grants the queue from its head while the head fits beside the holders (readers queued
 -- together go together; a claim that does not fit stops the pass, so nothing overtakes it).
 -- Each grant gets a provisional lease of `p_handoff_ms` and a message to its client:
--- '<owner> <fence> <server ms> <px>'. If anything was granted, the claim now first in line is
--- told when those leases end: '<owner> <server ms> <px>'. `p_quiet` (the caller) gets no
+-- '<owner> <fence> <server ms> <px>'. If anything was granted, the claims now in line are told
+-- when those leases end (`hint_next`). `p_quiet` (the caller) gets no
 -- message. Says whether `p_quiet` was granted, whether anyone still waits, and what the holders
 -- hold now.
 CREATE FUNCTION distlock.grant_pass(
@@ -116,9 +149,8 @@ BEGIN
               WHEN 'p' THEN used + c.permits <= p_max
               ELSE n_held = 0 END) THEN
       waiting := true;
-      IF granted AND c.owner IS DISTINCT FROM p_quiet THEN
-        PERFORM pg_notify(distlock.channel(c.owner),
-          c.owner || ' ' || distlock.ms(p_now) || ' ' || p_handoff_ms);
+      IF granted THEN
+        PERFORM distlock.hint_next(p_ns, p_key, p_now, p_handoff_ms, p_quiet);
       END IF;
       EXIT;
     END IF;
