@@ -111,9 +111,18 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
             fleet.spawn(j);
         }
         "restart" => {
-            // With a hold in progress that outlasts the outage.
+            // With a hold in progress that outlasts the outage (its lease extended past it). A
+            // Redis server comes back without its data after 3 s: long enough for clients'
+            // reconnect back-off to grow.
             crate::waiters::extend_hold(&mut fleet);
-            server.restart();
+            let forgets = args.backend == "redis";
+            let outage = Duration::from_millis(if forgets { 3000 } else { 100 });
+            let down = wall_ns();
+            server.restart(outage);
+            if forgets {
+                let mut log = fleet.log.lock().unwrap_or_else(|p| p.into_inner());
+                log.restarts.push((down, wall_ns()));
+            }
         }
         "blackhole" => {
             fleet.proxies[i].iter().for_each(|p| p.blackhole());

@@ -17,10 +17,13 @@ pub(crate) const HANDOFF: Duration = Duration::from_millis(300);
 /// (a server restart, a waiter's death) and a late "lost" shows as an overlap.
 pub(crate) const LONG_HOLD: Duration = Duration::from_millis(500);
 pub(crate) const LONG_EVERY: u64 = 10;
-/// How long a hold lasts once the driver asks (before a server restart): past the outage and
-/// the renewal that follows it, so a holder told late that its lock went with the server's
-/// data shows as an overlap.
-pub(crate) const EXTENDED_HOLD: Duration = Duration::from_millis(1500);
+/// How long a hold lasts once the driver asks (before a server restart): past the outage (3 s
+/// for Redis) and the renewal that follows it, so a holder told late that its lock went with
+/// the server's data shows as an overlap.
+pub(crate) const EXTENDED_HOLD: Duration = Duration::from_millis(4000);
+/// The lease such a hold asks for (`extend`, as a holder starting a long job does), so that it
+/// outlives the outage: it must then learn from the server that its lock is gone.
+pub(crate) const EXTENDED_TTL: Duration = Duration::from_millis(5000);
 /// How often a holder checks `is_lost()` while it holds: a believed interval ends at the last
 /// check that found the lock held.
 const CHECK_EVERY: Duration = Duration::from_millis(5);
@@ -88,6 +91,16 @@ pub(crate) enum Held {
 }
 
 impl Held {
+    pub(crate) async fn extend(&self, ttl: Duration) -> distlock::Result<()> {
+        match self {
+            Self::Mutex(g) => g.extend(ttl).await,
+            Self::Write(g) => g.extend(ttl).await,
+            Self::Read(g) => g.extend(ttl).await,
+            Self::Permit(g) => g.extend(ttl).await,
+            Self::Multi(g) => g.extend(ttl).await,
+        }
+    }
+
     pub(crate) fn is_lost(&self) -> bool {
         match self {
             Self::Mutex(g) => g.is_lost(),
@@ -255,7 +268,11 @@ async fn hold_and_report(
         }
         tokio::select! {
             () = tokio::time::sleep((until - now).min(CHECK_EVERY)) => {}
-            () = extend.notified() => until = tokio::time::Instant::now() + EXTENDED_HOLD,
+            () = extend.notified() => {
+                until = tokio::time::Instant::now() + EXTENDED_HOLD;
+                // ZooKeeper's lease is its session's: it keeps the session timeout.
+                let _ = held.extend(EXTENDED_TTL).await;
+            }
         }
         if held.is_lost() {
             break false;

@@ -27,8 +27,9 @@ impl Server {
         }
     }
 
-    pub(crate) fn restart(&mut self) {
-        let pause = || std::thread::sleep(Duration::from_millis(100));
+    /// Restarts the server (a Redlock run: the next node) after `outage`.
+    pub(crate) fn restart(&mut self, outage: Duration) {
+        let pause = || std::thread::sleep(outage);
         match self {
             Server::Redis(s) => s.restart_after(pause),
             Server::Zk(s) => s.restart_after(pause),
