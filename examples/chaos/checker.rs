@@ -105,7 +105,10 @@ pub(crate) struct Counts {
     pub(crate) skipped_lost: u64,
     /// Rejected although checked not lost, with a SIGSTOP between the check and the write.
     pub(crate) stopped_between: u64,
-    /// Rejected although checked not lost, no SIGSTOP to explain it.
+    /// Rejected although checked not lost, inside a failover window that README allows to
+    /// lose the last grant (topology.rs).
+    pub(crate) failover_lost: u64,
+    /// Rejected although checked not lost, no SIGSTOP or failover window to explain it.
     pub(crate) stale_believed: u64,
     /// Accepted with a token out of the resource's order, or a grant whose token is not
     /// above every token granted before it (as the primitive's docs promise), or two grants
@@ -119,6 +122,9 @@ pub(crate) struct Counts {
     pub(crate) overlaps: u64,
     /// Such overlaps explained by a SIGSTOP of one of the holders inside its hold.
     pub(crate) overlaps_stopped: u64,
+    /// Such overlaps of a hold granted inside a failover window that may lose the last grant
+    /// (README's Sentinel and Cluster promise) beside holds granted before it opened.
+    pub(crate) overlaps_failover: u64,
     /// Such overlaps across a restart of a server that forgot its locks (Redis without its
     /// data): the earlier hold granted before the restart, the later after it, for at most
     /// [`RESTART_OVERLAP`] (the old holder is told within about 50 ms of the server's return;
@@ -144,6 +150,8 @@ pub(crate) struct Log {
     pub(crate) handoffs: Vec<(Duration, Duration)>,
     /// Problems found while the faults ran (a waiter fault's handoff judged on the spot).
     pub(crate) problems: Vec<String>,
+    /// (from, to) in wall ns: failovers that may lose the last grant (any holder).
+    pub(crate) failovers: Vec<(u128, u128)>,
 }
 
 impl Log {
@@ -351,12 +359,20 @@ pub(crate) fn judge(log: &Log, resource: &ResourceLog, capacity: u32, counts: &m
                 } else if log.stopped(l.holder, *check_ns, *write_ns) {
                     counts.stopped_between += 1;
                 } else {
-                    counts.stale_believed += 1;
-                    if counts.stale_believed <= 5 {
-                        println!(
-                            "chaos stale: holder {} key {key} mode {mode} token {token} refused at {write_ns}",
-                            l.holder
-                        );
+                    let failover = log
+                        .failovers
+                        .iter()
+                        .any(|(from, to)| *from <= *write_ns && *to >= *check_ns);
+                    if failover {
+                        counts.failover_lost += 1;
+                    } else {
+                        counts.stale_believed += 1;
+                        if counts.stale_believed <= 5 {
+                            println!(
+                                "chaos stale: holder {} key {key} mode {mode} token {token} refused at {write_ns}",
+                                l.holder
+                            );
+                        }
                     }
                 }
             }
@@ -375,6 +391,7 @@ pub(crate) fn judge(log: &Log, resource: &ResourceLog, capacity: u32, counts: &m
         let o = overlaps(log, believed, capacity);
         counts.overlaps += o.bad;
         counts.overlaps_stopped += o.stopped;
+        counts.overlaps_failover += o.failover;
         counts.overlaps_restart += o.restart;
         counts.restart_window_max = counts.restart_window_max.max(o.restart_max);
     }
@@ -426,6 +443,7 @@ fn grant_order(holds: &[&Interval]) -> u64 {
 struct Overlaps {
     bad: u64,
     stopped: u64,
+    failover: u64,
     restart: u64,
     restart_max: Duration,
 }
@@ -433,7 +451,8 @@ struct Overlaps {
 /// Believed holds of one key that overlap where the primitive forbids: anything beside an
 /// exclusive hold, or more than `capacity` permits at an instant. An overlap with a SIGSTOP of
 /// one of its holders inside that holder's hold is explained (the holder could not check); so
-/// is one of at most [`RESTART_OVERLAP`] between holds granted before and after a restart of a
+/// is a grant inside a failover window that may lose the last grant, beside holds from before
+/// it; and one of at most [`RESTART_OVERLAP`] between holds granted before and after a restart of a
 /// server that forgot its locks.
 fn overlaps(log: &Log, mut holds: Vec<&Interval>, capacity: u32) -> Overlaps {
     holds.sort_by_key(|i| i.start_ns);
@@ -448,6 +467,13 @@ fn overlaps(log: &Log, mut holds: Vec<&Interval>, capacity: u32) -> Overlaps {
         restarted.then(|| {
             let end = involved.iter().map(|a| a.end_ns.min(b.end_ns)).max();
             Duration::from_nanos(end.unwrap_or(0).saturating_sub(b.start_ns) as u64)
+        })
+    };
+    // The later hold `b` granted inside a failover window that README allows to lose the last
+    // grant, beside holds granted before the window opened (on the old primary).
+    let across_failover = |b: &Interval, involved: &[&Interval]| {
+        log.failovers.iter().any(|&(from, to)| {
+            (from..=to).contains(&b.start_ns) && involved.iter().all(|a| a.start_ns < from)
         })
     };
     let mut found = Overlaps::default();
@@ -476,6 +502,8 @@ fn overlaps(log: &Log, mut holds: Vec<&Interval>, capacity: u32) -> Overlaps {
             let restart = across_restart(b, &involved);
             if stopped(b) || involved.iter().any(|a| stopped(a)) {
                 found.stopped += 1;
+            } else if across_failover(b, &involved) {
+                found.failover += 1;
             } else if let Some(window) = restart.filter(|w| *w <= RESTART_OVERLAP) {
                 found.restart += 1;
                 found.restart_max = found.restart_max.max(window);

@@ -9,21 +9,11 @@ use crate::checker::{
     granted_since, judge, liveness, resource_log, Counts, MAX_COMMANDS_PER_GRANT,
 };
 use crate::fleet::Fleet;
-use crate::servers::{commands_processed, leftovers, Server, REDLOCK_NODES};
+use crate::servers::Server;
 use crate::{support, wall_ns, Args, Rng, HOLDERS, TTL};
 
 pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
-    let mut server = match args.backend.as_str() {
-        "redis" => Server::Redis(support::RedisServer::start()),
-        "postgres" => Server::Pg(support::PgServer::start()),
-        "redlock" => Server::Redlock(
-            (0..REDLOCK_NODES)
-                .map(|_| support::RedisServer::start())
-                .collect(),
-            0,
-        ),
-        _ => Server::Zk(support::ZkServer::start()),
-    };
+    let mut server = Server::start(&args.backend);
     let resource = support::RedisServer::start();
     let ns = format!("chaos{}", std::process::id());
     let mut fleet = Fleet {
@@ -35,14 +25,15 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         ns: ns.clone(),
         holders: (0..HOLDERS).map(|_| None).collect(),
         proxies: (0..HOLDERS)
-            .map(|_| {
+            .map(|i| {
                 server
-                    .ports()
+                    .holder_ports(i)
                     .into_iter()
                     .map(support::proxy::Proxy::start)
                     .collect()
             })
             .collect(),
+        direct_url: server.direct_url(),
         log: Arc::default(),
         spawned: 0,
     };
@@ -50,109 +41,105 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         fleet.spawn(i);
     }
     let mut counts = Counts::default();
-    let mut kinds: Vec<&'static str> = vec![
-        "stop",
-        "kill",
-        "kill2",
-        "restart",
-        "blackhole",
-        "reset",
-        "stopq",
-        "killq",
-    ];
-    if args.backend == "zookeeper" {
-        kinds.push("expire");
-    }
-    if args.backend == "redlock" {
-        kinds.push("node");
-    }
-    counts.faults = inject_faults(args, &kinds, |kind, i| match kind {
-        "stop" => {
-            let from = wall_ns();
-            fleet.signal(i, nix::sys::signal::Signal::SIGSTOP);
-            std::thread::sleep(TTL + Duration::from_millis(500));
-            fleet.signal(i, nix::sys::signal::Signal::SIGCONT);
-            let to = wall_ns();
-            fleet
-                .log
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .stops
-                .push((i, from, to));
-        }
-        "stopq" => crate::waiters::stop_waiter(&fleet, i),
-        // Two or three queued waiters in a row.
-        "killq" => {
-            crate::waiters::kill_waiters(&mut fleet, 2 + i % 2, &args.backend, &args.primitive)
-        }
-        "kill" => {
-            fleet
-                .log
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .kills
-                .push(Instant::now());
-            fleet.kill(i);
-            fleet.spawn(i);
-        }
-        "kill2" => {
-            // Two in a row: with one holder at a time, at least one was a queued waiter, and
-            // often both (two dead waiters in a row).
-            let j = (i + 1) % HOLDERS;
-            fleet
-                .log
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .kills
-                .extend([Instant::now(); 2]);
-            fleet.kill(i);
-            fleet.kill(j);
-            fleet.spawn(i);
-            fleet.spawn(j);
-        }
-        "restart" => {
-            // With a hold in progress that outlasts the outage (its lease extended past it). A
-            // Redis server comes back without its data after 3 s: long enough for clients'
-            // reconnect back-off to grow.
-            crate::waiters::extend_hold(&mut fleet);
-            let forgets = args.backend == "redis";
-            let outage = Duration::from_millis(if forgets { 3000 } else { 100 });
-            let down = wall_ns();
-            server.restart(outage);
-            if forgets {
-                let mut log = fleet.log.lock().unwrap_or_else(|p| p.into_inner());
-                log.restarts.push((down, wall_ns()));
+    let kinds = fault_kinds(&args.backend);
+    let minority = &mut 0u64;
+    counts.faults = inject_faults_as(args, &kinds, |kind, i| {
+        match kind {
+            "stop" => {
+                let from = wall_ns();
+                fleet.signal(i, nix::sys::signal::Signal::SIGSTOP);
+                std::thread::sleep(TTL + Duration::from_millis(500));
+                fleet.signal(i, nix::sys::signal::Signal::SIGCONT);
+                let to = wall_ns();
+                fleet
+                    .log
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .stops
+                    .push((i, from, to));
             }
+            "stopq" => crate::waiters::stop_waiter(&fleet, i),
+            // Two or three queued waiters in a row.
+            "killq" => {
+                crate::waiters::kill_waiters(&mut fleet, 2 + i % 2, &args.backend, &args.primitive)
+            }
+            "kill" => {
+                fleet
+                    .log
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .kills
+                    .push(Instant::now());
+                fleet.kill(i);
+                fleet.spawn(i);
+            }
+            "kill2" => {
+                // Two in a row: with one holder at a time, at least one was a queued waiter,
+                // and often both (two dead waiters in a row).
+                let j = (i + 1) % HOLDERS;
+                fleet
+                    .log
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .kills
+                    .extend([Instant::now(); 2]);
+                fleet.kill(i);
+                fleet.kill(j);
+                fleet.spawn(i);
+                fleet.spawn(j);
+            }
+            "restart" => {
+                // With a hold in progress that outlasts the outage (its lease extended past
+                // it). A Redis server comes back without its data after 3 s: long enough for
+                // clients' reconnect back-off to grow.
+                crate::waiters::extend_hold(&mut fleet);
+                let forgets = args.backend == "redis";
+                let outage = Duration::from_millis(if forgets { 3000 } else { 100 });
+                let down = wall_ns();
+                server.restart(outage);
+                if forgets {
+                    let mut log = fleet.log.lock().unwrap_or_else(|p| p.into_inner());
+                    log.restarts.push((down, wall_ns()));
+                }
+            }
+            "minority" => {
+                let killed = *minority % 2 == 0;
+                *minority += 1;
+                server.minority_down(i, killed);
+            }
+            "blackhole" => {
+                fleet.proxies[i].iter().for_each(|p| p.blackhole());
+                std::thread::sleep(TTL + Duration::from_millis(500));
+                fleet.proxies[i].iter().for_each(|p| p.heal());
+            }
+            "expire" => {
+                fleet.proxies[i].iter().for_each(|p| p.blackhole());
+                std::thread::sleep(TTL * 2 + Duration::from_millis(500));
+                fleet.proxies[i].iter().for_each(|p| p.heal());
+            }
+            "node" => {
+                // Node `i` silent for every holder past the lease: a majority still answers.
+                fleet.proxies.iter().for_each(|p| p[i].blackhole());
+                std::thread::sleep(TTL + Duration::from_millis(500));
+                fleet.proxies.iter().for_each(|p| p[i].heal());
+            }
+            "reset" => {
+                fleet.proxies[i].iter().for_each(|p| p.cut());
+                std::thread::sleep(Duration::from_millis(50));
+                fleet.proxies[i].iter().for_each(|p| p.pass());
+            }
+            topology => return topology_fault(&mut server, topology, i, &fleet),
         }
-        "blackhole" => {
-            fleet.proxies[i].iter().for_each(|p| p.blackhole());
-            std::thread::sleep(TTL + Duration::from_millis(500));
-            fleet.proxies[i].iter().for_each(|p| p.heal());
-        }
-        "expire" => {
-            fleet.proxies[i].iter().for_each(|p| p.blackhole());
-            std::thread::sleep(TTL * 2 + Duration::from_millis(500));
-            fleet.proxies[i].iter().for_each(|p| p.heal());
-        }
-        "node" => {
-            // Node `i` silent for every holder past the lease: a majority still answers.
-            fleet.proxies.iter().for_each(|p| p[i].blackhole());
-            std::thread::sleep(TTL + Duration::from_millis(500));
-            fleet.proxies.iter().for_each(|p| p[i].heal());
-        }
-        _ => {
-            fleet.proxies[i].iter().for_each(|p| p.cut());
-            std::thread::sleep(Duration::from_millis(50));
-            fleet.proxies[i].iter().for_each(|p| p.pass());
-        }
+        kind
     });
     // Faults stop: every holder must get the lock within a judged bound, with no TTL-long
     // stall, and the lock server's command rate must stay that of a lock, not of waiters
     // polling.
     let calm = Instant::now();
-    let commands_before = commands_processed(&args.backend, &server.ports());
+    let commands_before = server.commands(&args.backend);
     std::thread::sleep(TTL * 3);
-    let commands = commands_processed(&args.backend, &server.ports())
+    let commands = server
+        .commands(&args.backend)
         .zip(commands_before)
         .map(|(after, before)| after.saturating_sub(before));
     let (figures, mut problems) = liveness(
@@ -166,7 +153,10 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         let grants = granted_since(&fleet.log.lock().unwrap_or_else(|p| p.into_inner()), calm);
         let per_grant = commands / grants.max(1);
         // Redlock's grant runs on every node: the bound is per lock server.
-        let servers = server.ports().len().max(1) as u64;
+        let servers = match &server {
+            Server::Redlock(nodes, _) => nodes.len().max(1) as u64,
+            _ => 1,
+        };
         let per_server = per_grant / servers;
         println!(
             "chaos calm: {grants} grants, {commands} server commands ({per_grant} a grant, \
@@ -182,11 +172,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     // Locks and queue entries of holders that stopped cleanly are gone; those of killed ones
     // go with their lease (Redis, PostgreSQL) or session (ZooKeeper).
     std::thread::sleep(TTL * 2 + Duration::from_millis(500));
-    let left: Vec<String> = server
-        .ports()
-        .into_iter()
-        .flat_map(|port| leftovers(&args.backend, port, &ns))
-        .collect();
+    let left = server.leftovers(&args.backend, &ns);
     if !left.is_empty() {
         problems.push(format!("left behind: {left:?}"));
     }
@@ -212,6 +198,19 @@ pub(crate) fn inject_faults(
     kinds: &[&'static str],
     mut apply: impl FnMut(&'static str, usize),
 ) -> HashMap<&'static str, u64> {
+    inject_faults_as(args, kinds, |kind, i| {
+        apply(kind, i);
+        kind
+    })
+}
+
+/// [`inject_faults`], where `apply` returns the kind it did: a topology may do another where
+/// one cannot be done (Cluster kills a primary for good once). Counts the kinds done.
+fn inject_faults_as(
+    args: &Args,
+    kinds: &[&'static str],
+    mut apply: impl FnMut(&'static str, usize) -> &'static str,
+) -> HashMap<&'static str, u64> {
     let mut rng = Rng(args.seed);
     let mut done: HashMap<&'static str, u64> = HashMap::new();
     let mut deck: Vec<&'static str> = Vec::new();
@@ -223,8 +222,63 @@ pub(crate) fn inject_faults(
         }
         let kind = deck.swap_remove(rng.below(deck.len() as u64) as usize);
         let i = rng.below(HOLDERS as u64) as usize;
-        *done.entry(kind).or_default() += 1;
-        apply(kind, i);
+        let did = apply(kind, i);
+        *done.entry(did).or_default() += 1;
     }
     done
+}
+
+/// The fault kinds of a backend: the holder faults its holders can take (connection faults
+/// only through proxies: not on Sentinel or Cluster), and the server's own.
+fn fault_kinds(backend: &str) -> Vec<&'static str> {
+    // The first backends' order as it was, so their seeds replay the same runs.
+    let mut kinds = vec!["stop", "kill", "kill2"];
+    if matches!(
+        backend,
+        "redis" | "zookeeper" | "postgres" | "redlock" | "postgres-pgbouncer"
+    ) {
+        kinds.push("restart");
+    }
+    if !matches!(backend, "redis-sentinel" | "redis-cluster") {
+        kinds.extend(["blackhole", "reset"]);
+    }
+    // Faults on queued waiters: SIGSTOP one, SIGKILL two or three in a row.
+    kinds.extend(["stopq", "killq"]);
+    kinds.extend(match backend {
+        "zookeeper" => &["expire"][..],
+        "redlock" => &["node", "minority"],
+        "redis-sentinel" => &["pause-primary", "kill-primary"],
+        "redis-cluster" => &["failover", "kill-primary"],
+        "zookeeper-ensemble" => &["expire", "partition", "isolate", "kill-leader"],
+        "postgres-pgbouncer" => &["restart-bouncer"],
+        _ => &[],
+    });
+    kinds
+}
+
+/// A topology's own fault; returns the kind done.
+fn topology_fault(
+    server: &mut Server,
+    kind: &'static str,
+    i: usize,
+    fleet: &Fleet,
+) -> &'static str {
+    match (server, kind) {
+        (Server::Sentinel(s), "pause-primary") => s.pause_primary(fleet),
+        (Server::Sentinel(s), "kill-primary") => s.kill_primary(fleet),
+        (Server::Cluster(c), "kill-primary") => {
+            // Once a run; afterwards a failover instead.
+            if !c.kill_primary_for_good(fleet) {
+                c.failover();
+                return "failover";
+            }
+        }
+        (Server::Cluster(c), "failover") => c.failover(),
+        (Server::Ensemble(e), "partition") => e.partition_clients(fleet, i),
+        (Server::Ensemble(e), "isolate") => e.isolate_follower(i),
+        (Server::Ensemble(e), "kill-leader") => e.kill_leader(),
+        (Server::Bouncer(b), "restart-bouncer") => b.restart_bouncer(),
+        (_, other) => panic!("no fault {other} on this backend"),
+    }
+    kind
 }

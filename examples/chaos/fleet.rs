@@ -24,12 +24,18 @@ pub(crate) struct Fleet {
     pub(crate) holders: Vec<Option<Holder>>,
     /// Per holder, a proxy to each lock server node.
     pub(crate) proxies: Vec<Vec<support::proxy::Proxy>>,
+    /// The URL every holder uses as it is, where they reach the servers directly (Sentinel,
+    /// Cluster: the servers' own addresses come back in answers and redirects).
+    pub(crate) direct_url: Option<String>,
     pub(crate) log: Arc<StdMutex<Log>>,
     pub(crate) spawned: u64,
 }
 
 impl Fleet {
     pub(crate) fn lock_url(&self, i: usize) -> String {
+        if let Some(url) = &self.direct_url {
+            return url.clone();
+        }
         let ports: Vec<u16> = self.proxies[i].iter().map(|p| p.port()).collect();
         let port = ports[0];
         match self.backend.as_str() {
@@ -40,6 +46,12 @@ impl Fleet {
                 .collect::<Vec<_>>()
                 .join(","),
             "postgres" => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            // Statements through the pooler, LISTEN straight to the server.
+            "postgres-pgbouncer" => ports
+                .iter()
+                .map(|p| format!("postgres://postgres@127.0.0.1:{p}/postgres"))
+                .collect::<Vec<_>>()
+                .join(","),
             _ => format!("127.0.0.1:{port}"),
         }
     }

@@ -340,7 +340,7 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
         .expect("runtime");
     rt.block_on(async move {
         let client = match backend {
-            "redis" => LockClient::builder(
+            "redis" | "redis-sentinel" | "redis-cluster" => LockClient::builder(
                 distlock::backend::RedisBackend::builder(&args.lock_url)
                     .handoff_ttl(HANDOFF)
                     .build()
@@ -354,6 +354,18 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
                     .await
                     .expect("postgres backend"),
             ),
+            // Statements through the pooler, LISTEN straight to the server.
+            "postgres-pgbouncer" => {
+                let (pooled, direct) = args.lock_url.split_once(',').expect("two urls");
+                LockClient::builder(
+                    distlock::backend::PgBackend::builder(pooled)
+                        .listen_url(direct)
+                        .handoff_ttl(HANDOFF)
+                        .build()
+                        .await
+                        .expect("postgres backend"),
+                )
+            }
             // A node that lost its data sits out a TTL, as it must to keep the lock exclusive.
             "redlock" => LockClient::builder(
                 distlock::backend::RedlockBackend::builder(args.lock_url.split(','))

@@ -72,6 +72,7 @@ mod holder;
 mod memory;
 mod rate;
 mod servers;
+mod topology;
 mod waiters;
 
 #[path = "../../tests/support/mod.rs"]
@@ -198,8 +199,12 @@ fn main() {
     let started = Instant::now();
     let (counts, problems) = match args.backend.as_str() {
         "memory" => run_memory(&args),
-        "redis" | "zookeeper" | "postgres" | "redlock" => run_processes(&args),
-        other => panic!("unknown --backend {other}; memory, redis, redlock, zookeeper or postgres"),
+        "redis" | "zookeeper" | "postgres" | "redlock" | "redis-sentinel" | "redis-cluster"
+        | "zookeeper-ensemble" | "postgres-pgbouncer" => run_processes(&args),
+        other => panic!(
+            "unknown --backend {other}; memory, redis, redlock, zookeeper, postgres, \
+             redis-sentinel, redis-cluster, zookeeper-ensemble or postgres-pgbouncer"
+        ),
     };
     let violations =
         counts.stale_believed + counts.token_regressions + counts.overlaps + problems.len() as u64;
@@ -211,8 +216,8 @@ fn main() {
     faults.sort();
     println!(
         "chaos backend={} primitive={} trace={} secs={} seed={} grants={} writes_accepted={} skipped_lost={} \
-         stale_while_believed={} stopped_between_check_and_write={} token_regressions={} \
-         intervals={} believed={} overlaps={} overlaps_stopped={} overlaps_restart={} \
+         stale_while_believed={} stopped_between_check_and_write={} failover_lost={} token_regressions={} \
+         intervals={} believed={} overlaps={} overlaps_stopped={} overlaps_failover={} overlaps_restart={} \
          restart_window_max_ms={} {} faults[{}] violations={}",
         args.backend,
         args.primitive,
@@ -224,11 +229,13 @@ fn main() {
         counts.skipped_lost,
         counts.stale_believed,
         counts.stopped_between,
+        counts.failover_lost,
         counts.token_regressions,
         counts.intervals,
         counts.believed,
         counts.overlaps,
         counts.overlaps_stopped,
+        counts.overlaps_failover,
         counts.overlaps_restart,
         counts.restart_window_max.as_millis(),
         counts.liveness,

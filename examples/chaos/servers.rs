@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use crate::support;
+use crate::topology::{sentinel_commands, Bouncer, Cluster, Ensemble, Sentinel};
+use crate::TTL;
 
 /// The lock server a run uses.
 pub(crate) enum Server {
@@ -12,18 +14,54 @@ pub(crate) enum Server {
     Pg(support::PgServer),
     /// Independent nodes, and the one restarted next.
     Redlock(Vec<support::RedisServer>, usize),
+    Sentinel(Sentinel),
+    Cluster(Cluster),
+    Ensemble(Ensemble),
+    Bouncer(Bouncer),
 }
 
 /// Nodes of a Redlock run.
 pub(crate) const REDLOCK_NODES: usize = 5;
 
 impl Server {
-    pub(crate) fn ports(&self) -> Vec<u16> {
+    pub(crate) fn start(backend: &str) -> Self {
+        match backend {
+            "redis" => Server::Redis(support::RedisServer::start()),
+            "postgres" => Server::Pg(support::PgServer::start()),
+            "redlock" => Server::Redlock(
+                (0..REDLOCK_NODES)
+                    .map(|_| support::RedisServer::start())
+                    .collect(),
+                0,
+            ),
+            "redis-sentinel" => Server::Sentinel(Sentinel::start()),
+            "redis-cluster" => Server::Cluster(Cluster::start()),
+            "zookeeper-ensemble" => Server::Ensemble(Ensemble::start()),
+            "postgres-pgbouncer" => Server::Bouncer(Bouncer::start()),
+            _ => Server::Zk(support::ZkServer::start()),
+        }
+    }
+
+    /// The ports holder `i` reaches through its own proxies, one proxy each (none where the
+    /// holders reach the servers directly: Sentinel and Cluster).
+    pub(crate) fn holder_ports(&self, i: usize) -> Vec<u16> {
         match self {
             Server::Redis(s) => vec![s.port()],
             Server::Zk(s) => vec![s.port()],
             Server::Pg(s) => vec![s.port()],
             Server::Redlock(nodes, _) => nodes.iter().map(support::RedisServer::port).collect(),
+            Server::Sentinel(_) | Server::Cluster(_) => Vec::new(),
+            Server::Ensemble(e) => vec![e.client_port(Ensemble::member_of(i))],
+            Server::Bouncer(b) => b.ports(),
+        }
+    }
+
+    /// The URL holders use as it is, where they reach the servers directly.
+    pub(crate) fn direct_url(&self) -> Option<String> {
+        match self {
+            Server::Sentinel(s) => Some(s.url()),
+            Server::Cluster(c) => Some(c.url()),
+            _ => None,
         }
     }
 
@@ -41,6 +79,59 @@ impl Server {
                 }
                 *next += 1;
             }
+            Server::Bouncer(b) => b.restart_postgres(),
+            // The topologies restart their own members in their own faults.
+            Server::Sentinel(_) | Server::Cluster(_) | Server::Ensemble(_) => {}
+        }
+    }
+
+    /// Redlock: two nodes of five (a minority) down past the lease, then back, by turns
+    /// SIGKILLed (they come back without their data) and SIGSTOPped (they come back with it,
+    /// every lease in it run out).
+    pub(crate) fn minority_down(&mut self, first: usize, killed: bool) {
+        let Server::Redlock(nodes, _) = self else {
+            return;
+        };
+        let n = nodes.len();
+        let pair = [first % n, (first + 1) % n];
+        let down = TTL + Duration::from_millis(500);
+        if killed {
+            let [a, b] = pair;
+            nodes[a].kill();
+            nodes[b].restart_after(|| std::thread::sleep(down));
+            nodes[a].restart_after(|| ());
+        } else {
+            let pids: Vec<u32> = pair.iter().map(|i| nodes[*i].pid()).collect();
+            pids.iter()
+                .for_each(|p| support::RedisServer::signal(*p, "STOP"));
+            std::thread::sleep(down);
+            pids.iter()
+                .for_each(|p| support::RedisServer::signal(*p, "CONT"));
+        }
+    }
+
+    /// Keys (beyond fence counters), znodes or live claim rows left in namespace `ns`.
+    pub(crate) fn leftovers(&self, backend: &str, ns: &str) -> Vec<String> {
+        match self {
+            Server::Sentinel(s) => leftovers("redis", s.primary_port(), ns),
+            Server::Cluster(c) => c.leftovers(ns),
+            Server::Ensemble(e) => e.leftovers(ns),
+            Server::Bouncer(b) => b.leftovers(ns),
+            _ => self
+                .holder_ports(0)
+                .into_iter()
+                .flat_map(|port| leftovers(backend, port, ns))
+                .collect(),
+        }
+    }
+
+    /// The commands the Redis servers serving the lock have processed (Redis, Redlock,
+    /// Sentinel's current primary, Cluster's current primaries).
+    pub(crate) fn commands(&self, backend: &str) -> Option<u64> {
+        match self {
+            Server::Sentinel(s) => sentinel_commands(s),
+            Server::Cluster(c) => c.commands(),
+            _ => commands_processed(backend, &self.holder_ports(0)),
         }
     }
 }

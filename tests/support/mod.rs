@@ -821,9 +821,9 @@ pub fn shared_postgres() -> &'static PgServer {
 /// another server connection, and only `pool_size` server connections are shared by every
 /// client.
 pub struct PgBouncer {
-    _process: Supervised,
+    process: Supervised,
     port: u16,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl PgBouncer {
@@ -860,11 +860,31 @@ impl PgBouncer {
             },
             pg_ready,
         );
-        Self {
-            _process: process,
-            port,
-            _dir: dir,
-        }
+        Self { process, port, dir }
+    }
+
+    /// Kills the pooler (SIGKILL: every client and server connection drops), runs `down`, and
+    /// starts it again on the same port and configuration.
+    pub fn restart_after(&mut self, down: impl FnOnce()) {
+        self.process.stop();
+        down();
+        let bin = require_binary_in("pgbouncer", &["/usr/sbin"]);
+        let ini = self.dir.path().join("pgbouncer.ini").display().to_string();
+        let (program, args) = as_server_user(&bin, vec![ini], self.dir.path());
+        self.process = respawn(
+            "PgBouncer",
+            &program,
+            &args,
+            self.port,
+            self.dir.path(),
+            &["pgbouncer.log", "pgbouncer.err"],
+            pg_ready,
+        );
+    }
+
+    /// The pooler's port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The URL of database `postgres` through the pooler.
