@@ -227,17 +227,30 @@ impl Cluster {
         else {
             return;
         };
-        let _: () = query_port(
-            self.cluster.nodes[replica].port(),
-            redis::cmd("CLUSTER").arg("FAILOVER"),
-        )
-        .expect("CLUSTER FAILOVER");
         let port = self.cluster.nodes[replica].port();
         let old = self.cluster.nodes[primary].port();
+        // The replica must be in sync first: a manual failover waits for its offset to match.
+        until(
+            "the replica did not sync before CLUSTER FAILOVER",
+            Duration::from_secs(60),
+            || {
+                let repl: String =
+                    query_port(port, redis::cmd("INFO").arg("replication")).unwrap_or_default();
+                repl.contains(&format!("master_port:{old}"))
+                    && repl.contains("master_link_status:up")
+            },
+        );
+        // A manual failover that does not finish (its own timeout is 5 s) is asked again.
+        let mut asked = Instant::now() - Duration::from_secs(60);
         until(
             "CLUSTER FAILOVER did not finish",
             Duration::from_secs(60),
             || {
+                if asked.elapsed() > Duration::from_secs(6) {
+                    let _: redis::RedisResult<()> =
+                        query_port(port, redis::cmd("CLUSTER").arg("FAILOVER"));
+                    asked = Instant::now();
+                }
                 let view = self.cluster.view(replica);
                 view.iter().any(|n| n.port == port && n.primary)
                     && view.iter().any(|n| n.port == old && !n.primary)
