@@ -222,7 +222,11 @@ fn inject_faults_as(
         }
         let kind = deck.swap_remove(rng.below(deck.len() as u64) as usize);
         let i = rng.below(HOLDERS as u64) as usize;
+        let began = Instant::now();
         let did = apply(kind, i);
+        if std::env::var_os("CHAOS_DEBUG").is_some() {
+            eprintln!("fault {did} on {i}: {:?}", began.elapsed());
+        }
         *done.entry(did).or_default() += 1;
     }
     done

@@ -57,12 +57,16 @@ fn until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 
 pub(crate) struct Sentinel {
     setup: SentinelSetup,
+    /// The old primary of the last failover may not be the new primary's replica yet: the
+    /// next failover waits until it is (the sentinels take 5 to 15 s), holder faults do not.
+    rejoining: bool,
 }
 
 impl Sentinel {
     pub(crate) fn start() -> Self {
         Self {
             setup: SentinelSetup::start(),
+            rejoining: false,
         }
     }
 
@@ -78,6 +82,7 @@ impl Sentinel {
     /// SIGSTOPs the primary until the sentinels have promoted the replica, then resumes it: it
     /// answers as a primary until the sentinels turn it into the new primary's replica.
     pub(crate) fn pause_primary(&mut self, fleet: &Fleet) {
+        self.until_rejoined();
         let from = wall_ns();
         let pid = self.setup.pause_primary();
         failover_window(fleet, from);
@@ -88,6 +93,7 @@ impl Sentinel {
     /// SIGKILLs the primary until the sentinels have promoted the replica, then starts it
     /// again, empty: the sentinels make it the new primary's replica.
     pub(crate) fn kill_primary(&mut self, fleet: &Fleet) {
+        self.until_rejoined();
         let from = wall_ns();
         self.setup.kill_primary();
         failover_window(fleet, from);
@@ -95,10 +101,19 @@ impl Sentinel {
         self.swapped();
     }
 
-    /// After a failover: the promoted replica is the primary, the old primary its replica once
-    /// it is in sync and every sentinel sees it as one.
+    /// After a failover: the promoted replica is the primary, the old primary its replica (once
+    /// the sentinels have turned it into one).
     fn swapped(&mut self) {
         std::mem::swap(&mut self.setup.primary, &mut self.setup.replica);
+        self.rejoining = true;
+    }
+
+    /// Waits until the replica is in sync with the primary and every sentinel sees it as a
+    /// replica.
+    fn until_rejoined(&mut self) {
+        if !std::mem::take(&mut self.rejoining) {
+            return;
+        }
         let (primary, replica) = (self.setup.primary.port(), self.setup.replica.port());
         let sentinels = self.sentinel_ports();
         until(
