@@ -271,7 +271,7 @@ fn topology_fault(
         (Server::Sentinel(s), "pause-primary") => s.pause_primary(fleet),
         (Server::Sentinel(s), "kill-primary") => s.kill_primary(fleet),
         (Server::Cluster(c), "kill-primary") => {
-            // Once a run; afterwards a failover instead.
+            // Once a run, after two failovers of its shard; otherwise a failover.
             if !c.kill_primary_for_good(fleet) {
                 c.failover();
                 return "failover";

@@ -163,6 +163,8 @@ pub(crate) struct Cluster {
     cluster: RedisCluster,
     /// The node killed for good, once it is.
     killed: Option<usize>,
+    /// `CLUSTER FAILOVER`s of the lock's shard so far: the kill for good waits for two.
+    key_failovers: u32,
 }
 
 impl Cluster {
@@ -170,6 +172,7 @@ impl Cluster {
         Self {
             cluster: RedisCluster::start(),
             killed: None,
+            key_failovers: 0,
         }
     }
 
@@ -235,7 +238,7 @@ impl Cluster {
     /// lock's primary has no replica left (it was killed for good), on another shard's.
     pub(crate) fn failover(&mut self) {
         let key = self.key_primary();
-        let candidates = std::iter::once(key).chain(self.cluster.primaries());
+        let candidates = std::iter::once(key).chain(self.primaries());
         let Some((primary, replica)) = candidates
             .filter_map(|p| Some((p, self.replica_of(p)?)))
             .next()
@@ -273,13 +276,15 @@ impl Cluster {
         );
         if primary == key {
             self.until_serving(replica);
+            self.key_failovers += 1;
         }
     }
 
     /// SIGKILLs the lock's primary and leaves it down; returns once its replica serves the
-    /// slot. Once a run: afterwards the failovers run elsewhere.
+    /// slot. Once a run, after two `CLUSTER FAILOVER`s of the lock's shard (returns false
+    /// otherwise): afterwards the failovers run on the other shards.
     pub(crate) fn kill_primary_for_good(&mut self, fleet: &Fleet) -> bool {
-        if self.killed.is_some() {
+        if self.killed.is_some() || self.key_failovers < 2 {
             return false;
         }
         let primary = self.key_primary();
@@ -298,16 +303,24 @@ impl Cluster {
         self.cluster.leftovers(ns)
     }
 
-    /// Commands processed by the primaries serving now.
-    pub(crate) fn commands(&self) -> Option<u64> {
-        let primaries: Vec<u16> = self
-            .cluster
+    /// The indices of the nodes serving slots now, as a live node sees it.
+    fn primaries(&self) -> Vec<usize> {
+        self.cluster
             .view(self.live())
             .iter()
             .filter(|n| n.primary && !n.failed && !n.slots.is_empty())
-            .map(|n| n.port)
+            .filter_map(|n| self.cluster.nodes.iter().position(|s| s.port() == n.port))
+            .collect()
+    }
+
+    /// Commands processed by the primaries serving now.
+    pub(crate) fn commands(&self) -> Option<u64> {
+        let ports: Vec<u16> = self
+            .primaries()
+            .into_iter()
+            .map(|i| self.cluster.nodes[i].port())
             .collect();
-        commands_processed("redis", &primaries)
+        commands_processed("redis", &ports)
     }
 }
 
