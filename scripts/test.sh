@@ -42,6 +42,8 @@ done
 # a holder), multi (two of three keys). Redlock has no semaphores: the permit forms run on the
 # other three.
 seed="${DISTLOCK_CHAOS_SEED:-$(date +%s)}"
+echo "== chaos seed $seed (DISTLOCK_CHAOS_SEED=$seed replays these picks)"
+topology_seed=$seed
 forms=(rw permits multi write permit)
 for run in 1 2; do
   primitive="${forms[$(( (seed / 3 + run) % ${#forms[@]} ))]}"
@@ -55,3 +57,17 @@ for run in 1 2; do
   cargo run --locked --all-features --example chaos -- --backend "$backend" --primitive "$primitive" \
     --trace --seed "$seed" --secs "${DISTLOCK_CHAOS_SECS:-45}"
 done
+# The replicated topologies, one a run, picked by the seed: Redis Sentinel (primary paused or
+# killed until the replica is promoted), Redis Cluster (CLUSTER FAILOVER, the lock's primary
+# killed for good), a ZooKeeper ensemble with holders on followers (a follower partitioned from
+# its clients or from the other servers, the leader killed and restarted) and PostgreSQL
+# through PgBouncer (either restarted). Failovers are slow (5 to 15 s each), so a run ends up
+# to half a minute past --secs. Every one by hand:
+#   for b in redis-sentinel redis-cluster zookeeper-ensemble postgres-pgbouncer; do
+#     cargo run --release --all-features --example chaos -- --backend "$b" --secs 600 || break
+#   done
+topologies=(redis-sentinel redis-cluster zookeeper-ensemble postgres-pgbouncer)
+topology="${topologies[$(( topology_seed % ${#topologies[@]} ))]}"
+echo "== chaos --backend $topology --seed $topology_seed"
+cargo run --locked --all-features --example chaos -- --backend "$topology" --seed "$topology_seed" \
+  --secs "${DISTLOCK_CHAOS_SECS:-45}"

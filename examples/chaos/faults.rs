@@ -103,7 +103,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
                 }
             }
             "minority" => {
-                let killed = *minority % 2 == 0;
+                let killed = minority.is_multiple_of(2);
                 *minority += 1;
                 server.minority_down(i, killed);
             }

@@ -9,6 +9,10 @@
 //! cargo run --release --all-features --example chaos -- --backend memory --secs 600
 //! cargo run --release --all-features --example chaos -- --backend redis --primitive write
 //! cargo run --release --all-features --example chaos -- --backend redis --primitive permit
+//! cargo run --release --all-features --example chaos -- --backend redis-sentinel --secs 600
+//! cargo run --release --all-features --example chaos -- --backend redis-cluster --secs 600
+//! cargo run --release --all-features --example chaos -- --backend zookeeper-ensemble --secs 600
+//! cargo run --release --all-features --example chaos -- --backend postgres-pgbouncer --secs 600
 //! ```
 //!
 //! `--primitive` picks what the holders take: `mutex` (the default), `write` (a read-write
@@ -26,7 +30,8 @@
 //! They use a 300 ms handoff lease ([`holder::HANDOFF`]).
 //!
 //! After the faults stop, runs count what the lock server served (Redis and Redlock: commands,
-//! PostgreSQL: transactions, ZooKeeper: packets received): more than
+//! Sentinel: the current primary's, Cluster: every current primary's; PostgreSQL:
+//! transactions, ZooKeeper: packets received): more than
 //! `checker::MAX_COMMANDS_PER_GRANT` a grant means someone polls, and fails the run.
 //!
 //! Redis, ZooKeeper and PostgreSQL: real servers on loopback (tests/support), each holder a separate process
@@ -44,26 +49,68 @@
 //! past the session timeout (the session expires). Redlock: five `redis-server` nodes, each
 //! holder with a proxy to each; a restart is one node's (without its data, in turn), a
 //! blackhole or reset takes all of a holder's connections, and one more fault blackholes one
-//! node for every holder past the lease. Memory: the holders are tasks of one
+//! node for every holder past the lease, and one takes two nodes of five (a minority) down past
+//! the lease and back, by turns SIGKILLed (back without their data) and SIGSTOPped. Memory: the holders are tasks of one
 //! process; the faults pause a task past its lease between check and write (the analogue of
 //! SIGSTOP), abort a task, or shut a client down under its holder.
 //!
+//! The replicated topologies (topology.rs), each with the holder faults and its own:
+//!
+//! - `redis-sentinel`: a primary, a replica and three sentinels; holders connect with the
+//!   `redis+sentinel://` URL. Faults: SIGSTOP the primary until the replica is promoted, then
+//!   resume it (it answers as a primary until the sentinels demote it); SIGKILL the primary
+//!   until the replica is promoted, then start it again, empty (the sentinels make it a
+//!   replica). The next failover waits until the old primary is the new one's replica in sync.
+//! - `redis-cluster`: three primaries with a replica each; holders connect with the
+//!   `redis+cluster://` URL. Faults: `CLUSTER FAILOVER` of the lock's shard (once its primary
+//!   has no replica left, another shard's), and once a run, after two of those, the lock's
+//!   primary SIGKILLed for good (the cluster runs on with its promoted replica).
+//! - `zookeeper-ensemble`: three servers; holder `i` reaches server `i % 3` only, through its
+//!   own proxy, so at least two holders are on followers. Faults: blackhole and reset, and
+//!   blackhole past the session timeout (`expire`); blackhole every holder's connection to a
+//!   follower past the session timeout (`partition`); cut a follower off from the two other
+//!   servers past the session timeout while its holders stay connected to it (`isolate`);
+//!   SIGKILL the leader and start it again on its data once another leads (`kill-leader`).
+//! - `postgres-pgbouncer`: statements through PgBouncer in transaction mode, each holder's
+//!   LISTEN connection straight to PostgreSQL (a transaction pooler cannot keep a LISTEN),
+//!   each through its own proxy. Faults: blackhole and reset (both connections), restart
+//!   PostgreSQL after a crash (`restart`), restart PgBouncer (`restart-bouncer`).
+//!
+//! Sentinel and Cluster holders reach the servers directly (the sentinels answer with the
+//! primary's own address, a Cluster redirects with `MOVED` to its nodes' own addresses, so a
+//! proxy would be bypassed): their holder faults are SIGSTOP and SIGKILL only, no blackhole or
+//! reset. `CHAOS_DEBUG=1` prints each fault and how long it took.
+//!
+//! Replication to a Redis replica is asynchronous, and README promises no more across a
+//! failover than fencing tokens that keep increasing: a grant the primary acknowledged but
+//! did not pass on before it was killed or frozen can be granted again by the promoted replica
+//! while its first holder still believes it holds. So a Sentinel failover (pause or kill) and
+//! the Cluster kill each record a window, from the fault until the later of the promotion and
+//! one lease past the fault (no holder renews against a dead or frozen primary, so none
+//! believes longer); a write rejected although checked not lost inside one is counted apart
+//! (`failover_lost`), not as a violation. `CLUSTER FAILOVER` loses no write and gets no window,
+//! and an old primary resumed from a SIGSTOP must keep nobody believing: stale writes there
+//! are violations. Token regressions are violations everywhere.
+//!
 //! The checker fails the run on any of: a write the resource rejected although its holder had
-//! just checked it was not lost (a SIGSTOP between the check and the write is the one allowed
-//! exception, counted apart); per key, accepted tokens out of the fence's order (a write above
+//! just checked it was not lost (a SIGSTOP between the check and the write, and a Redis
+//! failover window, are the allowed exceptions, counted apart); per key, accepted tokens out of the fence's order (a write above
 //! every earlier token, a read above every write), or grants whose tokens break what the docs
 //! promise (a grant asked for after another was held has a greater token, readers among
 //! themselves excepted; no two grants share one); believed holds that overlap where the
 //! primitive forbids it (anything beside an exclusive hold, a reader beside a writer, more than
 //! n permits at an instant; a SIGSTOP of one of the holders inside its hold is the allowed
-//! exception, counted apart as `overlaps_stopped`; so is, counted apart as `overlaps_restart`
+//! exception, counted apart as `overlaps_stopped`; so is a hold granted inside a Redis failover
+//! window beside holds from before it, as `overlaps_failover`; and, counted apart as `overlaps_restart`
 //! with the longest printed, an overlap of at most 100 ms between a hold granted before a Redis
 //! restart without its data and one granted after it: a server that forgets its locks may grant
 //! at once, and the old holder is told within about 50 ms of its return); after the faults stop, a holder first
 //! granted later than TTL + what the recently killed cost as dead waiters + the holds ahead of
 //! it + 1 s, or a gap between consecutive grants of a TTL; a waiter kill's handoff over its
 //! bound; keys (beyond fence counters), znodes or live claim rows left after the holders shut
-//! down. It prints one summary line and exits non-zero on a violation.
+//! down (Sentinel: on the current primary; Cluster: on every primary; the ensemble: as its
+//! leader sees it; PgBouncer: on the server). It prints one summary line and exits non-zero on
+//! a violation.
 //!
 mod checker;
 mod faults;
