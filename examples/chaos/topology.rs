@@ -421,8 +421,11 @@ pub(crate) struct Bouncer {
 impl Bouncer {
     pub(crate) fn start() -> Self {
         let pg = support::PgServer::start();
-        // Fewer server connections than the holders' statement connections (two each).
-        let bouncer = support::PgBouncer::start(&pg, 4);
+        // Fewer server connections than the holders' statement connections (two each). A
+        // server login that fails (PostgreSQL restarting) makes PgBouncer refuse every client
+        // for `server_login_retry`, 15 s by default: longer than the run's calm, and nothing a
+        // lock client can shorten. 1 s here.
+        let bouncer = support::PgBouncer::start_with(&pg, 4, "server_login_retry = 1\n");
         Self { pg, bouncer }
     }
 
@@ -446,7 +449,7 @@ impl Bouncer {
     }
 }
 
-/// The primary port of a Sentinel run, for leftovers and command counts.
+/// Commands processed by a Sentinel run's current primary.
 pub(crate) fn sentinel_commands(s: &Sentinel) -> Option<u64> {
     commands_processed("redis", &[s.primary_port()])
 }

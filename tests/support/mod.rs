@@ -828,6 +828,11 @@ pub struct PgBouncer {
 
 impl PgBouncer {
     pub fn start(server: &PgServer, pool_size: u32) -> Self {
+        Self::start_with(server, pool_size, "")
+    }
+
+    /// Like [`start`](Self::start), with `extra` lines for the `[pgbouncer]` section.
+    pub fn start_with(server: &PgServer, pool_size: u32, extra: &str) -> Self {
         let bin = require_binary_in("pgbouncer", &["/usr/sbin"]);
         let upstream = server.port();
         let (process, port, dir) = launch(
@@ -851,7 +856,8 @@ impl PgBouncer {
                          default_pool_size = {pool_size}\n\
                          max_client_conn = 1000\n\
                          server_reset_query =\n\
-                         ignore_startup_parameters = extra_float_digits\n",
+                         ignore_startup_parameters = extra_float_digits\n\
+                         {extra}",
                         users = dir.join("users.txt").display(),
                     ),
                 )
