@@ -703,3 +703,65 @@ async fn an_extension_lost_on_the_way_does_not_stretch_the_lease() {
     drop(g);
     c.shutdown().await;
 }
+
+/// Renewals of one lock through a pool can reach the server out of order. A background
+/// renewal with the old TTL is held back on one pooled connection while the guard extends its
+/// lease to 20 s on another; the old renewal lands last. The server must keep the longer lease
+/// (a renewal never shortens one), so no one is granted the key while the guard believes it
+/// holds. Before, the late renewal cut the server's lease back to 1.7 s and a contender was
+/// granted at ~4 s while the guard believed for 16 s more.
+#[cfg(feature = "redis-deadpool")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_renewal_with_the_old_ttl_does_not_cut_an_extended_lease_short() {
+    let ns = test_namespace!();
+    let proxy = Proxy::start(shared_redis().port());
+    let pool = deadpool_redis::Config::from_url(via(&proxy))
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let backend = distlock::backend::RedisBackend::builder(via(&proxy))
+        .deadpool(pool)
+        .build()
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(1733);
+    let a = distlock::LockClient::builder(backend)
+        .namespace(&ns)
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    let b = client(
+        &shared_redis().url(),
+        &ns,
+        ttl,
+        Duration::from_millis(300),
+        true,
+    )
+    .await;
+    let g = a.mutex("k").lock().await.unwrap();
+    let start = Instant::now();
+    // Every request carrying the old TTL ("1733" ms) reaches the server 1.2 s late: the first
+    // background renewal (at about a third of the TTL) is held back.
+    proxy.delay_requests_containing(Which::All, b"1733", Duration::from_millis(1200));
+    sleep_until(start + Duration::from_millis(750)).await;
+    g.extend(Duration::from_secs(20)).await.unwrap();
+    // Past the old renewal's arrival and well past the old TTL: nobody else gets the key
+    // while the guard believes it holds.
+    while start.elapsed() < Duration::from_secs(5) {
+        if let Ok(other) = b.mutex("k").try_lock().await {
+            assert!(
+                g.is_lost(),
+                "granted to another at {:?} while the extended guard believed for {:?} more",
+                start.elapsed(),
+                g.lease_left()
+            );
+            drop(other);
+            break;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!g.is_lost(), "the extended lease was lost");
+    proxy.pass();
+    drop(g);
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -426,8 +426,10 @@ impl Backend for MemoryBackend {
             .map(|(claim, _)| {
                 self.with_key(claim, |_, ks, now| {
                     if let Some(h) = ks.holders.iter_mut().find(|h| *h.owner == *claim.owner()) {
-                        h.valid_until = now + claim.ttl();
-                        Renewal::Extended(h.valid_until)
+                        // Never shortens a lease, as the servers' renewals do.
+                        let until = now + claim.ttl();
+                        h.valid_until = h.valid_until.max(until);
+                        Renewal::Extended(until)
                     } else if ks.position(claim.owner()).is_some() {
                         Renewal::Queued(now + claim.ttl())
                     } else {

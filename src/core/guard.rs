@@ -98,8 +98,12 @@ macro_rules! guard_methods {
             /// Renews the lease once, now, asking the server for `ttl` from this moment; later
             /// renewals ask for `ttl` too. With renewal off
             /// ([`set_auto_renew(false)`](Self::set_auto_renew)) this is how a fixed lease is
-            /// made longer (or shorter) when the work needs it. A shorter `ttl` takes effect at
-            /// once: the lease is taken to end no later than `ttl` from the call.
+            /// made longer when the work needs it. A shorter `ttl` shortens what this guard
+            /// believes at once (the lease is taken to end no later than `ttl` from the call),
+            /// but a server never shortens a lease it granted: renewals of one lock may reach
+            /// it out of order (through a pool), and an older one must not cut short a lease a
+            /// later one promised. So others get the key when the longer lease already granted
+            /// runs out.
             ///
             /// # Errors
             ///

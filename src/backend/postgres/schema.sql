@@ -375,8 +375,11 @@ LANGUAGE sql SET lock_timeout = '4s' AS $$
       ORDER BY c.ns, c.key, c.seq
       FOR UPDATE OF c
   )
+  -- Never shortens a lease: renewals of one claim on different connections (a pool) may
+  -- arrive out of order, and an older one asking for a shorter TTL must not cut short the
+  -- lease the client was told of.
   UPDATE distlock.claims c
-    SET deadline = clock_timestamp() + l.ttl_ms * interval '1 millisecond'
+    SET deadline = greatest(c.deadline, clock_timestamp() + l.ttl_ms * interval '1 millisecond')
     FROM locked l
     WHERE c.ns = l.ns AND c.key = l.key AND c.owner = l.owner
       AND c.deadline > clock_timestamp()

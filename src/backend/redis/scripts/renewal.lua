@@ -1,21 +1,30 @@
 -- Renewal: what the renewal scripts add to common.lua.
+--
+-- A renewal never shortens a lease: it sets the lease to end `ttl` ms from now or leaves it
+-- where it ends later. Renewals of one claim sent on different connections (a pool) may reach
+-- the server out of order; an older one asking for a shorter TTL (before the guard extended
+-- its lease) must not cut short the lease the client was told of.
 
--- Extends `owner`'s mutex lease to `ttl` ms if it holds the mutex.
+-- Extends `owner`'s mutex lease to at least `ttl` ms if it holds the mutex.
 local function extend_mutex(base, owner, ttl)
   if redis.call('HGET', base, 'o') == owner then
-    redis.call('PEXPIRE', base, ttl)
+    if redis.call('PTTL', base) < ttl then
+      redis.call('PEXPIRE', base, ttl)
+    end
     return true
   end
   return false
 end
 
--- Extends `owner`'s read-write lock or semaphore hold to `ttl` ms if it holds one; a lease
--- already run out is not revived.
+-- Extends `owner`'s read-write lock or semaphore hold to at least `ttl` ms if it holds one; a
+-- lease already run out is not revived.
 local function extend_shared(base, holders, owner, ttl)
   local now = clock()
   local deadline = redis.call('ZSCORE', holders, owner)
   if deadline and tonumber(deadline) > now then
-    redis.call('ZADD', holders, 'XX', now + ttl, owner)
+    if now + ttl > tonumber(deadline) then
+      redis.call('ZADD', holders, 'XX', now + ttl, owner)
+    end
     keep(base, 2 * ttl)
     keep(holders, 2 * ttl)
     return true
