@@ -499,7 +499,9 @@ impl LockClient {
     /// # Errors
     ///
     /// [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
-    /// runtime (use `shutdown().await` there); nothing is shut down then.
+    /// runtime (use `shutdown().await` there), [`NoRuntime`](crate::ErrorKind::NoRuntime) for
+    /// a client built in a current-thread runtime or whose runtime has shut down; nothing is
+    /// shut down then.
     ///
     /// # Cancel safety
     ///

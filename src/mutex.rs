@@ -123,6 +123,9 @@ impl Mutex {
     /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
     ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
     ///   place (`tokio::task::block_in_place`),
+    /// - [`NoRuntime`](crate::ErrorKind::NoRuntime) for a client built in a current-thread
+    ///   runtime (nothing may be driving it while this thread blocks) or whose runtime has
+    ///   shut down,
     /// - otherwise the errors of [`lock`](Self::lock).
     ///
     /// # Cancel safety
@@ -153,6 +156,9 @@ impl Mutex {
     /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
     ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
     ///   place (`tokio::task::block_in_place`),
+    /// - [`NoRuntime`](crate::ErrorKind::NoRuntime) for a client built in a current-thread
+    ///   runtime (nothing may be driving it while this thread blocks) or whose runtime has
+    ///   shut down,
     /// - otherwise the errors of [`lock_timeout`](Self::lock_timeout).
     ///
     /// # Cancel safety

@@ -177,6 +177,9 @@ impl Semaphore {
     /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
     ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
     ///   place (`tokio::task::block_in_place`),
+    /// - [`NoRuntime`](crate::ErrorKind::NoRuntime) for a client built in a current-thread
+    ///   runtime (nothing may be driving it while this thread blocks) or whose runtime has
+    ///   shut down,
     /// - otherwise the errors of [`acquire`](Self::acquire).
     ///
     /// # Cancel safety
@@ -207,6 +210,9 @@ impl Semaphore {
     /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
     ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
     ///   place (`tokio::task::block_in_place`),
+    /// - [`NoRuntime`](crate::ErrorKind::NoRuntime) for a client built in a current-thread
+    ///   runtime (nothing may be driving it while this thread blocks) or whose runtime has
+    ///   shut down,
     /// - otherwise the errors of [`acquire_many`](Self::acquire_many).
     ///
     /// # Cancel safety

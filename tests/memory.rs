@@ -438,15 +438,34 @@ async fn a_blocking_call_inside_a_current_thread_runtime_is_an_error() {
     let err = c.blocking_shutdown().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InAsyncContext);
     assert!(c.mutex("k").try_lock().await.is_ok());
-    // From a thread of its own it runs on the runtime the client was built in (this one,
-    // driven meanwhile by the test's await).
+    // From a thread of its own it is refused too: a current-thread runtime runs its tasks
+    // only inside its own `block_on`, so nothing may drive the call (it would hang).
     let c2 = c.clone();
     let job =
         std::thread::spawn(move || c2.mutex("other").blocking_lock().map(|g| g.fencing_token()));
-    while !job.is_finished() {
-        tokio::task::yield_now().await;
-    }
-    assert!(job.join().unwrap().unwrap() > 0);
+    let err = job.join().unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NoRuntime, "{err}");
+}
+
+/// A client whose runtime has shut down answers a blocking call with an error, not a panic
+/// (tokio panics at the first timer on a runtime that is gone).
+#[test]
+fn a_blocking_call_after_the_clients_runtime_shut_down_is_an_error() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let backend = MemoryBackend::new();
+    let c = rt.block_on(async { client(&backend) });
+    let held = rt.block_on(c.mutex("k").lock()).unwrap();
+    drop(rt);
+    let err = c
+        .mutex("k")
+        .blocking_lock_timeout(Duration::from_millis(200))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NoRuntime, "{err}");
+    drop(held);
 }
 
 /// On a multi-thread runtime a blocking call blocks in place, from a task or from a

@@ -3,7 +3,9 @@
 //!
 //! A lock here needs a runtime even while the caller blocks: its lease is renewed by a task,
 //! and a network backend's connections are driven by tasks. A blocking call runs the async
-//! call on the runtime the client was built in (whose tasks drive the backend's connections),
+//! call on the multi-thread runtime the client was built in (whose tasks drive the backend's
+//! connections; a client built in a current-thread runtime, or one whose runtime has shut
+//! down, gets a [`NoRuntime`](crate::ErrorKind::NoRuntime) error),
 //! or, for a client built outside any runtime, on a small runtime of the client's own, started
 //! at the first blocking call and kept as long as the client or a guard of it lives. On a
 //! multi-thread runtime's thread it blocks in place (tokio moves the worker's other tasks
@@ -79,10 +81,29 @@ impl Blocking {
     where
         F: Future<Output = Result<T>>,
     {
-        if let Some(handle) = &self.built_in {
-            return handle.block_on(call);
+        let Some(handle) = &self.built_in else {
+            return self.own()?.block_on(call);
+        };
+        // A current-thread runtime runs its tasks (the backend's connections, the renewals)
+        // only while its own thread is inside `Runtime::block_on`: from here nothing may be
+        // driving it, and the call would hang.
+        if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
+            return Err(Error::new(
+                ErrorKind::NoRuntime,
+                "blocking calls need a client built in a multi-thread tokio runtime (or outside \
+                 any runtime): this one was built in a current-thread runtime, whose tasks run \
+                 only inside its own `block_on`",
+            ));
         }
-        self.own()?.block_on(call)
+        // A runtime that has shut down cancels every task it is given (and `block_on` would
+        // panic at the first timer).
+        if handle.block_on(handle.spawn(async {})).is_err() {
+            return Err(Error::new(
+                ErrorKind::NoRuntime,
+                "the tokio runtime this client was built in has shut down",
+            ));
+        }
+        handle.block_on(call)
     }
 
     fn own(&self) -> Result<&Runtime> {
