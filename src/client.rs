@@ -450,6 +450,67 @@ impl LockClient {
             .await
     }
 
+    /// The operator's unlock: drops whoever holds `key` now (every reader of a read-write
+    /// lock, every permit holder of a semaphore), whichever client or process they are in,
+    /// and grants the lock to the waiters in line as a release would. Every later grant of
+    /// the key gets a fencing token above the dropped holders' tokens, so a fenced write of
+    /// theirs is refused, and their guards report [lost](crate::MutexGuard::is_lost) at their
+    /// next renewal (within a third of their TTL). Returns what was removed; nothing if the
+    /// key was free. [`inspect`](Self::inspect) shows what it would remove.
+    ///
+    /// For stuck holders (a process paused or cut off with a long lease), not for ordinary
+    /// releases: the dropped holder may still be running, and only fencing keeps its writes
+    /// out.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidKey`](crate::ErrorKind::InvalidKey) before any I/O,
+    /// [`Unsupported`](crate::ErrorKind::Unsupported) on a backend that cannot force-release,
+    /// [`Backend`](crate::ErrorKind::Backend) if the service fails (the holders may or may
+    /// not have been dropped: [`inspect`](Self::inspect) tells, and calling again is safe),
+    /// [`Closed`](crate::ErrorKind::Closed) after [`shutdown`](Self::shutdown).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe in the sense that dropping the future may leave the unlock done or
+    /// not done (it is one server-side step on most backends, several on ZooKeeper and
+    /// Redlock); either way nothing else is left behind, and it may be called again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = distlock::LockClient::memory();
+    /// let stuck = client
+    ///     .mutex("orders:42")
+    ///     .with_ttl(Duration::from_millis(300))
+    ///     .lock()
+    ///     .await?;
+    /// let removed = client.force_release("orders:42").await?;
+    /// assert_eq!(removed.removed.len(), 1);
+    /// assert_eq!(removed.removed[0].fencing_token, Some(stuck.fencing_token()));
+    /// // The next holder's token is above the dropped one's...
+    /// let next = client.mutex("orders:42").lock().await?;
+    /// assert!(next.fencing_token() > stuck.fencing_token());
+    /// // ...and the dropped guard learns it at its next renewal.
+    /// tokio::time::timeout(Duration::from_secs(5), stuck.lost()).await.unwrap();
+    /// assert!(stuck.is_lost());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn force_release(&self, key: &str) -> Result<crate::ForceReleased> {
+        self.inner.check_open()?;
+        crate::core::rules::validate_key(key)?;
+        self.inner.backend.validate_key(key)?;
+        self.inner
+            .backend
+            .force_release(&self.inner.config.namespace, key)
+            .await
+    }
+
     /// Identifies the client (and its clones) within the process.
     #[cfg_attr(not(feature = "macros"), allow(dead_code))]
     pub(crate) fn id(&self) -> usize {

@@ -47,6 +47,33 @@ pub struct Waiter {
     pub waited: Option<Duration>,
 }
 
+/// What [`LockClient::force_release`](crate::LockClient::force_release) removed from a key:
+/// the holders it dropped. Their guards learn it at their next renewal
+/// ([`is_lost`](crate::MutexGuard::is_lost) turns true), and every later grant of the key has
+/// a fencing token above all of theirs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ForceReleased {
+    /// The key, as asked for (without the namespace).
+    pub key: String,
+    /// What the key was in use as, or `None` if nobody held or waited for it.
+    pub family: Option<Family>,
+    /// The holders that were dropped (none if the key was not held). Waiters stay queued; the
+    /// first of them that fits is granted.
+    pub removed: Vec<Holder>,
+}
+
+impl ForceReleased {
+    /// Nothing removed from `key`.
+    pub(crate) fn nothing(key: &str) -> Self {
+        Self {
+            key: key.to_owned(),
+            family: None,
+            removed: Vec::new(),
+        }
+    }
+}
+
 impl Inspection {
     /// An empty snapshot of `key`: free, nobody waiting.
     #[cfg(any(

@@ -47,13 +47,14 @@
 //!
 //! # Operating
 //!
-//! - [`LockClient::inspect`] reads who holds a key and who waits ([`Inspection`]).
+//! - [`LockClient::inspect`] reads who holds a key and who waits ([`Inspection`]);
+//!   [`LockClient::force_release`] is the operator's unlock for a stuck holder ([`ForceReleased`]).
 //! - Feature `metrics` records acquisitions by outcome, wait and hold times, lost locks and
 //!   renewal round trips through the [`metrics`](https://docs.rs/metrics) facade, labelled by
 //!   backend and kind of lock (never by key). Every acquisition runs in a `distlock.acquire`
 //!   tracing span with the key; grants, losses and releases are `debug` events.
 //! - Feature `cli` builds the `distlock` command: `distlock run KEY -- CMD` holds a lock while a
-//!   command runs (cron jobs, migrations), `distlock inspect KEY` shows a key.
+//!   command runs (cron jobs, migrations), `distlock inspect KEY` shows a key, `distlock unlock KEY --force` drops its holders.
 //!
 //! # Examples
 //!
@@ -122,7 +123,7 @@ pub fn describe_metrics() {
 }
 pub use core::rules::{MAX_KEY_LEN, MAX_NAMESPACE_LEN, MIN_TTL};
 pub use error::{Error, ErrorKind, Result};
-pub use inspect::{Holder, Inspection, Waiter};
+pub use inspect::{ForceReleased, Holder, Inspection, Waiter};
 pub use multi::{MultiGuard, MultiLock};
 pub use mutex::{Mutex, MutexGuard};
 pub use rw_lock::{RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -496,3 +496,31 @@ async fn blocking_calls_on_a_multi_thread_runtime_block_in_place() {
     let token = c.mutex("in-task").blocking_lock().unwrap().fencing_token();
     assert!(token > 0);
 }
+
+/// The operator's unlock: every holder (mutex, readers, permits) dropped and marked lost, the
+/// waiter granted at once with a greater token; another namespace untouched; bad keys refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_drops_every_holder_and_hands_on() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_millis(900);
+    let (a, b, op) = (
+        client_with(&backend, ttl, true),
+        client_with(&backend, ttl, true),
+        client_with(&backend, ttl, true),
+    );
+    let outsider = LockClient::builder(backend.clone())
+        .namespace("elsewhere")
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    support::contract::force_release(
+        &a,
+        &b,
+        &op,
+        &outsider,
+        ttl,
+        support::contract::ForceFamilies::ALL,
+    )
+    .await;
+    assert_eq!(backend.stats().keys, 0, "{:?}", backend.stats());
+}

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
-use crate::inspect::Inspection;
+use crate::inspect::{ForceReleased, Inspection};
 
 /// A type-erased ticket.
 pub(crate) type AnyTicket = Box<dyn Any + Send + Sync>;
@@ -50,6 +50,11 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     fn reconnects(&self) -> Option<watch::Receiver<u64>>;
     fn inspect<'a>(&'a self, namespace: &'a str, key: &'a str)
         -> BoxFuture<'a, Result<Inspection>>;
+    fn force_release<'a>(
+        &'a self,
+        namespace: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<ForceReleased>>;
     fn shutdown(&self) -> BoxFuture<'_, ()>;
 }
 
@@ -167,6 +172,14 @@ impl<B: Backend> DynBackend for B {
         key: &'a str,
     ) -> BoxFuture<'a, Result<Inspection>> {
         Box::pin(Backend::inspect(self, namespace, key))
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        namespace: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<ForceReleased>> {
+        Box::pin(Backend::force_release(self, namespace, key))
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

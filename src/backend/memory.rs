@@ -10,7 +10,7 @@ use tokio::time::{sleep_until, Instant};
 
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, LostSignal, Renewal};
 use crate::error::{Error, Result};
-use crate::inspect::{Holder as Seen, Inspection, Waiter as SeenWaiting};
+use crate::inspect::{ForceReleased, Holder as Seen, Inspection, Waiter as SeenWaiting};
 use crate::sync::LockExt;
 
 /// How many operations pass between sweeps of leases that expired with nobody watching.
@@ -320,6 +320,39 @@ impl Backend for MemoryBackend {
             state.keys.remove(&name);
         }
         Ok(seen)
+    }
+
+    async fn force_release(&self, namespace: &str, key: &str) -> Result<ForceReleased> {
+        let mut state = self.lock_state();
+        let now = Instant::now();
+        let mut removed = ForceReleased::nothing(key);
+        let name = name_of(namespace, key);
+        let Some(ks) = state.keys.get_mut(&name) else {
+            return Ok(removed);
+        };
+        ks.expire_holders(now);
+        self.grant_pass(ks, now);
+        removed.family = ks.family();
+        // Every holder goes at once, marked lost (in this process its guard can be told at
+        // once; its renewal would find nothing anyway). The one counter hands every later
+        // grant a greater token.
+        removed.removed = ks
+            .holders
+            .drain(..)
+            .map(|h| {
+                h.lost.mark();
+                Seen {
+                    kind: h.kind,
+                    fencing_token: Some(h.fence),
+                    lease_left: Some(h.valid_until.saturating_duration_since(now)),
+                }
+            })
+            .collect();
+        self.grant_pass(ks, now);
+        if ks.is_idle() {
+            state.keys.remove(&name);
+        }
+        Ok(removed)
     }
 
     async fn acquire(&self, claim: &Claim, ticket: &MemoryTicket, wait: bool) -> Result<Attempt> {

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::inspect::Inspection;
+use crate::inspect::{ForceReleased, Inspection};
 
 mod erased;
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -518,6 +518,26 @@ pub trait Backend: Send + Sync + 'static {
         key: &str,
     ) -> impl Future<Output = Result<Inspection>> + Send {
         let refused = Error::unsupported(format_args!("this backend cannot inspect `{key}`"));
+        let _ = namespace;
+        async move { Err(refused) }
+    }
+
+    /// The operator's unlock: drops every holder of `key` (in `namespace`) at once, whoever
+    /// they are, and hands the lock on to the waiters as their releases would. The fencing
+    /// counter stays above every token handed out, so the next grant's token exceeds the
+    /// dropped holders'; their renewals then get [`Renewal::NotOwner`] (their guards report
+    /// lost). The key has passed the shared rules and [`validate_key`](Self::validate_key).
+    /// The default says the backend cannot.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) by default; [`ErrorKind::Backend`](crate::ErrorKind::Backend) if the service fails.
+    fn force_release(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<ForceReleased>> + Send {
+        let refused = Error::unsupported(format_args!("this backend cannot force-release `{key}`"));
         let _ = namespace;
         async move { Err(refused) }
     }

@@ -431,3 +431,193 @@ pub async fn lease_control(a: &LockClient, b: &LockClient, ttl: Duration) {
     );
     assert!(g.is_lost());
 }
+
+/// Which families a backend's force-release check covers (Redlock has no semaphores).
+#[derive(Clone, Copy)]
+pub struct ForceFamilies {
+    pub rw: bool,
+    pub semaphore: bool,
+}
+
+impl ForceFamilies {
+    pub const ALL: Self = Self {
+        rw: true,
+        semaphore: true,
+    };
+}
+
+/// A fenced store: a write carries its fencing token and is refused below the highest token
+/// seen (what a database with a token column does).
+#[derive(Default)]
+struct FencedStore {
+    highest: u64,
+}
+
+impl FencedStore {
+    fn write(&mut self, token: u64) -> bool {
+        if token < self.highest {
+            return false;
+        }
+        self.highest = token;
+        true
+    }
+}
+
+/// The operator's unlock, judged through the service: `a` holds (its holders renew at a third
+/// of `ttl`, so their guards hear within about `ttl / 3` after the unlock), `b` waits, `op`
+/// force-releases. `b` is granted within `prompt` with a greater token, every holder of `a`
+/// reports lost, a fenced write of theirs after `b`'s is refused, and their late release does
+/// not touch `b`'s grant. For a read-write lock every reader goes, for a semaphore every
+/// permit holder. `outsider` is a client of another namespace holding the same key: untouched.
+/// Invalid keys are refused before any I/O.
+pub async fn force_release(
+    a: &LockClient,
+    b: &LockClient,
+    op: &LockClient,
+    outsider: &LockClient,
+    ttl: Duration,
+    families: ForceFamilies,
+) {
+    let prompt = Duration::from_secs(1);
+    let slack = Duration::from_millis(1500);
+
+    // Bad input: a clear error, no I/O, no panic.
+    for bad in ["", "nul\0key"] {
+        let err = op.force_release(bad).await.unwrap_err();
+        assert!(err.is_invalid_key(), "{bad:?}: {err}");
+    }
+    let long = "k".repeat(distlock::MAX_KEY_LEN + 1);
+    assert!(op.force_release(&long).await.unwrap_err().is_invalid_key());
+
+    // A free key: nothing removed.
+    let nothing = op.force_release("force-free").await.unwrap();
+    assert!(nothing.removed.is_empty(), "{nothing:?}");
+    assert_eq!(nothing.family, None);
+
+    // The same key in another namespace is held by `outsider` throughout: never touched.
+    let kept = outsider.mutex("force-mutex").lock().await.unwrap();
+
+    // 1. A mutex.
+    let held = a.mutex("force-mutex").lock().await.unwrap();
+    let old = held.fencing_token();
+    let waiter = spawn_timed_lock(b.mutex("force-mutex"));
+    sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "b got a held mutex");
+    let seen = op.inspect("force-mutex").await.unwrap();
+    assert_eq!(seen.holders.len(), 1, "{seen:?}");
+    let unlocked = tokio::time::Instant::now();
+    let removed = op.force_release("force-mutex").await.unwrap();
+    assert_eq!(removed.family, Some(distlock::backend::Family::Mutex));
+    assert_eq!(removed.removed.len(), 1, "{removed:?}");
+    if let Some(t) = removed.removed[0].fencing_token {
+        assert_eq!(t, old, "the removed holder's token");
+    }
+    let (granted_at, next) = timeout(prompt + slack, waiter)
+        .await
+        .expect("the waiter was never granted after the unlock")
+        .expect("waiter task");
+    let next = next.unwrap();
+    assert!(
+        granted_at - unlocked <= prompt,
+        "the waiter was granted {:?} after the unlock",
+        granted_at - unlocked
+    );
+    assert!(
+        next.fencing_token() > old,
+        "new token {} not above the dropped holder's {old}",
+        next.fencing_token()
+    );
+    timeout(ttl + slack, held.lost())
+        .await
+        .expect("the dropped holder never learned it lost the lock");
+    assert!(held.is_lost());
+    let mut store = FencedStore::default();
+    assert!(store.write(next.fencing_token()));
+    assert!(
+        !store.write(held.fencing_token()),
+        "the dropped holder's fenced write went through"
+    );
+    // Its late release does not touch the new holder's grant.
+    let _ = held.release().await;
+    let err = a.mutex("force-mutex").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err}");
+    assert!(!kept.is_lost(), "a holder in another namespace was dropped");
+    let err = outsider.mutex("force-mutex").try_lock().await.unwrap_err();
+    assert!(
+        err.is_would_block(),
+        "the other namespace's key was unlocked: {err}"
+    );
+    next.release().await.unwrap();
+    kept.release().await.unwrap();
+
+    // 2. A read-write lock: both readers go, the writer behind them gets it.
+    if families.rw {
+        let rw = a.rw_lock("force-rw");
+        let (r1, r2) = (rw.read().await.unwrap(), rw.read().await.unwrap());
+        let top = r1.fencing_token().max(r2.fencing_token());
+        let writer = spawn_timed(b.rw_lock("force-rw").write());
+        sleep(Duration::from_millis(300)).await;
+        assert!(!writer.is_finished(), "a writer got a read-held lock");
+        let unlocked = tokio::time::Instant::now();
+        let removed = op.force_release("force-rw").await.unwrap();
+        assert_eq!(removed.removed.len(), 2, "{removed:?}");
+        assert!(
+            removed
+                .removed
+                .iter()
+                .all(|h| h.kind == distlock::backend::LockKind::Read),
+            "{removed:?}"
+        );
+        let (granted_at, w) = timeout(prompt + slack, writer)
+            .await
+            .expect("the writer was never granted after the unlock")
+            .expect("writer task");
+        let w = w.unwrap();
+        assert!(
+            granted_at - unlocked <= prompt,
+            "the writer was granted {:?} after the unlock",
+            granted_at - unlocked
+        );
+        assert!(w.fencing_token() > top, "{} <= {top}", w.fencing_token());
+        timeout(ttl + slack, async { tokio::join!(r1.lost(), r2.lost()) })
+            .await
+            .expect("a dropped reader never learned it lost the lock");
+        let mut store = FencedStore::default();
+        assert!(store.write(w.fencing_token()));
+        assert!(!store.write(r1.fencing_token()) && !store.write(r2.fencing_token()));
+        drop((r1, r2));
+        w.release().await.unwrap();
+    }
+
+    // 3. A semaphore: every permit holder goes, the one waiting gets its permits.
+    if families.semaphore {
+        let sem = a.semaphore("force-sem", 2);
+        let (p1, p2) = (sem.acquire().await.unwrap(), sem.acquire().await.unwrap());
+        let top = p1.fencing_token().max(p2.fencing_token());
+        let waiting = spawn_timed(b.semaphore("force-sem", 2).acquire_many(2));
+        sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiting.is_finished(),
+            "a full semaphore granted more permits"
+        );
+        let unlocked = tokio::time::Instant::now();
+        let removed = op.force_release("force-sem").await.unwrap();
+        assert_eq!(removed.removed.len(), 2, "{removed:?}");
+        let (granted_at, p) = timeout(prompt + slack, waiting)
+            .await
+            .expect("the waiting permits were never granted after the unlock")
+            .expect("semaphore task");
+        let p = p.unwrap();
+        assert!(
+            granted_at - unlocked <= prompt,
+            "the permits were granted {:?} after the unlock",
+            granted_at - unlocked
+        );
+        assert!(p.fencing_token() > top, "{} <= {top}", p.fencing_token());
+        timeout(ttl + slack, async { tokio::join!(p1.lost(), p2.lost()) })
+            .await
+            .expect("a dropped permit holder never learned it lost its permit");
+        drop((p1, p2));
+        p.release().await.unwrap();
+    }
+}
