@@ -929,3 +929,106 @@ async fn a_blocking_lock_from_a_blocking_task_is_renewed() {
         .unwrap();
     g.release().await.unwrap();
 }
+
+/// The operator's unlock (issue 30): every holder of a mutex, a read-write lock and a
+/// semaphore dropped by one script, the waiter granted at once with a greater token, the
+/// dropped guards told at their next renewal; another namespace untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_drops_every_holder_and_hands_on() {
+    let ns = test_namespace!();
+    let ttl = Duration::from_millis(900);
+    let make = |ns: String| async move {
+        let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();
+        LockClient::builder(backend)
+            .namespace(&ns)
+            .ttl(ttl)
+            .build()
+            .unwrap()
+    };
+    let (a, b, op) = (
+        make(ns.clone()).await,
+        make(ns.clone()).await,
+        make(ns.clone()).await,
+    );
+    let outsider = make(format!("{ns}.other")).await;
+    support::contract::force_release(
+        &a,
+        &b,
+        &op,
+        &outsider,
+        ttl,
+        support::contract::ForceFamilies::ALL,
+    )
+    .await;
+    let left = keys_in(&shared_redis().url(), &ns).await;
+    assert!(left.iter().all(|k| k.ends_with(":fence")), "left: {left:?}");
+    for c in [a, b, op, outsider] {
+        c.shutdown().await;
+    }
+}
+
+/// Issue 30: `force_release` while the holder is paused (its connections blackholed, as a
+/// stopped process looks to the server). The waiter is granted at once with a greater token;
+/// once the holder resumes, its fenced write is refused and its guard reports lost at its next
+/// renewal, well before its long lease would have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_of_a_paused_holder_fences_it_out() {
+    let ns = test_namespace!();
+    let server = shared_redis();
+    let ttl = Duration::from_secs(6);
+    let proxy = support::proxy::Proxy::start(server.port());
+    let paused = {
+        let backend = RedisBackend::connect(&format!("redis://127.0.0.1:{}/", proxy.port()))
+            .await
+            .unwrap();
+        LockClient::builder(backend)
+            .namespace(&ns)
+            .ttl(ttl)
+            .build()
+            .unwrap()
+    };
+    let (waiter_client, op) = (client(&ns).await, client(&ns).await);
+    let held = paused.mutex("k").lock().await.unwrap();
+    let old = held.fencing_token();
+    let waiter = support::contract::spawn_timed_lock(waiter_client.mutex("k"));
+    until_queued(&server.url(), &ns, "k", 1).await;
+
+    proxy.blackhole();
+    let unlocked = Instant::now();
+    let removed = op.force_release("k").await.unwrap();
+    assert_eq!(removed.removed.len(), 1, "{removed:?}");
+    assert_eq!(removed.removed[0].fencing_token, Some(old));
+    let (granted_at, next) = timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the waiter was not granted after the unlock")
+        .unwrap();
+    let next = next.unwrap();
+    assert!(granted_at - unlocked <= Duration::from_secs(1));
+    assert!(next.fencing_token() > old);
+    // The store took the new holder's write; the paused one still believes it holds.
+    let mut highest = next.fencing_token();
+    sleep(Duration::from_millis(500)).await;
+    assert!(!held.is_lost(), "a blackholed holder cannot have heard yet");
+
+    proxy.heal();
+    let resumed = Instant::now();
+    // Its fenced write after resume: refused (its token is below the highest seen).
+    assert!(
+        held.fencing_token() < highest,
+        "the paused holder's write would pass"
+    );
+    highest = highest.max(held.fencing_token());
+    assert_eq!(highest, next.fencing_token());
+    timeout(ttl / 3 + Duration::from_secs(3), held.lost())
+        .await
+        .expect("the paused holder never learned it was unlocked");
+    println!("paused holder told {:?} after resuming", resumed.elapsed());
+    assert!(held.is_lost());
+    // Its late release leaves the new grant alone.
+    let _ = held.release().await;
+    assert!(op.mutex("k").try_lock().await.unwrap_err().is_would_block());
+    next.release().await.unwrap();
+    for c in [paused, waiter_client, op] {
+        c.shutdown().await;
+    }
+}

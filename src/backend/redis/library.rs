@@ -17,6 +17,7 @@ pub(super) struct Scripts {
     pub(super) acquire_shared: Script,
     pub(super) release_shared: Script,
     pub(super) downgrade: Script,
+    pub(super) force_release: Script,
     /// Answers 1: proves the server answers (and, as a function, holds the library).
     pub(super) ping: Script,
 }
@@ -63,10 +64,15 @@ impl Scripts {
                     &[SHARED_LUA],
                     include_str!("scripts/downgrade.lua"),
                 ),
+                writing(
+                    "force_release",
+                    &[SHARED_LUA],
+                    include_str!("scripts/force_release.lua"),
+                ),
                 reading("ping", "return 1"),
             ],
         );
-        let [acquire, release, renew, inspect, acquire_shared, release_shared, downgrade, ping] =
+        let [acquire, release, renew, inspect, acquire_shared, release_shared, downgrade, force_release, ping] =
             scripts;
         Self {
             library,
@@ -77,6 +83,7 @@ impl Scripts {
             acquire_shared,
             release_shared,
             downgrade,
+            force_release,
             ping,
         }
     }

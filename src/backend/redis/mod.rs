@@ -53,7 +53,7 @@ use self::replicas::Ack;
 use self::script::Functions;
 use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
 use crate::error::Result;
-use crate::inspect::Inspection;
+use crate::inspect::{ForceReleased, Inspection};
 
 pub use self::builder::RedisBackendBuilder;
 pub(crate) use self::keys::{kind_code, kind_of_code, lock_name, millis, Keys};
@@ -148,6 +148,10 @@ impl Backend for RedisBackend {
 
     async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
         self.inspect_key(namespace, key).await
+    }
+
+    async fn force_release(&self, namespace: &str, key: &str) -> Result<ForceReleased> {
+        self.force_release_key(namespace, key).await
     }
 
     async fn acquire(&self, claim: &Claim, ticket: &RedisTicket, wait: bool) -> Result<Attempt> {
