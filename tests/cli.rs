@@ -315,3 +315,54 @@ fn help_names_every_service_and_errors_say_their_cause_once() {
         "{memory:?}"
     );
 }
+
+/// `distlock unlock KEY` (issue 30): without `--force` it shows what it would remove and
+/// changes nothing (status 75 while held); `inspect` says the same; `--force` drops the holder,
+/// whose `run` then stops its command as lost (125); an unheld key has nothing to remove.
+#[test]
+fn unlock_refuses_without_force_and_force_drops_the_holder() {
+    let ns = test_namespace!();
+    let mut urls = vec![redis_url()];
+    urls.extend(force_release_urls());
+    for url in urls {
+        let holder = start_holder(&url, &ns, "3s");
+        let dry = output(distlock(&url, &ns, &["unlock", "k"]));
+        assert_eq!(dry.status.code(), Some(BUSY), "{dry:?}");
+        let text = String::from_utf8_lossy(&dry.stdout);
+        assert!(text.contains("would remove 1 holder"), "{text}");
+        assert!(
+            String::from_utf8_lossy(&dry.stderr).contains("--force"),
+            "{dry:?}"
+        );
+        let table = output(distlock(&url, &ns, &["inspect", "k"]));
+        let text = String::from_utf8_lossy(&table.stdout);
+        assert!(
+            text.contains("would remove the 1 holder(s) above"),
+            "{text}"
+        );
+        let json = output(distlock(&url, &ns, &["inspect", "--json", "k"]));
+        let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        assert_eq!(json["unlock_removes"], 1, "{json}");
+        let token = json["holders"][0]["fencing_token"].clone();
+
+        let forced = output(distlock(&url, &ns, &["unlock", "--force", "--json", "k"]));
+        assert!(forced.status.success(), "{forced:?}");
+        let json: serde_json::Value = serde_json::from_slice(&forced.stdout).unwrap();
+        assert_eq!(json["forced"], true, "{json}");
+        assert_eq!(json["removed"].as_array().map(Vec::len), Some(1), "{json}");
+        assert_eq!(json["removed"][0]["fencing_token"], token, "{json}");
+        // The holder's next renewal (a third of its 3 s lease) is refused: lost.
+        assert_eq!(wait_exit(holder, Duration::from_secs(5)), LOST, "{url}");
+
+        let free = output(distlock(&url, &ns, &["unlock", "k"]));
+        assert!(free.status.success(), "{free:?}");
+        assert!(String::from_utf8_lossy(&free.stdout).contains("not held"));
+        let bad = output(distlock(&url, &ns, &["unlock", "--force", ""]));
+        assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    }
+}
+
+/// The services besides Redis whose `unlock --force` the CLI test covers.
+fn force_release_urls() -> Vec<String> {
+    Vec::new()
+}

@@ -3,6 +3,7 @@
 //! ```text
 //! distlock run KEY [-w|--timeout 30s] [--ttl 15s] [-n|--no-wait] -- CMD ARGS...
 //! distlock inspect KEY [--json]
+//! distlock unlock KEY [--force] [--json]   # the operator's unlock of a stuck holder
 //! distlock schema            # the PostgreSQL schema's SQL, for a migration tool
 //! ```
 //!
@@ -17,7 +18,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use distlock::backend::{Family, LockKind};
-use distlock::{Inspection, LockClient};
+use distlock::{Holder, Inspection, LockClient};
 use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -102,6 +103,21 @@ enum Cmd {
     /// Prints the SQL that creates distlock's PostgreSQL schema, for a migration tool or a DBA
     /// (no service needed).
     Schema,
+    /// The operator's unlock: drops whoever holds KEY (every reader or permit holder too), so
+    /// the first waiter is granted at once. The dropped holders' guards report the lock lost at
+    /// their next renewal and their fencing tokens are below every later grant's, so their
+    /// fenced writes are refused. Without --force it only shows what would be removed (and
+    /// exits 75 if anyone holds KEY).
+    Unlock {
+        /// The lock's name, as given to `run` (or to the library).
+        key: String,
+        /// Drop the holders. Without it nothing changes.
+        #[arg(long)]
+        force: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -162,6 +178,7 @@ async fn run_cli(cli: Cli) -> u8 {
             run(&client, &key, &opts, &cmd).await
         }
         Cmd::Inspect { key, json } => inspect(&client, &key, json).await,
+        Cmd::Unlock { key, force, json } => unlock(&client, &key, force, json).await,
         Cmd::Schema => 0,
     };
     client.shutdown().await;
@@ -394,6 +411,105 @@ async fn inspect(client: &LockClient, key: &str, json: bool) -> u8 {
     0
 }
 
+/// `unlock`: without `force`, what would be removed (status 75 if anyone holds the key);
+/// with it, the holders dropped.
+async fn unlock(client: &LockClient, key: &str, force: bool, json: bool) -> u8 {
+    let failed = |e: distlock::Error| {
+        eprintln!("distlock: {}", report(&e));
+        if e.is_invalid_key() {
+            exit::USAGE
+        } else {
+            exit::BACKEND
+        }
+    };
+    if !force {
+        let seen = match client.inspect(key).await {
+            Ok(seen) => seen,
+            Err(e) => return failed(e),
+        };
+        let (family, _) = family_name(seen.family);
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "key": seen.key,
+                    "family": family,
+                    "forced": false,
+                    "removed": holders_json(&seen.holders),
+                })
+            );
+        } else {
+            print!("{}", removal_table(key, &seen.holders, false));
+        }
+        if seen.holders.is_empty() {
+            return 0;
+        }
+        eprintln!(
+            "distlock: `{key}` is held; nothing was changed. `distlock unlock {key} --force` drops the holders above (their fenced writes are refused from then on)"
+        );
+        return exit::BUSY;
+    }
+    let removed = match client.force_release(key).await {
+        Ok(removed) => removed,
+        Err(e) => return failed(e),
+    };
+    if json {
+        let (family, _) = family_name(removed.family);
+        println!(
+            "{}",
+            serde_json::json!({
+                "key": removed.key,
+                "family": family,
+                "forced": true,
+                "removed": holders_json(&removed.removed),
+            })
+        );
+    } else {
+        print!("{}", removal_table(key, &removed.removed, true));
+    }
+    0
+}
+
+/// What `unlock` removed (or, not `done`, would remove).
+fn removal_table(key: &str, holders: &[Holder], done: bool) -> String {
+    let verb = if done { "removed" } else { "would remove" };
+    if holders.is_empty() {
+        return format!("`{key}` is not held: nothing to remove\n");
+    }
+    let mut out = format!("unlock {verb} {} holder(s) of `{key}`:\n", holders.len());
+    for h in holders {
+        out.push_str(&holder_line(h));
+    }
+    out
+}
+
+fn holder_line(h: &Holder) -> String {
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+    let (name, n) = kind_name(h.kind);
+    let kind = n.map_or(name.to_owned(), |n| format!("{name}×{n}"));
+    format!(
+        "  {:<12} token {:<20} lease left {}\n",
+        kind,
+        or_dash(h.fencing_token.map(|t| t.to_string())),
+        or_dash(h.lease_left.map(|d| format!("{:.1}s", d.as_secs_f64())))
+    )
+}
+
+fn holders_json(holders: &[Holder]) -> Vec<serde_json::Value> {
+    holders
+        .iter()
+        .map(|h| {
+            let (kind, permits) = kind_name(h.kind);
+            serde_json::json!({
+                "kind": kind,
+                "permits": permits,
+                "fencing_token": h.fencing_token,
+                "lease_left_ms": millis(h.lease_left),
+            })
+        })
+        .collect()
+}
+
 fn family_name(family: Option<Family>) -> (&'static str, Option<u32>) {
     match family {
         None => ("free", None),
@@ -420,19 +536,7 @@ fn millis(d: Option<Duration>) -> serde_json::Value {
 
 fn to_json(seen: &Inspection) -> serde_json::Value {
     let (family, max) = family_name(seen.family);
-    let holders: Vec<_> = seen
-        .holders
-        .iter()
-        .map(|h| {
-            let (kind, permits) = kind_name(h.kind);
-            serde_json::json!({
-                "kind": kind,
-                "permits": permits,
-                "fencing_token": h.fencing_token,
-                "lease_left_ms": millis(h.lease_left),
-            })
-        })
-        .collect();
+    let holders = holders_json(&seen.holders);
     let waiters: Vec<_> = seen
         .waiters
         .iter()
@@ -447,6 +551,8 @@ fn to_json(seen: &Inspection) -> serde_json::Value {
         "max_permits": max,
         "holders": holders,
         "waiters": waiters,
+        // What `distlock unlock KEY --force` would drop: every holder above.
+        "unlock_removes": seen.holders.len(),
     })
 }
 
@@ -465,12 +571,7 @@ fn to_table(seen: &Inspection) -> String {
     );
     out.push_str(&format!("holders   {}\n", seen.holders.len()));
     for h in &seen.holders {
-        out.push_str(&format!(
-            "  {:<12} token {:<20} lease left {}\n",
-            kind(h.kind),
-            or_dash(h.fencing_token.map(|t| t.to_string())),
-            secs(h.lease_left)
-        ));
+        out.push_str(&holder_line(h));
     }
     out.push_str(&format!("waiters   {}\n", seen.waiters.len()));
     for (i, w) in seen.waiters.iter().enumerate() {
@@ -479,6 +580,13 @@ fn to_table(seen: &Inspection) -> String {
             i + 1,
             kind(w.kind),
             secs(w.waited)
+        ));
+    }
+    if !seen.holders.is_empty() {
+        out.push_str(&format!(
+            "unlock    `distlock unlock {} --force` would remove the {} holder(s) above\n",
+            seen.key,
+            seen.holders.len()
         ));
     }
     out
