@@ -698,3 +698,31 @@ async fn lease_control_fixed_extended_and_shorter_leases() {
     );
     support::contract::lease_control(&a, &b, ttl).await;
 }
+
+/// The operator's unlock (issue 30): `distlock.release` for every holder of a mutex, a
+/// read-write lock and a semaphore in one statement; the waiter granted at once with a greater
+/// token, the dropped guards told at their next renewal; another namespace untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_drops_every_holder_and_hands_on() {
+    let ns = test_namespace!();
+    let ttl = Duration::from_millis(900);
+    let url = shared_postgres().url();
+    let (a, b, op) = (
+        client_at(&url, &ns, ttl).await,
+        client_at(&url, &ns, ttl).await,
+        client_at(&url, &ns, ttl).await,
+    );
+    let outsider = client_at(&url, &format!("{ns}.other"), ttl).await;
+    support::contract::force_release(
+        &a,
+        &b,
+        &op,
+        &outsider,
+        ttl,
+        support::contract::ForceFamilies::ALL,
+    )
+    .await;
+    for c in [a, b, op, outsider] {
+        c.shutdown().await;
+    }
+}

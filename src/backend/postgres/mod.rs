@@ -34,7 +34,9 @@ use self::listen::{Hub, Registration};
 use super::handoff::{self, parse_family, wait_for_handoff, Mailbox, ServerClock};
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
-use crate::inspect::{Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter};
+use crate::inspect::{
+    ForceReleased, Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter,
+};
 use crate::sync::LockExt;
 
 /// Locks in a PostgreSQL database (12 or newer): leased, fenced and FIFO, woken by
@@ -257,6 +259,18 @@ const RELEASE: &str = "SELECT distlock.release($1, $2, $3, $4)";
 const DOWNGRADE: &str = "SELECT code, fence FROM distlock.downgrade($1, $2, $3, $4, $5)";
 const RENEW: &str = "SELECT i, held FROM distlock.renew($1, $2, $3, $4)";
 const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+/// The operator's unlock, in one statement (one transaction): `distlock.release` for every
+/// holder of the key, as its own release would run (handing on, notifying the new holders);
+/// the rows of the holders it removed while their lease was live. No schema change: the key's
+/// fence counter (`next_fence`) already stays above every token it handed out.
+const FORCE_RELEASE: &str = "SELECT family, mode, permits, fence, left_ms FROM (\
+    SELECT k.family || CASE WHEN k.family = 'sem' THEN ':' || k.max_permits ELSE '' END AS family, \
+      c.mode, c.permits, c.fence, \
+      distlock.ms(c.deadline) - distlock.ms(clock_timestamp()) AS left_ms, \
+      distlock.release(c.ns, c.key, c.owner, $3) AS held \
+    FROM distlock.claims c JOIN distlock.keys k ON k.ns = c.ns AND k.key = c.key \
+    WHERE c.ns = $1 AND c.key = $2 AND c.fence IS NOT NULL \
+    ORDER BY c.seq) r WHERE held = 1";
 const INSPECT: &str = "SELECT family, mode, permits, fence, left_ms FROM distlock.inspect($1, $2)";
 
 impl PgBackend {
@@ -504,6 +518,46 @@ impl Backend for PgBackend {
             }
         }
         Ok(seen)
+    }
+
+    async fn force_release(&self, namespace: &str, key: &str) -> Result<ForceReleased> {
+        let handoff = millis(self.inner.handoff_ttl);
+        let params: &Params<'_> = &[
+            (&namespace, Type::TEXT),
+            (&key, Type::TEXT),
+            (&handoff, Type::INT4),
+        ];
+        let rows = self
+            .inner
+            .commands
+            .query("force_release", route_of(key), FORCE_RELEASE, params)
+            .await?
+            .rows;
+        let mut removed = ForceReleased::nothing(key);
+        for row in &rows {
+            let family: String = column(row, 0, "force_release")?;
+            let family = parse_family(&family).ok_or_else(|| malformed("force_release"))?;
+            removed.family = Some(family);
+            let mode: String = column(row, 1, "force_release")?;
+            let permits: i32 = column(row, 2, "force_release")?;
+            let kind = match (mode.as_str(), family) {
+                ("r", _) => LockKind::Read,
+                ("w", _) => LockKind::Write,
+                ("p", Family::Semaphore { max }) => LockKind::Permits {
+                    count: u32::try_from(permits).map_err(|_| malformed("force_release"))?,
+                    max,
+                },
+                _ => LockKind::Exclusive,
+            };
+            let fence: Option<i64> = column(row, 3, "force_release")?;
+            let left: i64 = column(row, 4, "force_release")?;
+            removed.removed.push(InspectedHolder {
+                kind,
+                fencing_token: fence.and_then(|f| u64::try_from(f).ok()),
+                lease_left: u64::try_from(left).ok().map(Duration::from_millis),
+            });
+        }
+        Ok(removed)
     }
 
     async fn shutdown(&self) {
