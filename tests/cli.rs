@@ -364,5 +364,5 @@ fn unlock_refuses_without_force_and_force_drops_the_holder() {
 
 /// The services besides Redis whose `unlock --force` the CLI test covers.
 fn force_release_urls() -> Vec<String> {
-    vec![pg_url()]
+    vec![pg_url(), zk_url()]
 }

@@ -722,3 +722,35 @@ async fn a_guard_extends_only_to_its_session_timeout() {
     assert!(!g.is_lost());
     g.release().await.unwrap();
 }
+
+/// The operator's unlock (issue 30): the nodes carrying every holder's grant (a mutex's, the
+/// readers', a semaphore's leases) deleted; the waiter's watch fires and it is granted at once
+/// with a greater token (a newer czxid); the dropped guards find their nodes gone; another
+/// namespace untouched; a path trick refused before any I/O.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_drops_every_holder_and_hands_on() {
+    let ns = test_namespace!();
+    let connect = shared_zookeeper().connect_string();
+    let (a, b, op) = (
+        client_at(&connect, &ns, SESSION).await,
+        client_at(&connect, &ns, SESSION).await,
+        client_at(&connect, &ns, SESSION).await,
+    );
+    let outsider = client_at(&connect, &format!("{ns}.other"), SESSION).await;
+    for bad in ["..", "a/../b", "/abs", "a//b"] {
+        let err = op.force_release(bad).await.unwrap_err();
+        assert!(err.is_invalid_key(), "{bad:?}: {err}");
+    }
+    support::contract::force_release(
+        &a,
+        &b,
+        &op,
+        &outsider,
+        a.ttl(),
+        support::contract::ForceFamilies::ALL,
+    )
+    .await;
+    for c in [a, b, op, outsider] {
+        c.shutdown().await;
+    }
+}

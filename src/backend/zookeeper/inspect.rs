@@ -8,13 +8,52 @@ use super::recipe::{self, Other, Place};
 use super::Inner;
 use crate::backend::{Family, LockKind};
 use crate::error::Result;
-use crate::inspect::{Holder, Inspection, Waiter};
+use crate::inspect::{ForceReleased, Holder, Inspection, Waiter};
 
 impl Inner {
     pub(super) async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
+        self.inspect_nodes(namespace, key)
+            .await
+            .map(|(seen, _)| seen)
+    }
+
+    /// The operator's unlock: deletes the nodes that carry every holder's grant (a mutex's or
+    /// read-write lock's holding nodes, the lease nodes of a semaphore's permit holders).
+    /// Their waiters' watches fire; the holders' own checks (renewal) find their nodes gone
+    /// and report lost. Each new node's czxid, the next grant's token, is above theirs.
+    pub(super) async fn force_release(&self, namespace: &str, key: &str) -> Result<ForceReleased> {
+        let (seen, carriers) = self.inspect_nodes(namespace, key).await?;
+        let up = self.hub.until_up(self.hub.now().timeout).await?;
+        let mut removed = ForceReleased::nothing(key);
+        removed.family = seen.family;
+        for (holder, paths) in seen.holders.into_iter().zip(carriers) {
+            let mut dropped = false;
+            for path in &paths {
+                match up.zk.delete(path).await {
+                    Ok(()) => dropped = true,
+                    // Released (or expired) meanwhile.
+                    Err(Failure::NoNode) => {}
+                    Err(f) => return Err(f.into_error(&format!("delete {path}"))),
+                }
+            }
+            if dropped {
+                removed.removed.push(holder);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// What [`inspect`](Self::inspect) reads, and for each holder the paths of the nodes that
+    /// carry its grant.
+    async fn inspect_nodes(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<(Inspection, Vec<Vec<String>>)> {
         let up = self.hub.until_up(self.hub.now().timeout).await?;
         let path = format!("/{namespace}/{key}");
         let mut seen = Inspection::free(key);
+        let mut carriers: Vec<Vec<String>> = Vec::new();
         let list = |p: String| {
             let zk = up.zk.clone();
             async move {
@@ -62,7 +101,7 @@ impl Inner {
                 let admission = list(format!("{path}/{}", recipe::ADMISSION)).await?;
                 let leases = list(format!("{path}/{}", recipe::LEASES)).await?;
                 if admission.is_empty() && leases.is_empty() {
-                    return Ok(seen);
+                    return Ok((seen, carriers));
                 }
                 // The size is a convention among clients, stored nowhere: 0 here.
                 seen.family = Some(Family::Semaphore { max: 0 });
@@ -81,7 +120,7 @@ impl Inner {
                 )
                 .await?;
                 // One distlock claim's permits share a protection prefix (one multi).
-                let mut claims: BTreeMap<String, (u32, NodeStat)> = BTreeMap::new();
+                let mut claims: BTreeMap<String, (u32, NodeStat, Vec<String>)> = BTreeMap::new();
                 for (name, stat) in leases {
                     if Some(stat.owner) == head_session {
                         continue;
@@ -89,16 +128,18 @@ impl Inner {
                     let claim = name
                         .rsplit_once('-')
                         .map_or(name.clone(), |(p, _)| p.to_owned());
-                    claims.entry(claim).or_insert((0, stat)).0 += 1;
+                    let entry = claims.entry(claim).or_insert((0, stat, Vec::new()));
+                    entry.0 += 1;
+                    entry.2.push(format!("{path}/{}/{name}", recipe::LEASES));
                 }
-                seen.holders = claims
-                    .into_values()
-                    .map(|(count, stat)| Holder {
+                for (count, stat, paths) in claims.into_values() {
+                    seen.holders.push(Holder {
                         kind: LockKind::Permits { count, max: 0 },
                         fencing_token: token(&stat),
                         lease_left: None,
-                    })
-                    .collect();
+                    });
+                    carriers.push(paths);
+                }
                 seen.waiters = admission
                     .iter()
                     .map(|(_, stat)| Waiter {
@@ -128,6 +169,7 @@ impl Inner {
                             fencing_token: token(stat),
                             lease_left: None,
                         });
+                        carriers.push(vec![format!("{path}/{name}")]);
                     } else {
                         seen.waiters.push(Waiter {
                             kind,
@@ -140,13 +182,14 @@ impl Inner {
                 let mut nodes = stats(path.clone(), LockKind::Exclusive, kids).await?;
                 nodes.retain(|(n, _)| n.contains("lock-"));
                 let mut nodes = nodes.into_iter();
-                if let Some((_, stat)) = nodes.next() {
+                if let Some((name, stat)) = nodes.next() {
                     seen.family = Some(Family::Mutex);
                     seen.holders.push(Holder {
                         kind: LockKind::Exclusive,
                         fencing_token: token(&stat),
                         lease_left: None,
                     });
+                    carriers.push(vec![format!("{path}/{name}")]);
                 }
                 seen.waiters = nodes
                     .map(|(_, stat)| Waiter {
@@ -156,6 +199,6 @@ impl Inner {
                     .collect();
             }
         }
-        Ok(seen)
+        Ok((seen, carriers))
     }
 }

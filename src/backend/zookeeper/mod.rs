@@ -338,6 +338,10 @@ impl Backend for ZkBackend {
         self.inner.inspect(namespace, key).await
     }
 
+    async fn force_release(&self, namespace: &str, key: &str) -> Result<crate::ForceReleased> {
+        self.inner.force_release(namespace, key).await
+    }
+
     fn has_queued(&self, ticket: &ZkTicket) -> bool {
         ticket.has_queued()
     }
