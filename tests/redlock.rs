@@ -430,3 +430,43 @@ async fn lease_control_fixed_extended_and_shorter_leases() {
     let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
     support::contract::lease_control(&a, &b, ttl).await;
 }
+
+/// The operator's unlock (issue 30) on every node: the holders of a mutex and a read-write
+/// lock dropped from each, the waiter granted at once with a token above theirs (every node's
+/// counter stays at or above the tokens settled there), the dropped guards told at their next
+/// renewal; another namespace untouched. (Redlock has no semaphores.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_drops_every_holder_and_hands_on() {
+    let ns = test_namespace!();
+    let ttl = Duration::from_millis(900);
+    let nodes = shared_nodes();
+    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let op = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let outsider = nodes
+        .client_with(&format!("{ns}.other"), ttl, Duration::ZERO)
+        .await;
+    support::contract::force_release(
+        &a,
+        &b,
+        &op,
+        &outsider,
+        ttl,
+        support::contract::ForceFamilies {
+            rw: true,
+            semaphore: false,
+        },
+    )
+    .await;
+    // Redlock refuses semaphores before any I/O.
+    let err = op
+        .semaphore("force-sem", 2)
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), distlock::ErrorKind::Unsupported, "{err}");
+    for c in [a, b, op, outsider] {
+        c.shutdown().await;
+    }
+    nodes.until_clean(&ns).await;
+}

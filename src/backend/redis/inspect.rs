@@ -84,8 +84,10 @@ impl RedisBackend {
         };
         let mut out = ForceReleased::nothing(key);
         out.family = family;
-        for h in removed.chunks(3) {
-            let [k, f, left] = h else { return Err(bad()) };
+        for h in removed.chunks(4) {
+            let [_owner, k, f, left] = h else {
+                return Err(bad());
+            };
             out.removed.push(InspectedHolder {
                 kind: kind_of_code(k, max).ok_or_else(bad)?,
                 fencing_token: f.parse().ok(),

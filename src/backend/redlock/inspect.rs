@@ -8,14 +8,14 @@ use futures::future::join_all;
 use tokio::time::Instant;
 
 use super::keys::Keys;
-use super::library::INSPECT;
+use super::library::{FORCE_RELEASE, INSPECT};
 use super::quorum::held_until;
 use super::RedlockBackend;
 use crate::backend::handoff::parse_family;
-use crate::backend::redis::kind_of_code;
+use crate::backend::redis::{kind_of_code, millis, FENCE_TTL};
 use crate::backend::{Family, LockKind};
 use crate::error::Result;
-use crate::inspect::{Holder, Inspection, Waiter};
+use crate::inspect::{ForceReleased, Holder, Inspection, Waiter};
 
 /// The inspect script's reply: the family (`''`, `mutex` or `rw`), holders as owner, kind,
 /// token, lease ms; waiters as queue entry, priority.
@@ -150,5 +150,83 @@ impl RedlockBackend {
             });
         }
         Ok(merge(key, self.inner.quorum, views))
+    }
+}
+
+impl RedlockBackend {
+    /// The operator's unlock on every node (`force_release.lua`, gated by each node's rejoin
+    /// delay): each drops every holder there, keeps its fencing counter at their tokens at
+    /// least (a quorum's token was settled on each node it held, so every later quorum's token
+    /// is above it) and hands on. Reports the holders dropped from a majority of the nodes.
+    pub(super) async fn force_release_key(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<ForceReleased> {
+        let keys = Keys::named(namespace, key, &self.inner.client_id, "");
+        let mut inv = keys.invoke(&FORCE_RELEASE, true);
+        inv.arg(millis(FENCE_TTL))
+            .arg(millis(self.inner.handoff_ttl))
+            .arg(&keys.channels)
+            .arg(self.rejoin_ms());
+        let calls = self.inner.nodes.iter().map(|node| {
+            let inv = &inv;
+            async move {
+                node.call::<(String, Vec<String>)>("force_release", inv)
+                    .await
+            }
+        });
+        let mut family = None;
+        let mut holds: BTreeMap<String, (LockKind, u64, Vec<Instant>)> = BTreeMap::new();
+        let (mut answered, mut first_error) = (0, None);
+        for reply in join_all(calls).await {
+            match reply {
+                Ok(((fam, removed), sent)) => {
+                    answered += 1;
+                    family = family.or_else(|| {
+                        parse_family(&fam).filter(|f| !matches!(f, Family::Semaphore { .. }))
+                    });
+                    for h in removed.chunks(4) {
+                        let [owner, kind, fence, left] = h else {
+                            continue;
+                        };
+                        let entry =
+                            holds
+                                .entry(owner.clone())
+                                .or_insert((kind_of(kind), 0, Vec::new()));
+                        entry.1 = entry.1.max(fence.parse().unwrap_or(0));
+                        entry
+                            .2
+                            .push(sent + Duration::from_millis(left.parse().unwrap_or(0)));
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if answered < self.inner.quorum {
+            let err = self.no_quorum(answered, "force_release");
+            return Err(match first_error {
+                Some(cause) => err.with_source(cause),
+                None => err,
+            });
+        }
+        let mut out = ForceReleased::nothing(key);
+        let now = Instant::now();
+        for (kind, fence, deadlines) in holds.into_values() {
+            let Some(until) = held_until(deadlines, self.inner.quorum) else {
+                continue;
+            };
+            out.removed.push(Holder {
+                kind,
+                fencing_token: Some(fence),
+                lease_left: Some(until.saturating_duration_since(now)),
+            });
+        }
+        if !out.removed.is_empty() {
+            out.family = family;
+        }
+        Ok(out)
     }
 }

@@ -45,3 +45,9 @@ pub(super) static DOWNGRADE: LazyLock<Script> = LazyLock::new(|| {
         include_str!("../redis/scripts/downgrade.lua")
     ))
 });
+pub(super) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    script(concat!(
+        include_str!("scripts/force_release.lua"),
+        include_str!("../redis/scripts/force_release.lua")
+    ))
+});

@@ -156,6 +156,10 @@ impl Backend for RedlockBackend {
         self.inspect_key(namespace, key).await
     }
 
+    async fn force_release(&self, namespace: &str, key: &str) -> Result<crate::ForceReleased> {
+        self.force_release_key(namespace, key).await
+    }
+
     async fn acquire(&self, claim: &Claim, ticket: &RedlockTicket, wait: bool) -> Result<Attempt> {
         self.acquire_claim(claim, ticket, wait).await
     }

@@ -7,8 +7,11 @@
 -- ARGV: fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:"), the client's clock in µs
 --       (see `next_fence`)
 -- Returns {family, removed}: family '' (free), 'mutex', 'rw' or 'sem:<permits>'; removed a
--- flat list of kind ('x', 'r', 'w' or a permit count), fencing token, lease ms left of every
--- live holder dropped.
+-- flat list of owner, kind ('x', 'r', 'w' or a permit count), fencing token, lease ms left of
+-- every live holder dropped.
+-- Redlock runs it on every node after gated.lua's `gate` with the node's `born` key as KEYS[6]
+-- and its rejoin delay in ms as ARGV[4] (it has no client clock: its tokens come from the
+-- quorum, see settle.lua).
 local base, holders, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 client_clock(ARGV[4])
@@ -30,7 +33,7 @@ if family == 'mutex' then
   local owner, f, w, wq = unpack(redis.call('HMGET', base, 'o', 'f', 'w', 'wq'))
   if owner then
     local left = redis.call('PTTL', base)
-    removed = {'x', f or '0', left}
+    removed = {owner, 'x', f or '0', left}
     top = tonumber(f or '0')
     lift_fence()
     local told = nil
@@ -55,6 +58,7 @@ elseif family ~= '' then
       elseif family ~= 'rw' then
         kind = redis.call('HGET', base, 'n:' .. owner) or '0'
       end
+      table.insert(removed, owner)
       table.insert(removed, kind)
       table.insert(removed, f)
       table.insert(removed, int(deadline - now))
