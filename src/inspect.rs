@@ -65,6 +65,12 @@ pub struct ForceReleased {
 
 impl ForceReleased {
     /// Nothing removed from `key`.
+    #[cfg(any(
+        feature = "memory",
+        feature = "redis",
+        feature = "zookeeper",
+        feature = "postgres"
+    ))]
     pub(crate) fn nothing(key: &str) -> Self {
         Self {
             key: key.to_owned(),
