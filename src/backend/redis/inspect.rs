@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use super::{kind_of_code, millis, Keys, RedisBackend, FENCE_TTL};
+use super::lock::FENCE_TTL;
+use super::{kind_of_code, millis, Keys, RedisBackend};
 use crate::backend::{handoff, Family, LockKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{
