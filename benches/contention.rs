@@ -7,6 +7,12 @@
 //! Run: `cargo bench -p distlock-bench --bench contention [-- --workers 8 --cs-ms 1 --secs 5 --impl memory,redis,rslock --lock mutex,rwlock,semaphore --rounds 5]`.
 //! `--rounds R` runs everything R times, the impls taking turns, and ends with the median round
 //! of each impl and configuration (this machine's speed drifts between runs).
+//! `--shape web` runs the web-service shape instead (issue 29; see `mod web` below): one client
+//! shared by `--tasks T` tasks (list, default 1,16,64,256), each locking a random key out of
+//! `--keys K` (default 100000) and releasing it at once, distlock beside one shared rslock
+//! `LockManager`, with the server's CPU and commands per acquisition; it draws
+//! `benches/web-service.svg` (`--svg PATH`, `--svg -` for none). `--threads N` sets the
+//! runtime's worker threads (default: one per core).
 //! `--workers`, `--cs-ms`, `--impl` and `--lock` take comma-separated lists. `--lock` picks the
 //! primitive on memory and Redis: `mutex` (default), `rwlock` (one write in ten, the rest
 //! reads; label `-rwlock90`) or `semaphore` (4 permits, one each; label `-semaphore4`). Redis runs start their own
@@ -47,6 +53,19 @@ struct Args {
     rounds: usize,
     impls: Vec<String>,
     locks: Vec<Prim>,
+    /// `--shape web`: the web-service shape (one client shared by `tasks`, random keys).
+    web: bool,
+    /// Web shape: how many tasks share the one client (`--tasks 1,16,64,256`).
+    tasks: Vec<usize>,
+    /// Web shape: how many keys the tasks pick from at random (`--keys 100000`).
+    keys: usize,
+    /// Runtime worker threads (`--threads`); the runtime's default (one per core) if absent.
+    threads: Option<usize>,
+    /// Web shape: where the chart goes (`--svg PATH`, `--svg -` for none).
+    svg: Option<std::path::PathBuf>,
+    /// Web shape: lock every key once before the rounds (`--cold` to skip), so each run finds
+    /// the same server state (see `web::warm`).
+    warm: bool,
 }
 
 /// The primitive a run exercises (`--lock mutex,rwlock,semaphore`).
@@ -77,6 +96,12 @@ fn parse_args() -> Args {
         rounds: 1,
         impls: vec!["memory".into()],
         locks: vec![Prim::Mutex],
+        web: false,
+        tasks: vec![1, 16, 64, 256],
+        keys: 100_000,
+        threads: None,
+        svg: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/web-service.svg").into()),
+        warm: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -89,6 +114,19 @@ fn parse_args() -> Args {
             "--secs" => args.secs = value().parse().unwrap_or(args.secs),
             "--rounds" => args.rounds = value().parse().unwrap_or(args.rounds).max(1),
             "--impl" => args.impls = value().split(',').map(str::to_owned).collect(),
+            "--shape" => match value().as_str() {
+                "web" => args.web = true,
+                "contention" => args.web = false,
+                other => eprintln!("unknown --shape {other}; known: contention, web"),
+            },
+            "--tasks" => args.tasks = value().split(',').filter_map(|s| s.parse().ok()).collect(),
+            "--keys" => args.keys = value().parse().unwrap_or(args.keys).max(1),
+            "--cold" => args.warm = false,
+            "--threads" => args.threads = value().parse().ok().filter(|&n: &usize| n > 0),
+            "--svg" => {
+                let path = value();
+                args.svg = (path != "-").then(|| path.into());
+            }
             "--lock" => {
                 args.locks = value()
                     .split(',')
@@ -648,10 +686,18 @@ impl Zk {
 
 fn main() {
     let args = parse_args();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        rt.worker_threads(n);
+    }
+    let rt = rt.enable_all().build().expect("runtime");
+    if args.web {
+        #[cfg(feature = "redis")]
+        rt.block_on(web::run(&args));
+        #[cfg(not(feature = "redis"))]
+        eprintln!("--shape web needs the `redis` feature");
+        return;
+    }
     rt.block_on(async {
         for name in std::iter::repeat_n(&args.impls, args.rounds).flatten() {
             // rslock and the Curator workload are mutexes only.
@@ -846,4 +892,441 @@ fn main() {
         }
         summarize(args.rounds);
     });
+}
+
+/// The web-service shape (issue 29): many handlers in one process share one client, each
+/// locking its own key with little contention. ONE client (distlock: one `LockClient` on its
+/// own Redis connection; rslock: one `LockManager`) is shared by T tasks; each task loops: pick
+/// a random key out of K, lock it, release it at once. Both run against the same
+/// `redis-server`, taking turns (the order flips every round and every T), and each line carries
+/// the server's side of the cost: its CPU time (INFO `used_cpu_sys` + `used_cpu_user`) and the
+/// commands it ran (INFO commandstats, which counts the calls a script or function makes too)
+/// per acquisition. With `--rounds R`, the summary gives the median of each figure over the
+/// rounds, distlock's ratio to rslock (the median of the per-round ratios: both ran back to
+/// back on the same machine), the commands per acquisition by name, and draws the chart
+/// (`--svg`, default `benches/web-service.svg`).
+#[cfg(feature = "redis")]
+mod web {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use distlock::LockClient;
+
+    use super::{percentile, support, Args};
+
+    /// The two locks measured, in the order of the summary.
+    const IMPLS: [&str; 2] = ["distlock-redis-web", "rslock-web"];
+
+    /// One lock shared by every task.
+    #[derive(Clone)]
+    enum Shared {
+        Distlock(LockClient),
+        Rslock(Arc<rslock::LockManager>),
+    }
+
+    impl Shared {
+        /// Takes `key` and releases it at once; returns how long the lock took.
+        async fn cycle(&self, key: &str) -> Duration {
+            let asked = Instant::now();
+            match self {
+                Shared::Distlock(client) => {
+                    let guard = client.mutex(key).lock().await.expect("lock");
+                    let waited = asked.elapsed();
+                    guard.release().await.expect("release");
+                    waited
+                }
+                Shared::Rslock(manager) => {
+                    let lock = manager
+                        .acquire_no_guard(key, Duration::from_secs(30))
+                        .await
+                        .expect("rslock");
+                    let waited = asked.elapsed();
+                    manager.unlock(&lock).await;
+                    waited
+                }
+            }
+        }
+    }
+
+    /// What the server reports at one moment.
+    struct Probe {
+        /// `used_cpu_sys` + `used_cpu_user`, µs.
+        cpu_us: f64,
+        /// commandstats: calls per command (script-internal calls included), our INFO left out.
+        calls: BTreeMap<String, u64>,
+    }
+
+    async fn probe(conn: &mut redis::aio::MultiplexedConnection) -> Probe {
+        let cpu: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(conn)
+            .await
+            .expect("info cpu");
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .expect("info commandstats");
+        let field = |name: &str| -> f64 {
+            cpu.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        let calls = stats
+            .lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+                let calls: u64 = rest.split(',').next()?.parse().ok()?;
+                (name != "info").then(|| (name.to_owned(), calls))
+            })
+            .collect();
+        Probe {
+            cpu_us: (field("used_cpu_sys") + field("used_cpu_user")) * 1e6,
+            calls,
+        }
+    }
+
+    /// One impl at one T in one round.
+    struct Run {
+        acq_per_s: f64,
+        p50_ms: f64,
+        p99_ms: f64,
+        cpu_us_per_acq: f64,
+        cmds_per_acq: f64,
+        acquisitions: u64,
+        /// Commands by name over the run.
+        calls: BTreeMap<String, u64>,
+    }
+
+    /// A small, fast generator for the keys (splitmix64); no need for a crate.
+    fn splitmix(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    async fn measure(name: &str, url: &str, tasks: usize, keys: usize, secs: f64) -> Run {
+        let shared = if name.starts_with("rslock") {
+            Shared::Rslock(Arc::new(rslock::LockManager::new(vec![url.to_owned()])))
+        } else {
+            let backend = distlock::backend::RedisBackend::connect(url)
+                .await
+                .expect("redis backend");
+            Shared::Distlock(LockClient::builder(backend).build().expect("client"))
+        };
+        // Connect, load scripts: none of that is the cost of a lock.
+        shared.cycle("web:warm-up").await;
+        let mut conn = support::redis::connection(url).await;
+        let before = probe(&mut conn).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let start = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|t| {
+                let (shared, stop) = (shared.clone(), stop.clone());
+                let mut state = seed ^ (t as u64).wrapping_mul(0xA24B_AED4_963E_E407);
+                tokio::spawn(async move {
+                    let mut waits = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let key = format!("web:{}", splitmix(&mut state) % keys as u64);
+                        waits.push(shared.cycle(&key).await);
+                    }
+                    waits
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut waits = Vec::new();
+        for h in handles {
+            waits.extend(h.await.expect("task"));
+        }
+        let elapsed = start.elapsed();
+        let after = probe(&mut conn).await;
+        if let Shared::Distlock(client) = shared {
+            client.shutdown().await;
+        }
+        waits.sort();
+        let n = waits.len() as u64;
+        let calls: BTreeMap<String, u64> = after
+            .calls
+            .iter()
+            .map(|(k, v)| (k.clone(), v - before.calls.get(k).copied().unwrap_or(0)))
+            .filter(|(_, v)| *v > 0)
+            .collect();
+        let per = |x: f64| x / n.max(1) as f64;
+        Run {
+            acq_per_s: n as f64 / elapsed.as_secs_f64(),
+            p50_ms: percentile(&waits, 0.50),
+            p99_ms: percentile(&waits, 0.99),
+            cpu_us_per_acq: per(after.cpu_us - before.cpu_us),
+            cmds_per_acq: per(calls.values().sum::<u64>() as f64),
+            acquisitions: n,
+            calls,
+        }
+    }
+
+    /// `set=1.00 evalsha=1.00 …`: commands per acquisition by name, most first.
+    fn by_name(calls: &BTreeMap<String, u64>, acquisitions: u64) -> String {
+        let mut v: Vec<_> = calls.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        v.iter()
+            .map(|(k, c)| format!("{k}={:.2}", **c as f64 / acquisitions.max(1) as f64))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    }
+
+    /// Locks every key once through distlock. A distlock key's fencing counter lives an hour
+    /// after its first grant (FENCE_TTL), and a grant on a key without one costs two commands
+    /// more (TIME, SET): without this, the first runs of a process would find new keys and the
+    /// later ones old keys, and the figures would depend on the order of the runs. With it,
+    /// every run sees what a service that locks each of its keys at least once an hour sees.
+    /// `--cold` skips it (new keys: what locks on ever-new ids, such as new orders, cost).
+    async fn warm(url: &str, keys: usize) {
+        let backend = distlock::backend::RedisBackend::connect(url)
+            .await
+            .expect("redis backend");
+        let client = LockClient::builder(backend).build().expect("client");
+        let started = Instant::now();
+        let lanes = 256.min(keys);
+        let handles: Vec<_> = (0..lanes)
+            .map(|lane| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    for k in (lane..keys).step_by(lanes) {
+                        let guard = client.mutex(format!("web:{k}")).lock().await.expect("lock");
+                        guard.release().await.expect("release");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.expect("warm-up");
+        }
+        client.shutdown().await;
+        println!(
+            "# warm-up: each of the {keys} keys locked once through distlock in {:.1} s (`--cold` skips this)",
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    pub async fn run(args: &Args) {
+        let url = support::shared_redis().url();
+        let keys = args.keys;
+        if args.warm {
+            warm(&url, keys).await;
+        }
+        // runs[t][impl]: one Run per round.
+        let mut runs: Vec<[Vec<Run>; 2]> = args.tasks.iter().map(|_| [vec![], vec![]]).collect();
+        for round in 0..args.rounds {
+            for (ti, &tasks) in args.tasks.iter().enumerate() {
+                let order = if (round + ti) % 2 == 0 {
+                    [0, 1]
+                } else {
+                    [1, 0]
+                };
+                for i in order {
+                    let name = IMPLS[i];
+                    let r = measure(name, &url, tasks, keys, args.secs).await;
+                    println!(
+                        "{name} tasks={tasks} keys={keys} acq_per_s={:.0} p50_ms={:.3} p99_ms={:.3} server_cpu_us_per_acq={:.1} server_cmds_per_acq={:.2}",
+                        r.acq_per_s, r.p50_ms, r.p99_ms, r.cpu_us_per_acq, r.cmds_per_acq
+                    );
+                    println!(
+                        "# {name} tasks={tasks} commands_per_acq: {}",
+                        by_name(&r.calls, r.acquisitions)
+                    );
+                    runs[ti][i].push(r);
+                }
+            }
+        }
+        summarize(args, &runs);
+    }
+
+    /// The median figures of one impl at one T.
+    struct Medians {
+        acq_per_s: f64,
+        p50_ms: f64,
+        p99_ms: f64,
+        cpu_us_per_acq: f64,
+        cmds_per_acq: f64,
+    }
+
+    fn medians(runs: &[Run]) -> Medians {
+        let m = |f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
+        Medians {
+            acq_per_s: m(|r| r.acq_per_s),
+            p50_ms: m(|r| r.p50_ms),
+            p99_ms: m(|r| r.p99_ms),
+            cpu_us_per_acq: m(|r| r.cpu_us_per_acq),
+            cmds_per_acq: m(|r| r.cmds_per_acq),
+        }
+    }
+
+    fn summarize(args: &Args, runs: &[[Vec<Run>; 2]]) {
+        let keys = args.keys;
+        println!(
+            "# web shape, median of {} round(s) of {} s (impls taking turns); ratio = distlock / rslock, the median of the per-round ratios:",
+            args.rounds, args.secs
+        );
+        println!("| tasks | impl | acq/s | p50 ms | p99 ms | server CPU µs/acq | commands/acq |");
+        println!("|---:|---|---:|---:|---:|---:|---:|");
+        let mut chart = Vec::new();
+        for (ti, &tasks) in args.tasks.iter().enumerate() {
+            let [ours, theirs] = &runs[ti];
+            let (a, b) = (medians(ours), medians(theirs));
+            let ratio = |f: fn(&Run) -> f64| {
+                median(ours.iter().zip(theirs).map(|(x, y)| f(x) / f(y)).collect())
+            };
+            for (name, m) in [("distlock", &a), ("rslock", &b)] {
+                println!(
+                    "| {tasks} | {name} | {:.0} | {:.3} | {:.3} | {:.1} | {:.2} |",
+                    m.acq_per_s, m.p50_ms, m.p99_ms, m.cpu_us_per_acq, m.cmds_per_acq
+                );
+            }
+            println!(
+                "| {tasks} | **ratio** | **{:.2}×** | {:.2}× | {:.2}× | **{:.2}×** | {:.2}× |",
+                ratio(|r| r.acq_per_s),
+                ratio(|r| r.p50_ms),
+                ratio(|r| r.p99_ms),
+                ratio(|r| r.cpu_us_per_acq),
+                ratio(|r| r.cmds_per_acq),
+            );
+            chart.push((tasks, a, b));
+        }
+        println!("# commands per acquisition by name, over every round (keys={keys}):");
+        for (ti, &tasks) in args.tasks.iter().enumerate() {
+            for (i, name) in IMPLS.iter().enumerate() {
+                let mut calls = BTreeMap::new();
+                let mut n = 0;
+                for r in &runs[ti][i] {
+                    n += r.acquisitions;
+                    for (k, v) in &r.calls {
+                        *calls.entry(k.clone()).or_insert(0) += v;
+                    }
+                }
+                println!("# {name} tasks={tasks}: {}", by_name(&calls, n));
+            }
+        }
+        if let Some(path) = &args.svg {
+            match draw(path, &chart, args) {
+                Ok(()) => println!("# chart: {}", path.display()),
+                Err(e) => eprintln!("chart {}: {e}", path.display()),
+            }
+        }
+    }
+
+    /// Two panels side by side, tasks on a log axis: acquisitions per second, and the
+    /// server's CPU per acquisition; distlock and rslock on each.
+    fn draw(
+        path: &std::path::Path,
+        chart: &[(usize, Medians, Medians)],
+        args: &Args,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        use plotters::prelude::*;
+
+        if chart.is_empty() {
+            return Ok(());
+        }
+        let root = SVGBackend::new(path, (1000, 440)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let cores = std::thread::available_parallelism().map_or(0, usize::from);
+        let threads = args.threads.unwrap_or(cores);
+        let root = root.titled(
+            &format!(
+                "One client shared by T tasks, each: lock a random key of {}, release (median of {} rounds; {cores} cores, {threads} runtime threads)",
+                args.keys, args.rounds
+            ),
+            ("sans-serif", 17),
+        )?;
+        let panels = root.split_evenly((1, 2));
+        let t_max = chart.iter().map(|c| c.0).max().unwrap_or(1) as f64;
+        let x = 0.8f64..t_max * 1.25;
+        let ticks: Vec<f64> = chart.iter().map(|c| c.0 as f64).collect();
+        let ours = RGBColor(31, 119, 180);
+        let theirs = RGBColor(214, 39, 40);
+        type Get = fn(&Medians) -> f64;
+        // The legend where the lines are not: throughput rises with T, CPU per lock falls.
+        let figures: [(&str, &str, Get, SeriesLabelPosition); 2] = [
+            (
+                "acquisitions per second (higher is better)",
+                "acq/s",
+                |m| m.acq_per_s,
+                SeriesLabelPosition::LowerRight,
+            ),
+            (
+                "server CPU per acquisition, µs (lower is better)",
+                "µs/acq",
+                |m| m.cpu_us_per_acq,
+                SeriesLabelPosition::UpperRight,
+            ),
+        ];
+        for (panel, (title, y_desc, get, legend)) in panels.iter().zip(figures) {
+            let y_max = chart
+                .iter()
+                .flat_map(|(_, a, b)| [get(a), get(b)])
+                .fold(0.0, f64::max)
+                * 1.15;
+            let mut c = ChartBuilder::on(panel)
+                .caption(title, ("sans-serif", 15))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d(
+                    x.clone().log_scale().with_key_points(ticks.clone()),
+                    0f64..y_max.max(1.0),
+                )?;
+            c.configure_mesh()
+                .x_desc("tasks sharing the client (T)")
+                .y_desc(y_desc)
+                .x_label_formatter(&|v| format!("{v:.0}"))
+                .y_label_formatter(&|v| format!("{v:.0}"))
+                .draw()?;
+            for (label, color, pick) in [
+                ("distlock", ours, 0usize),
+                ("rslock (one LockManager)", theirs, 1),
+            ] {
+                let points: Vec<(f64, f64)> = chart
+                    .iter()
+                    .map(|(t, a, b)| (*t as f64, get(if pick == 0 { a } else { b })))
+                    .collect();
+                c.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                    .label(label)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                    });
+                // Each point with its value beside it: the figures, not only the shape.
+                c.draw_series(points.iter().map(|&(x, y)| {
+                    let text = if y >= 100.0 {
+                        format!("{y:.0}")
+                    } else {
+                        format!("{y:.1}")
+                    };
+                    let dy = if pick == 0 { -18 } else { 6 };
+                    EmptyElement::at((x, y))
+                        + Circle::new((0, 0), 4, color.filled())
+                        + Text::new(text, (6, dy), ("sans-serif", 12).into_font().color(&color))
+                }))?;
+            }
+            c.configure_series_labels()
+                .position(legend)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()?;
+        }
+        root.present()?;
+        Ok(())
+    }
 }
