@@ -996,9 +996,23 @@ mod web {
         p99_ms: f64,
         cpu_us_per_acq: f64,
         cmds_per_acq: f64,
+        /// This process's CPU (user + system, every thread) per acquisition, µs: the client
+        /// side's cost, harness included (the same harness for both impls).
+        client_cpu_us_per_acq: f64,
         acquisitions: u64,
         /// Commands by name over the run.
         calls: BTreeMap<String, u64>,
+    }
+
+    /// CPU time this process used so far (user + system, every thread), µs, from /proc.
+    fn process_cpu_us() -> f64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // After the command name (in parentheses) come the fields from the 3rd (state) on:
+        // utime is the 14th, stime the 15th, in clock ticks (100 a second on Linux).
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        (ticks(11) + ticks(12)) * 1e4
     }
 
     /// A small, fast generator for the keys (splitmix64); no need for a crate.
@@ -1023,6 +1037,7 @@ mod web {
         shared.cycle("web:warm-up").await;
         let mut conn = support::redis::connection(url).await;
         let before = probe(&mut conn).await;
+        let client_before = process_cpu_us();
         let stop = Arc::new(AtomicBool::new(false));
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1049,6 +1064,7 @@ mod web {
             waits.extend(h.await.expect("task"));
         }
         let elapsed = start.elapsed();
+        let client_cpu = process_cpu_us() - client_before;
         let after = probe(&mut conn).await;
         if let Shared::Distlock(client) = shared {
             client.shutdown().await;
@@ -1068,6 +1084,7 @@ mod web {
             p99_ms: percentile(&waits, 0.99),
             cpu_us_per_acq: per(after.cpu_us - before.cpu_us),
             cmds_per_acq: per(calls.values().sum::<u64>() as f64),
+            client_cpu_us_per_acq: per(client_cpu),
             acquisitions: n,
             calls,
         }
@@ -1141,8 +1158,13 @@ mod web {
                     let name = IMPLS[i];
                     let r = measure(name, &url, tasks, keys, args.secs).await;
                     println!(
-                        "{name} tasks={tasks} keys={keys} acq_per_s={:.0} p50_ms={:.3} p99_ms={:.3} server_cpu_us_per_acq={:.1} server_cmds_per_acq={:.2}",
-                        r.acq_per_s, r.p50_ms, r.p99_ms, r.cpu_us_per_acq, r.cmds_per_acq
+                        "{name} tasks={tasks} keys={keys} acq_per_s={:.0} p50_ms={:.3} p99_ms={:.3} server_cpu_us_per_acq={:.1} server_cmds_per_acq={:.2} client_cpu_us_per_acq={:.1}",
+                        r.acq_per_s,
+                        r.p50_ms,
+                        r.p99_ms,
+                        r.cpu_us_per_acq,
+                        r.cmds_per_acq,
+                        r.client_cpu_us_per_acq
                     );
                     println!(
                         "# {name} tasks={tasks} commands_per_acq: {}",
@@ -1162,6 +1184,7 @@ mod web {
         p99_ms: f64,
         cpu_us_per_acq: f64,
         cmds_per_acq: f64,
+        client_cpu_us_per_acq: f64,
     }
 
     fn medians(runs: &[Run]) -> Medians {
@@ -1172,6 +1195,7 @@ mod web {
             p99_ms: m(|r| r.p99_ms),
             cpu_us_per_acq: m(|r| r.cpu_us_per_acq),
             cmds_per_acq: m(|r| r.cmds_per_acq),
+            client_cpu_us_per_acq: m(|r| r.client_cpu_us_per_acq),
         }
     }
 
@@ -1181,8 +1205,8 @@ mod web {
             "# web shape, median of {} round(s) of {} s (impls taking turns); ratio = distlock / rslock, the median of the per-round ratios:",
             args.rounds, args.secs
         );
-        println!("| tasks | impl | acq/s | p50 ms | p99 ms | server CPU µs/acq | commands/acq |");
-        println!("|---:|---|---:|---:|---:|---:|---:|");
+        println!("| tasks | impl | acq/s | p50 ms | p99 ms | server CPU µs/acq | commands/acq | client CPU µs/acq |");
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|");
         let mut chart = Vec::new();
         for (ti, &tasks) in args.tasks.iter().enumerate() {
             let [ours, theirs] = &runs[ti];
@@ -1192,17 +1216,23 @@ mod web {
             };
             for (name, m) in [("distlock", &a), ("rslock", &b)] {
                 println!(
-                    "| {tasks} | {name} | {:.0} | {:.3} | {:.3} | {:.1} | {:.2} |",
-                    m.acq_per_s, m.p50_ms, m.p99_ms, m.cpu_us_per_acq, m.cmds_per_acq
+                    "| {tasks} | {name} | {:.0} | {:.3} | {:.3} | {:.1} | {:.2} | {:.1} |",
+                    m.acq_per_s,
+                    m.p50_ms,
+                    m.p99_ms,
+                    m.cpu_us_per_acq,
+                    m.cmds_per_acq,
+                    m.client_cpu_us_per_acq
                 );
             }
             println!(
-                "| {tasks} | **ratio** | **{:.2}×** | {:.2}× | {:.2}× | **{:.2}×** | {:.2}× |",
+                "| {tasks} | **ratio** | **{:.2}×** | {:.2}× | {:.2}× | **{:.2}×** | {:.2}× | {:.2}× |",
                 ratio(|r| r.acq_per_s),
                 ratio(|r| r.p50_ms),
                 ratio(|r| r.p99_ms),
                 ratio(|r| r.cpu_us_per_acq),
                 ratio(|r| r.cmds_per_acq),
+                ratio(|r| r.client_cpu_us_per_acq),
             );
             chart.push((tasks, a, b));
         }
