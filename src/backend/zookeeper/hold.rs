@@ -247,8 +247,15 @@ impl Inner {
             t.downgrade = None;
         }
         self.guard_node(claim, &read);
-        if let Err(e) = self.delete_node(&write, false).await {
-            tracing::warn!(path = %write.path, error = %e, "zookeeper: write node of a downgrade left to the guaranteed deletes");
+        match self.delete_node(&write, true).await {
+            // The write node was gone before we deleted it: an operator's unlock (or the
+            // session's end) dropped the hold while the read node was being made. The read
+            // node must not revive it: the release that follows this error deletes it.
+            Ok(false) => return Err(Error::lost(claim.key())),
+            Ok(true) => {}
+            Err(e) => {
+                tracing::warn!(path = %write.path, error = %e, "zookeeper: write node of a downgrade left to the guaranteed deletes");
+            }
         }
         Ok(Grant {
             fence: fence(&write.stat)?,

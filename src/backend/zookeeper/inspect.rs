@@ -31,9 +31,19 @@ impl Inner {
             for path in &paths {
                 match up.zk.delete(path).await {
                     Ok(()) => dropped = true,
-                    // Released (or expired) meanwhile.
+                    // Released (or expired) meanwhile, or moved (below).
                     Err(Failure::NoNode) => {}
                     Err(f) => return Err(f.into_error(&format!("delete {path}"))),
+                }
+                // A write hold being downgraded moves to a read node of the same sequence,
+                // made before the write node goes: drop that too. (A downgrade that finds its
+                // write node already gone gives its read node up itself.)
+                for read in moved_to(&up, path).await? {
+                    match up.zk.delete(&read).await {
+                        Ok(()) => dropped = true,
+                        Err(Failure::NoNode) => {}
+                        Err(f) => return Err(f.into_error(&format!("delete {read}"))),
+                    }
                 }
             }
             if dropped {
@@ -112,7 +122,22 @@ impl Inner {
                 )
                 .await?;
                 // The admission head's leases exist while it waits for room: not held yet.
-                let head_session = admission.first().map(|(_, s)| s.owner);
+                // A distlock head's leases carry its protection prefix; a Curator head's have
+                // their own, so they are its session's leases made after its admission node
+                // (the session may hold other permits too: its other tasks).
+                let head = admission
+                    .first()
+                    .map(|(name, stat)| (protection_of(name), stat.owner, stat.czxid));
+                let head_prefixed = head.is_some_and(|(prefix, _, _)| {
+                    prefix.is_some_and(|p| leases.iter().any(|name| name.starts_with(p)))
+                });
+                let waiting = |name: &str, stat: &NodeStat| match head {
+                    Some((Some(p), _, _)) if head_prefixed => name.starts_with(p),
+                    Some((_, session, since)) if !head_prefixed => {
+                        stat.owner == session && stat.czxid > since
+                    }
+                    _ => false,
+                };
                 let leases = stats(
                     format!("{path}/{}", recipe::LEASES),
                     LockKind::Exclusive,
@@ -122,7 +147,7 @@ impl Inner {
                 // One distlock claim's permits share a protection prefix (one multi).
                 let mut claims: BTreeMap<String, (u32, NodeStat, Vec<String>)> = BTreeMap::new();
                 for (name, stat) in leases {
-                    if Some(stat.owner) == head_session {
+                    if waiting(&name, &stat) {
                         continue;
                     }
                     let claim = name
@@ -200,5 +225,32 @@ impl Inner {
             }
         }
         Ok((seen, carriers))
+    }
+}
+
+/// The protection prefix `_c_<uuid>-` a node name starts with, if it has one.
+fn protection_of(name: &str) -> Option<&str> {
+    let uuid = name.strip_prefix("_c_")?.get(..36)?;
+    name.get(..3 + uuid.len() + 1)
+        .filter(|p| p.ends_with('-') && uuid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+}
+
+/// The read nodes the write node at `path` is being downgraded to (the same sequence, any
+/// prefix: [`recipe::downgraded_suffix`]); none for any other node.
+async fn moved_to(up: &super::session::Up, path: &str) -> Result<Vec<String>> {
+    let Some((parent, name)) = path.rsplit_once('/') else {
+        return Ok(Vec::new());
+    };
+    let Some(suffix) = recipe::downgraded_suffix(name) else {
+        return Ok(Vec::new());
+    };
+    match up.zk.children(parent).await {
+        Ok(kids) => Ok(kids
+            .into_iter()
+            .filter(|k| k.ends_with(&suffix))
+            .map(|k| format!("{parent}/{k}"))
+            .collect()),
+        Err(Failure::NoNode) => Ok(Vec::new()),
+        Err(f) => Err(f.into_error(&format!("list {parent}"))),
     }
 }

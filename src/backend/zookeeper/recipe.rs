@@ -51,6 +51,17 @@ pub(super) fn protection_prefix(uuid: &str) -> String {
     format!("_c_{uuid}-")
 }
 
+/// The end of the name of the read node a write node turns into, whatever its protection
+/// prefix: `__READ__<the write node's sequence>` (see [`downgraded_name`]). `None` if
+/// `write_node` is not a write node.
+pub(super) fn downgraded_suffix(write_node: &str) -> Option<String> {
+    let at = write_node.rfind(WRITE_NAME)?;
+    Some(format!(
+        "{READ_NAME}{}",
+        &write_node[at + WRITE_NAME.len()..]
+    ))
+}
+
 /// The name of the read node a write node turns into (Curator >= 5.5, CURATOR-621): a plain
 /// EPHEMERAL node `_c_<uuid>-__READ__<the write node's sequence>`, so it sorts exactly where
 /// the write node was and no writer queued behind can overtake it when the write node goes.
