@@ -332,6 +332,12 @@ pub(crate) fn judge(log: &Log, resource: &ResourceLog, capacity: u32, counts: &m
             };
             if !ok {
                 counts.token_regressions += 1;
+                if counts.token_regressions <= 5 {
+                    println!(
+                        "chaos regression: the resource accepted {mode} {token} after writes up \
+                         to {max_write} and anything up to {max_all}"
+                    );
+                }
             }
             max_all = max_all.max(token);
             if mode == 'w' {
@@ -415,7 +421,13 @@ fn grant_order(holds: &[&Interval]) -> u64 {
     let mut bad = 0;
     let mut tokens: Vec<u64> = grants.iter().map(|i| i.token).collect();
     tokens.sort_unstable();
-    bad += tokens.windows(2).filter(|w| w[0] == w[1]).count() as u64;
+    for w in tokens.windows(2).filter(|w| w[0] == w[1]) {
+        bad += 1;
+        if bad <= 5 {
+            let with: Vec<&&Interval> = grants.iter().filter(|i| i.token == w[0]).collect();
+            println!("chaos regression: two grants with token {}: {with:?}", w[0]);
+        }
+    }
     let mut by_start = grants.clone();
     by_start.sort_by_key(|i| i.start_ns);
     let mut by_call = grants;
@@ -433,6 +445,9 @@ fn grant_order(holds: &[&Interval]) -> u64 {
         let floor = if b.mode == 'R' { max_excl } else { max_all };
         if b.token <= floor && floor > 0 {
             bad += 1;
+            if bad <= 5 {
+                println!("chaos regression: {b:?} asked after grants up to {floor} were held");
+            }
         }
     }
     bad
