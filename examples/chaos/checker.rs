@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use crate::holder::{HANDOFF, LONG_HOLD};
-use crate::{HOLDERS, TTL};
+use crate::{ttl, HOLDERS};
 
 /// One line a holder reports, with who sent it and when the driver read it.
 #[derive(Debug, Clone)]
@@ -240,7 +240,7 @@ pub(crate) fn dead_waiters_cost(backend: &str, dead: usize) -> Duration {
     if dead == 0 {
         Duration::ZERO
     } else if backend == "zookeeper" {
-        TTL + Duration::from_millis(500)
+        ttl() + Duration::from_millis(500)
     } else {
         HANDOFF * dead as u32
     }
@@ -260,9 +260,9 @@ pub(crate) fn liveness(
     let dead = log
         .kills
         .iter()
-        .filter(|k| calm.saturating_duration_since(**k) < TTL * 2)
+        .filter(|k| calm.saturating_duration_since(**k) < ttl() * 2)
         .count();
-    let bound = TTL + dead_waiters_cost(backend, dead) + LONG_HOLD * (HOLDERS as u32 - 1) + SLACK;
+    let bound = ttl() + dead_waiters_cost(backend, dead) + LONG_HOLD * (HOLDERS as u32 - 1) + SLACK;
     let grants: Vec<&Line> = log
         .lines
         .iter()
@@ -290,7 +290,7 @@ pub(crate) fn liveness(
     // expire: gaps are judged from then on.
     let last_kill = log.kills.iter().max().copied();
     let from = match (backend, last_kill) {
-        ("zookeeper", Some(k)) => (k + TTL + SLACK).max(calm),
+        ("zookeeper", Some(k)) => (k + ttl() + SLACK).max(calm),
         _ => calm,
     };
     let mut gap_max = Duration::ZERO;
@@ -300,9 +300,10 @@ pub(crate) fn liveness(
             gap_max = gap_max.max(w[1] - w[0]);
         }
     }
-    if gap_max >= TTL {
+    if gap_max >= ttl() {
         problems.push(format!(
-            "a {gap_max:?} stall between grants after the faults stopped (a TTL is {TTL:?})"
+            "a {gap_max:?} stall between grants after the faults stopped (a TTL is {:?})",
+            ttl()
         ));
     }
     (

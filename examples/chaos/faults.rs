@@ -10,7 +10,7 @@ use crate::checker::{
 };
 use crate::fleet::Fleet;
 use crate::servers::Server;
-use crate::{support, wall_ns, Args, Rng, HOLDERS, TTL};
+use crate::{support, ttl, wall_ns, Args, Rng, HOLDERS};
 
 pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     let mut server = Server::start(&args.backend);
@@ -48,7 +48,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
             "stop" => {
                 let from = wall_ns();
                 fleet.signal(i, nix::sys::signal::Signal::SIGSTOP);
-                std::thread::sleep(TTL + Duration::from_millis(500));
+                std::thread::sleep(ttl() + Duration::from_millis(500));
                 fleet.signal(i, nix::sys::signal::Signal::SIGCONT);
                 let to = wall_ns();
                 fleet
@@ -92,14 +92,24 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
                 // With a hold in progress that outlasts the outage (its lease extended past
                 // it). A Redis server comes back without its data after 3 s: long enough for
                 // clients' reconnect back-off to grow.
-                crate::waiters::extend_hold(&mut fleet);
+                // A queued waiter's process goes down with the server and starts again as it
+                // returns (a worker restarted alongside it, a new replica): a fresh client
+                // that asks at once, where the other waiters' pub/sub reconnects on its own
+                // back-off. A server that forgot its locks grants it at once, so the old
+                // holder must be told it lost the lock by then.
+                let held = crate::waiters::extend_hold(&mut fleet);
                 let forgets = args.backend == "redis";
                 let outage = Duration::from_millis(if forgets { 3000 } else { 100 });
+                let restarted = crate::waiters::kill_queued_but(&mut fleet, held);
                 let down = wall_ns();
                 server.restart(outage);
+                let back = wall_ns();
+                if let Some(r) = restarted {
+                    fleet.spawn(r);
+                }
                 if forgets {
                     let mut log = fleet.log.lock().unwrap_or_else(|p| p.into_inner());
-                    log.restarts.push((down, wall_ns()));
+                    log.restarts.push((down, back));
                 }
             }
             "minority" => {
@@ -109,18 +119,18 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
             }
             "blackhole" => {
                 fleet.proxies[i].iter().for_each(|p| p.blackhole());
-                std::thread::sleep(TTL + Duration::from_millis(500));
+                std::thread::sleep(ttl() + Duration::from_millis(500));
                 fleet.proxies[i].iter().for_each(|p| p.heal());
             }
             "expire" => {
                 fleet.proxies[i].iter().for_each(|p| p.blackhole());
-                std::thread::sleep(TTL * 2 + Duration::from_millis(500));
+                std::thread::sleep(ttl() * 2 + Duration::from_millis(500));
                 fleet.proxies[i].iter().for_each(|p| p.heal());
             }
             "node" => {
                 // Node `i` silent for every holder past the lease: a majority still answers.
                 fleet.proxies.iter().for_each(|p| p[i].blackhole());
-                std::thread::sleep(TTL + Duration::from_millis(500));
+                std::thread::sleep(ttl() + Duration::from_millis(500));
                 fleet.proxies.iter().for_each(|p| p[i].heal());
             }
             "reset" => {
@@ -137,7 +147,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     // polling.
     let calm = Instant::now();
     let commands_before = server.commands(&args.backend);
-    std::thread::sleep(TTL * 3);
+    std::thread::sleep(ttl() * 3);
     let commands = server
         .commands(&args.backend)
         .zip(commands_before)
@@ -171,7 +181,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     fleet.stop_all();
     // Locks and queue entries of holders that stopped cleanly are gone; those of killed ones
     // go with their lease (Redis, PostgreSQL) or session (ZooKeeper).
-    std::thread::sleep(TTL * 2 + Duration::from_millis(500));
+    std::thread::sleep(ttl() * 2 + Duration::from_millis(500));
     let left = server.leftovers(&args.backend, &ns);
     if !left.is_empty() {
         problems.push(format!("left behind: {left:?}"));
@@ -180,6 +190,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     problems.extend(log.problems.iter().cloned());
     let keys = crate::holder::keys_of(&args.primitive);
     let capacity = crate::holder::capacity_of(&args.primitive);
+    print_restarts(&log);
     judge(
         &log,
         &resource_log(&resource.url(), &keys),
@@ -285,4 +296,35 @@ fn topology_fault(
         (_, other) => panic!("no fault {other} on this backend"),
     }
     kind
+}
+
+/// One line per restart of a server that forgot its locks: when it was back, the first grant
+/// after that, and when the holds from before it stopped being believed (ms from its return).
+fn print_restarts(log: &crate::checker::Log) {
+    let ms = |t: u128, back: u128| (t as f64 - back as f64) / 1e6;
+    for &(down, back) in &log.restarts {
+        let first = log
+            .intervals()
+            .filter(|i| i.start_ns >= back)
+            .min_by_key(|i| i.start_ns);
+        let old: Vec<String> = log
+            .intervals()
+            .filter(|i| i.start_ns < down && i.end_ns >= down)
+            .map(|i| format!("holder {} until {:+.1} ms", i.holder, ms(i.end_ns, back)))
+            .collect();
+        println!(
+            "chaos restart: down {:.0} ms, back; first grant after {}; held from before: {}",
+            ms(back, down),
+            first.map_or("none".into(), |i| format!(
+                "{:+.1} ms (holder {})",
+                ms(i.start_ns, back),
+                i.holder
+            )),
+            if old.is_empty() {
+                "none".into()
+            } else {
+                old.join(", ")
+            }
+        );
+    }
 }

@@ -61,6 +61,7 @@ impl Fleet {
             .args(["--backend", &self.backend, "--holder", &i.to_string()])
             .args(["--primitive", &self.primitive])
             .args(self.trace.then_some("--trace"))
+            .args(["--ttl", &crate::ttl().as_millis().to_string()])
             .args(["--lock-url", &self.lock_url(i)])
             .args(["--resource-url", &self.resource_url, "--ns", &self.ns])
             .stdin(Stdio::piped())

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use distlock::LockClient;
 
-use crate::{support, wall_ns, HolderArgs, Rng, HOLD, TTL};
+use crate::{support, ttl, wall_ns, HolderArgs, Rng, HOLD};
 
 /// The handoff lease the holders configure (Redis, Redlock, PostgreSQL): how long a lock handed
 /// to a waiter that died stays stuck. Shorter than the 2 s default, so that a dead waiter's
@@ -369,7 +369,7 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
             // A node that lost its data sits out a TTL, as it must to keep the lock exclusive.
             "redlock" => LockClient::builder(
                 distlock::backend::RedlockBackend::builder(args.lock_url.split(','))
-                    .rejoin_delay(TTL)
+                    .rejoin_delay(ttl())
                     .handoff_ttl(HANDOFF)
                     .build()
                     .await
@@ -377,7 +377,7 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
             ),
             _ => LockClient::builder(
                 distlock::backend::ZkBackend::builder(&args.lock_url)
-                    .session_timeout(TTL)
+                    .session_timeout(ttl())
                     // The test servers' tickTime (tests/support): the lease proof waits a
                     // fraction of it, and the 2 s default would make most grants of a 2 s
                     // session wait.
@@ -389,7 +389,7 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
             ),
         }
         .namespace(&args.ns)
-        .ttl(TTL)
+        .ttl(ttl())
         .build()
         .expect("client");
         let resource = redis::Client::open(args.resource_url.as_str())

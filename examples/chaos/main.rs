@@ -135,7 +135,14 @@ use holder::holder_main;
 use memory::run_memory;
 
 const HOLDERS: usize = 4;
-const TTL: Duration = Duration::from_secs(2);
+/// The lease every holder asks for, in ms (`--ttl`; 2 s by default). Set once, before any
+/// holder or fault starts.
+static TTL_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(2000);
+
+/// The holders' lease (`--ttl`).
+fn ttl() -> Duration {
+    Duration::from_millis(TTL_MS.load(std::sync::atomic::Ordering::Relaxed))
+}
 /// How long a holder keeps the lock after writing.
 const HOLD: Duration = Duration::from_millis(5);
 
@@ -184,6 +191,11 @@ fn parse_args() -> Args {
             "--trace" => args.trace = true,
             "--secs" => args.secs = value().parse().expect("--secs N"),
             "--seed" => args.seed = value().parse().expect("--seed N"),
+            "--ttl" => {
+                let ms: u64 = value().parse().expect("--ttl MS");
+                assert!(ms >= 1000, "--ttl is in ms, at least 1000");
+                TTL_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+            }
             "--holder" => {
                 holder.insert("id".into(), value());
             }
@@ -262,13 +274,14 @@ fn main() {
         .collect();
     faults.sort();
     println!(
-        "chaos backend={} primitive={} trace={} secs={} seed={} grants={} writes_accepted={} skipped_lost={} \
+        "chaos backend={} primitive={} trace={} ttl_ms={} secs={} seed={} grants={} writes_accepted={} skipped_lost={} \
          stale_while_believed={} stopped_between_check_and_write={} failover_lost={} token_regressions={} \
          intervals={} believed={} overlaps={} overlaps_stopped={} overlaps_failover={} overlaps_restart={} \
          restart_window_max_ms={} {} faults[{}] violations={}",
         args.backend,
         args.primitive,
         args.trace,
+        ttl().as_millis(),
         started.elapsed().as_secs(),
         args.seed,
         counts.grants,

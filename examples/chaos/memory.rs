@@ -11,7 +11,7 @@ use distlock::LockClient;
 use crate::checker::{judge, liveness, Counts, Interval, Line, Log, Report};
 use crate::faults::inject_faults;
 use crate::holder::{capacity_of, keys_of, take, Plan, LONG_EVERY, LONG_HOLD};
-use crate::{wall_ns, Args, Rng, HOLD, HOLDERS, TTL};
+use crate::{ttl, wall_ns, Args, Rng, HOLD, HOLDERS};
 
 /// What the driver can do to a memory holder.
 #[derive(Default)]
@@ -158,7 +158,7 @@ pub(crate) fn run_memory(args: &Args) -> (Counts, Vec<String>) {
                 rt.block_on(async {
                     while !knobs[i].quit.load(Ordering::Acquire) {
                         let client = LockClient::builder(backend.clone())
-                            .ttl(TTL)
+                            .ttl(ttl())
                             .build()
                             .expect("client");
                         tokio::select! {
@@ -175,7 +175,7 @@ pub(crate) fn run_memory(args: &Args) -> (Counts, Vec<String>) {
         .collect();
     let faults = inject_faults(args, &["stop", "kill"], |kind, i| match kind {
         "stop" => {
-            let pause = TTL + Duration::from_millis(500);
+            let pause = ttl() + Duration::from_millis(500);
             knobs[i]
                 .pause_ms
                 .store(pause.as_millis() as u64, Ordering::Release);
@@ -189,7 +189,7 @@ pub(crate) fn run_memory(args: &Args) -> (Counts, Vec<String>) {
         ..Counts::default()
     };
     let calm = Instant::now();
-    std::thread::sleep(TTL * 3 + Duration::from_millis(500));
+    std::thread::sleep(ttl() * 3 + Duration::from_millis(500));
     let end = Instant::now();
     let mut problems = Vec::new();
     for k in knobs.iter() {
@@ -204,7 +204,7 @@ pub(crate) fn run_memory(args: &Args) -> (Counts, Vec<String>) {
     counts.liveness = figures;
     problems.extend(live);
     // Every client is gone: released claims are gone, dropped ones expire with their lease.
-    std::thread::sleep(TTL + Duration::from_millis(500));
+    std::thread::sleep(ttl() + Duration::from_millis(500));
     let stats = backend.stats();
     if stats.holders + stats.waiters > 0 {
         problems.push(format!("left behind: {stats:?}"));

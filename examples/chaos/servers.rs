@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::support;
 use crate::topology::{sentinel_commands, Bouncer, Cluster, Ensemble, Sentinel};
-use crate::TTL;
+use crate::ttl;
 
 /// The lock server a run uses.
 pub(crate) enum Server {
@@ -94,7 +94,7 @@ impl Server {
         };
         let n = nodes.len();
         let pair = [first % n, (first + 1) % n];
-        let down = TTL + Duration::from_millis(500);
+        let down = ttl() + Duration::from_millis(500);
         if killed {
             let [a, b] = pair;
             nodes[a].kill();

@@ -25,7 +25,7 @@ use crate::support::cluster::RedisCluster;
 use crate::support::ensemble::ZkEnsemble;
 use crate::support::sentinel::{SentinelSetup, MASTER};
 use crate::support::{self, query_port, RedisServer};
-use crate::{wall_ns, TTL};
+use crate::{ttl, wall_ns};
 
 /// Members of the ZooKeeper ensemble.
 const MEMBERS: usize = 3;
@@ -36,7 +36,7 @@ const KEY: &str = "chaos";
 /// Records a failover window that may lose the last grant: from `from` until the later of the
 /// promotion (now) and a lease past `from`.
 fn failover_window(fleet: &Fleet, from: u128) {
-    let to = wall_ns().max(from + TTL.as_nanos());
+    let to = wall_ns().max(from + ttl().as_nanos());
     fleet
         .log
         .lock()
@@ -364,7 +364,7 @@ impl Ensemble {
             .collect();
         cut.iter()
             .for_each(|h| fleet.proxies[*h].iter().for_each(|p| p.blackhole()));
-        std::thread::sleep(TTL * 2 + Duration::from_millis(500));
+        std::thread::sleep(ttl() * 2 + Duration::from_millis(500));
         cut.iter()
             .for_each(|h| fleet.proxies[*h].iter().for_each(|p| p.heal()));
     }
@@ -377,7 +377,7 @@ impl Ensemble {
         others
             .iter()
             .for_each(|o| self.ensemble.partition(follower, *o));
-        std::thread::sleep(TTL * 2 + Duration::from_millis(500));
+        std::thread::sleep(ttl() * 2 + Duration::from_millis(500));
         others.iter().for_each(|o| self.ensemble.heal(follower, *o));
         until(
             "the isolated follower did not rejoin",

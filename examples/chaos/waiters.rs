@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use crate::checker::{dead_waiters_cost, Log, Report};
 use crate::fleet::Fleet;
 use crate::holder::LONG_HOLD;
-use crate::{wall_ns, HOLDERS, TTL};
+use crate::{ttl, wall_ns, HOLDERS};
 
 /// On top of what dead waiters cost: the next live waiter's round trips on a loaded machine.
 const HANDOFF_SLACK: Duration = Duration::from_millis(500);
@@ -18,7 +18,8 @@ fn log(fleet: &Fleet) -> std::sync::MutexGuard<'_, Log> {
     fleet.log.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Holders whose last report is `Q` (waiting), at least `min_age` old.
+/// Holders whose last report is `Q` (waiting), at least `min_age` old, in the order they
+/// started to wait (a FIFO lock's queue order, near enough).
 pub(crate) fn queued(log: &Log, min_age: Duration) -> Vec<usize> {
     let now = Instant::now();
     let mut last: Vec<Option<(bool, Instant)>> = vec![None; HOLDERS];
@@ -30,9 +31,14 @@ pub(crate) fn queued(log: &Log, min_age: Duration) -> Vec<usize> {
             break;
         }
     }
-    (0..HOLDERS)
-        .filter(|&i| matches!(last[i], Some((true, at)) if now - at >= min_age))
-        .collect()
+    let mut waiting: Vec<(Instant, usize)> = (0..HOLDERS)
+        .filter_map(|i| match last[i] {
+            Some((true, at)) if now - at >= min_age => Some((at, i)),
+            _ => None,
+        })
+        .collect();
+    waiting.sort_unstable();
+    waiting.into_iter().map(|(_, i)| i).collect()
 }
 
 /// Asks a holder that holds now (its last report `G`) to keep holding past a restart
@@ -68,6 +74,25 @@ pub(crate) fn extend_hold(fleet: &mut Fleet) -> Option<usize> {
     }
 }
 
+/// SIGKILLs one queued waiter other than `but` (the first that waits, if any does within a
+/// second), recording the kill; the caller starts it again. Returns it.
+pub(crate) fn kill_queued_but(fleet: &mut Fleet, but: Option<usize>) -> Option<usize> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let i = loop {
+        let q = queued(&log(fleet), Duration::from_millis(30));
+        if let Some(&i) = q.iter().find(|&&i| Some(i) != but) {
+            break i;
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    fleet.kill(i);
+    log(fleet).kills.push(Instant::now());
+    Some(i)
+}
+
 /// Waits (up to a second) until `want` holders are queued; returns those that are.
 fn wait_for_queued(fleet: &Fleet, want: usize) -> Vec<usize> {
     let deadline = Instant::now() + Duration::from_secs(1);
@@ -88,13 +113,14 @@ pub(crate) fn stop_waiter(fleet: &Fleet, pick: usize) {
     };
     let from = wall_ns();
     fleet.signal(i, Signal::SIGSTOP);
-    std::thread::sleep(TTL + Duration::from_millis(500));
+    std::thread::sleep(ttl() + Duration::from_millis(500));
     fleet.signal(i, Signal::SIGCONT);
     let to = wall_ns();
     log(fleet).stops.push((i, from, to));
 }
 
-/// SIGKILLs `n` queued waiters in a row (fewer if fewer wait), respawns them, and judges the
+/// SIGKILLs the first `n` queued waiters (fewer if fewer wait): dead waiters in a row at the
+/// head of the queue, any other waiter and the respawned ones live behind them. Respawns them, and judges the
 /// next handoff: from the first hold to end after the kill, the next grant must come within
 /// what the dead waiters in line cost (a handoff lease each; on ZooKeeper their sessions'
 /// expiry) plus slack. A waiter granted while it was being frozen is no waiter: it holds for a
@@ -113,7 +139,7 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
     let earlier = log(fleet)
         .kills
         .iter()
-        .filter(|k| killed_at.saturating_duration_since(**k) < TTL + Duration::from_millis(200))
+        .filter(|k| killed_at.saturating_duration_since(**k) < ttl() + Duration::from_millis(200))
         .count();
     for &i in &victims {
         fleet.kill(i);
@@ -130,9 +156,9 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
     }
     // A multi-lock waiter may die holding its first key (for a TTL).
     if primitive == "multi" {
-        bound += TTL;
+        bound += ttl();
     }
-    std::thread::sleep(TTL + LONG_HOLD + bound + Duration::from_secs(1));
+    std::thread::sleep(ttl() + LONG_HOLD + bound + Duration::from_secs(1));
     let mut log = log(fleet);
     let release = log.intervals().map(|i| i.end_ns).filter(|e| *e >= t0).min();
     let next = release.and_then(|r| {
