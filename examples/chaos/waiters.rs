@@ -131,7 +131,12 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
     if victims.is_empty() {
         return;
     }
+    // Their hosts crash: the servers hear nothing more from them, not even their connections
+    // closing (a dead waiter whose connection is seen to close is the easy case), until TCP
+    // keepalive gives up on them, after the handoff has been judged.
+    let judged = ttl() * 2 + LONG_HOLD + Duration::from_secs(4);
     for &i in &victims {
+        fleet.proxies[i].iter().for_each(|p| p.crash(judged));
         fleet.signal(i, Signal::SIGSTOP);
     }
     let t0 = wall_ns();

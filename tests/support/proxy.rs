@@ -33,6 +33,10 @@ pub enum Which {
 enum Fault {
     /// Drop every byte, both ways.
     Blackhole,
+    /// Drop every byte, both ways, and keep the server's end open this long after the client
+    /// closes (a host that crashed: nothing reaches the server, no FIN either, until TCP
+    /// keepalive gives up on it), or until the connection is cut (`cut`, `heal`).
+    Crash(Duration),
     /// Drop the server's bytes; the client's still arrive.
     SwallowReplies,
     /// Deliver the server's bytes this much later (in order).
@@ -137,6 +141,14 @@ impl Proxy {
     /// connections pass.
     pub fn blackhole_only(&self, which: Which) {
         self.target(which, Fault::Blackhole);
+    }
+
+    /// The client host of the connections open now crashes: every byte is dropped, and the
+    /// server's end stays open for `hold` after the client closes (no FIN reaches it, until
+    /// TCP keepalive gives up) or until the connections are cut (`cut`, `heal`). Later
+    /// connections pass.
+    pub fn crash(&self, hold: Duration) {
+        self.target(Which::All, Fault::Crash(hold));
     }
 
     /// Drops the server's replies on the `which` connections open now; requests still arrive.
@@ -276,7 +288,24 @@ fn pump(
         if shared.generation.load(Ordering::SeqCst) != generation {
             break;
         }
-        match from.read(&mut buf) {
+        let r = from.read(&mut buf);
+        let closed = match &r {
+            Ok(0) => true,
+            Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+            Ok(_) => false,
+        };
+        if let (true, false, Some(Fault::Crash(hold))) = (closed, replies, shared.fault_for(conn)) {
+            // The client is gone, silently: hold the server's end a while, or until a cut.
+            let until = Instant::now() + hold;
+            while shared.generation.load(Ordering::SeqCst) == generation
+                && !shared.stop.load(Ordering::SeqCst)
+                && Instant::now() < until
+            {
+                thread::sleep(Duration::from_millis(20));
+            }
+            break;
+        }
+        match r {
             Ok(0) => break,
             Ok(n) => {
                 let bytes = &buf[..n];
@@ -287,7 +316,7 @@ fn pump(
                     continue;
                 }
                 let due = match shared.fault_for(conn) {
-                    Some(Fault::Blackhole) => continue,
+                    Some(Fault::Blackhole | Fault::Crash(_)) => continue,
                     Some(Fault::SwallowReplies) if replies => continue,
                     Some(Fault::DelayReplies(d)) if replies => Instant::now() + d,
                     Some(Fault::DelayRequests(pattern, d))
