@@ -12,6 +12,9 @@ use crate::fleet::Fleet;
 use crate::servers::Server;
 use crate::{support, ttl, wall_ns, Args, Rng, HOLDERS};
 
+/// How long the connections of a holder started during a restart's outage wait for the server.
+const PATIENCE: Duration = Duration::from_secs(10);
+
 pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
     let mut server = Server::start(&args.backend);
     let resource = support::RedisServer::start();
@@ -102,11 +105,28 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
                 let outage = Duration::from_millis(if forgets { 3000 } else { 100 });
                 let restarted = crate::waiters::kill_queued_but(&mut fleet, held);
                 let down = wall_ns();
-                server.restart(outage);
-                let back = wall_ns();
-                if let Some(r) = restarted {
-                    fleet.spawn(r);
+                if let (true, Some(r)) = (forgets, restarted) {
+                    // It starts during the outage, its connections waiting in its proxy as a
+                    // refused connect retried would, so it asks the moment the server is back.
+                    let early = Duration::from_millis(500);
+                    server.restart_with(|| {
+                        std::thread::sleep(outage - early);
+                        fleet.proxies[r]
+                            .iter()
+                            .for_each(|p| p.set_patience(PATIENCE));
+                        fleet.spawn(r);
+                        std::thread::sleep(early);
+                    });
+                    fleet.proxies[r]
+                        .iter()
+                        .for_each(|p| p.set_patience(Duration::ZERO));
+                } else {
+                    server.restart(outage);
+                    if let Some(r) = restarted {
+                        fleet.spawn(r);
+                    }
                 }
+                let back = wall_ns();
                 if forgets {
                     let mut log = fleet.log.lock().unwrap_or_else(|p| p.into_inner());
                     log.restarts.push((down, back));

@@ -67,7 +67,11 @@ impl Server {
 
     /// Restarts the server (a Redlock run: the next node) after `outage`.
     pub(crate) fn restart(&mut self, outage: Duration) {
-        let pause = || std::thread::sleep(outage);
+        self.restart_with(|| std::thread::sleep(outage));
+    }
+
+    /// [`Server::restart`], with `pause` run while it is down.
+    pub(crate) fn restart_with(&mut self, pause: impl FnOnce()) {
         match self {
             Server::Redis(s) => s.restart_after(pause),
             Server::Zk(s) => s.restart_after(pause),

@@ -58,7 +58,7 @@ struct Targeted {
 struct Shared {
     mode: AtomicU8,
     /// How long to keep trying to reach the upstream for a new connection before closing it.
-    patience: Duration,
+    patience: Mutex<Duration>,
     /// Bumped by `cut`: connections from an older generation close.
     generation: AtomicU64,
     stop: AtomicBool,
@@ -92,7 +92,7 @@ impl Proxy {
         let port = listener.local_addr().expect("proxy addr").port();
         let shared = Arc::new(Shared {
             mode: AtomicU8::new(PASS),
-            patience,
+            patience: Mutex::new(patience),
             generation: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
@@ -101,6 +101,12 @@ impl Proxy {
         let s = shared.clone();
         thread::spawn(move || accept_loop(listener, upstream, s));
         Self { port, shared }
+    }
+
+    /// From now on, new connections wait this long for the upstream (see
+    /// [`Proxy::start_with_patience`]).
+    pub fn set_patience(&self, patience: Duration) {
+        *self.shared.patience.lock().unwrap() = patience;
     }
 
     pub fn port(&self) -> u16 {
@@ -227,7 +233,7 @@ fn accept_loop(listener: TcpListener, upstream: u16, shared: Arc<Shared>) {
 
 /// Connects `client` to the upstream (patiently, if the proxy is) and pumps both ways.
 fn serve(client: TcpStream, upstream: u16, shared: &Arc<Shared>) {
-    let give_up = Instant::now() + shared.patience;
+    let give_up = Instant::now() + *shared.patience.lock().unwrap();
     let server = loop {
         match TcpStream::connect(("127.0.0.1", upstream)) {
             Ok(server) => break server,
