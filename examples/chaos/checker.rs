@@ -126,9 +126,10 @@ pub(crate) struct Counts {
     /// (README's Sentinel and Cluster promise) beside holds granted before it opened.
     pub(crate) overlaps_failover: u64,
     /// Such overlaps across a restart of a server that forgot its locks (Redis without its
-    /// data): the earlier hold granted before the restart, the later after it, for at most
-    /// [`RESTART_OVERLAP`] (the old holder is told within about 50 ms of the server's return;
-    /// the rest is a debug build's slack). And the longest of them.
+    /// data): the earlier hold granted before the restart, the later after it, ending at most
+    /// [`RESTART_OVERLAP`] after the server was back (the old holder is told within about
+    /// 50 ms of the server's return; the rest is a debug build's slack). And the longest such
+    /// window, from the server's return to the overlap's end.
     pub(crate) overlaps_restart: u64,
     pub(crate) restart_window_max: Duration,
     pub(crate) faults: HashMap<&'static str, u64>,
@@ -476,15 +477,16 @@ fn overlaps(log: &Log, mut holds: Vec<&Interval>, capacity: u32) -> Overlaps {
     let stopped = |i: &Interval| log.stopped(i.holder, i.start_ns, i.end_ns);
     // The later hold `b` granted after a restart that the earlier ones were granted before:
     // how long they overlapped.
+    // How long after the server was back: the old holders must be told within that window
+    // whoever is granted meanwhile, however briefly each of them holds.
     let across_restart = |b: &Interval, involved: &[&Interval]| {
-        let restarted = log
-            .restarts
-            .iter()
-            .any(|&(down, _)| b.start_ns >= down && involved.iter().all(|a| a.start_ns < down));
-        restarted.then(|| {
-            let end = involved.iter().map(|a| a.end_ns.min(b.end_ns)).max();
-            Duration::from_nanos(end.unwrap_or(0).saturating_sub(b.start_ns) as u64)
-        })
+        let back = log.restarts.iter().find_map(|&(down, back)| {
+            (b.start_ns >= down && involved.iter().all(|a| a.start_ns < down)).then_some(back)
+        })?;
+        let end = involved.iter().map(|a| a.end_ns.min(b.end_ns)).max();
+        Some(Duration::from_nanos(
+            end.unwrap_or(0).saturating_sub(back) as u64
+        ))
     };
     // The later hold `b` granted inside a failover window that README allows to lose the last
     // grant, beside holds granted before the window opened (on the old primary).
