@@ -127,6 +127,7 @@ pub(crate) fn stop_waiter(fleet: &Fleet, pick: usize) {
 /// TTL, and the first hold to end after the kill is then the one after it.
 pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive: &str) {
     let q = wait_for_queued(fleet, n);
+    let queued = q.clone();
     let victims: Vec<usize> = q.into_iter().take(n).collect();
     if victims.is_empty() {
         return;
@@ -175,6 +176,19 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
             })
             .min()
     });
+    if std::env::var_os("CHAOS_DEBUG").is_some() {
+        let who = |t: Option<u128>, end: bool| {
+            let t = t?;
+            log.intervals()
+                .find(|i| if end { i.end_ns == t } else { i.start_ns == t })
+                .map(|i| i.holder)
+        };
+        eprintln!(
+            "killq: victims {victims:?} of queued {queued:?}; release by {:?}, next grant to {:?}",
+            who(release, true),
+            who(next, false)
+        );
+    }
     let problem = match (release, next) {
         (Some(r), Some(g)) => {
             let gap = Duration::from_nanos((g - r) as u64);
