@@ -121,7 +121,8 @@ pub(crate) fn stop_waiter(fleet: &Fleet, pick: usize) {
 
 /// SIGKILLs the first `n` queued waiters (fewer if fewer wait): dead waiters in a row at the
 /// head of the queue, any other waiter and the respawned ones live behind them. Respawns them, and judges the
-/// next handoff: from the first hold to end after the kill, the next grant must come within
+/// next handoff: from the first hold to end after the kill (and the last before it, unless a
+/// victim was granted since), the next grant must come within
 /// what the dead waiters in line cost (a handoff lease each; on ZooKeeper their sessions'
 /// expiry) plus slack. A waiter granted while it was being frozen is no waiter: it holds for a
 /// TTL, and the first hold to end after the kill is then the one after it.
@@ -166,8 +167,10 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
     }
     std::thread::sleep(ttl() + LONG_HOLD + bound + Duration::from_secs(1));
     let mut log = log(fleet);
-    let release = log.intervals().map(|i| i.end_ns).filter(|e| *e >= t0).min();
-    let next = release.and_then(|r| {
+    // The releases judged: the first hold to end after the kill, and the last to end before
+    // it, unless a victim reported a grant since (it died holding: a lease, not a handoff): the
+    // lock may have been handed to a victim a moment before it froze.
+    let next_grant = |r: u128| {
         log.lines
             .iter()
             .filter_map(|l| match l.report {
@@ -175,7 +178,25 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
                 _ => None,
             })
             .min()
-    });
+    };
+    let before = log
+        .intervals()
+        .map(|i| i.end_ns)
+        .filter(|e| *e < t0)
+        .max()
+        .filter(|&r| {
+            !log.lines.iter().any(|l| {
+                victims.contains(&l.holder)
+                    && matches!(l.report, Report::Granted { start_ns } if start_ns > r && start_ns < t0)
+            })
+        });
+    let after = log.intervals().map(|i| i.end_ns).filter(|e| *e >= t0).min();
+    let (release, next) = [before, after]
+        .into_iter()
+        .flatten()
+        .map(|r| (Some(r), next_grant(r)))
+        .max_by_key(|&(r, g)| g.map_or(u128::MAX, |g| g - r.unwrap_or(g)))
+        .unwrap_or((after, None));
     if std::env::var_os("CHAOS_DEBUG").is_some() {
         let who = |t: Option<u128>, end: bool| {
             let t = t?;
