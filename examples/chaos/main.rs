@@ -15,6 +15,9 @@
 //! cargo run --release --all-features --example chaos -- --backend postgres-pgbouncer --secs 600
 //! ```
 //!
+//! `--ttl MS` sets the holders' lease (2000 by default; every fault's length and bound follow
+//! it): a longer one makes what lasts a TTL stand apart from what lasts a handoff lease.
+//!
 //! `--primitive` picks what the holders take: `mutex` (the default), `write` (a read-write
 //! lock's write side) or `permit` (a one-permit semaphore), each exclusive; `rw` (each round a
 //! read, a write, or a write downgraded to a read half-way), `permits` (a semaphore of 3, one
@@ -41,10 +44,18 @@
 //! write with its token, hold a moment, release. Faults, one at a time, each kind in turn in
 //! random order: SIGSTOP a holder past its lease (then SIGCONT); SIGKILL a holder (and start a
 //! new one); SIGKILL two in a row (at least one of them a queued waiter); SIGSTOP a queued
-//! waiter past its lease (`stopq`); SIGKILL two or three queued waiters in a row (`killq`: from
-//! the first hold to end after it, the next grant must come within a handoff lease a dead
-//! waiter in line, on ZooKeeper their sessions' expiry, plus 0.5 s); restart the lock server (Redis without its data, after 3 s, ZooKeeper and PostgreSQL on their
-//! data, PostgreSQL after a crash); blackhole
+//! waiter past its lease (`stopq`); SIGKILL the two or three queued waiters at the head of the
+//! queue (`killq`), their hosts crashed: their proxies keep the server's end of their
+//! connections open and silent (`Proxy::crash`), so no server can tell them dead by a closed
+//! connection (from the first hold to end after the kill, and the last before it unless a
+//! victim was granted since, the next grant must come within a handoff lease a dead waiter in
+//! line, on ZooKeeper their sessions' expiry, plus 0.5 s); restart the lock server (Redis
+//! without its data, after 3 s, ZooKeeper and PostgreSQL on their data, PostgreSQL after a
+//! crash), with a queued waiter's process killed with it and started again (on Redis during
+//! the outage, its connections waiting in its proxy, so it asks the moment the server is back:
+//! a fresh client, where the others reconnect on their own back-off; one `chaos restart:` line
+//! a Redis restart says when the first grant came and when the holds from before stopped being
+//! believed); blackhole
 //! a holder's connection past its lease; reset a holder's connection; on ZooKeeper, blackhole
 //! past the session timeout (the session expires). Redlock: five `redis-server` nodes, each
 //! holder with a proxy to each; a restart is one node's (without its data, in turn), a
@@ -97,12 +108,13 @@
 //! failover window, are the allowed exceptions, counted apart); per key, accepted tokens out of the fence's order (a write above
 //! every earlier token, a read above every write), or grants whose tokens break what the docs
 //! promise (a grant asked for after another was held has a greater token, readers among
-//! themselves excepted; no two grants share one); believed holds that overlap where the
+//! themselves excepted; no two grants share one); believed holds (every hold up to its last
+//! check that found it held, also one that later found itself lost) that overlap where the
 //! primitive forbids it (anything beside an exclusive hold, a reader beside a writer, more than
 //! n permits at an instant; a SIGSTOP of one of the holders inside its hold is the allowed
 //! exception, counted apart as `overlaps_stopped`; so is a hold granted inside a Redis failover
 //! window beside holds from before it, as `overlaps_failover`; and, counted apart as `overlaps_restart`
-//! with the longest printed, an overlap of at most 100 ms between a hold granted before a Redis
+//! with the longest printed, an overlap ending at most 100 ms after the server was back, between a hold granted before a Redis
 //! restart without its data and one granted after it: a server that forgets its locks may grant
 //! at once, and the old holder is told within about 50 ms of its return); after the faults stop, a holder first
 //! granted later than TTL + what the recently killed cost as dead waiters + the holds ahead of
