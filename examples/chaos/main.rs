@@ -45,7 +45,7 @@
 //! random order: SIGSTOP a holder past its lease (then SIGCONT); SIGKILL a holder (and start a
 //! new one); SIGKILL two in a row (at least one of them a queued waiter); SIGSTOP a queued
 //! waiter past its lease (`stopq`); SIGKILL the two or three queued waiters at the head of the
-//! queue (`killq`), their hosts crashed: their proxies keep the server's end of their
+//! queue, one that waits left alive behind them (`killq`), their hosts crashed: their proxies keep the server's end of their
 //! connections open and silent (`Proxy::crash`), so no server can tell them dead by a closed
 //! connection (from the first hold to end after the kill, and the last before it unless a
 //! victim was granted since, the next grant must come within a handoff lease a dead waiter in

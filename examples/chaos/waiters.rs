@@ -119,17 +119,25 @@ pub(crate) fn stop_waiter(fleet: &Fleet, pick: usize) {
     log(fleet).stops.push((i, from, to));
 }
 
-/// SIGKILLs the first `n` queued waiters (fewer if fewer wait): dead waiters in a row at the
-/// head of the queue, any other waiter and the respawned ones live behind them. Respawns them, and judges the
+/// SIGKILLs the first `n` queued waiters (fewer if fewer wait, so that one that waits stays
+/// alive behind them): dead waiters in a row at the head of the queue, a live waiter that
+/// queued before the next release behind them, and the respawned ones after it. Respawns them, and judges the
 /// next handoff: from the first hold to end after the kill (and the last before it, unless a
 /// victim was granted since), the next grant must come within
 /// what the dead waiters in line cost (a handoff lease each; on ZooKeeper their sessions'
 /// expiry) plus slack. A waiter granted while it was being frozen is no waiter: it holds for a
 /// TTL, and the first hold to end after the kill is then the one after it.
 pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive: &str) {
-    let q = wait_for_queued(fleet, n);
+    // One more than the victims queued, if it comes to that: a live waiter that queued before
+    // the next release (told when the hold it queued behind ends) behind the dead ones.
+    let q = wait_for_queued(fleet, n + 1);
     let queued = q.clone();
-    let victims: Vec<usize> = q.into_iter().take(n).collect();
+    let take = if q.len() > n {
+        n
+    } else {
+        q.len().saturating_sub(1).max(1)
+    };
+    let victims: Vec<usize> = q.into_iter().take(take).collect();
     if victims.is_empty() {
         return;
     }
