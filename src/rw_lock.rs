@@ -378,8 +378,9 @@ guard_methods!(
     "let guard = client.rw_lock(\"k\").read().await?;",
     "The fencing token of this grant: greater than the token of every write grant before it \
      and smaller than that of every write grant after it. Readers granted together have \
-     distinct tokens in no particular order (see [`RwLock`] for the storage rule). A downgraded \
-     write guard keeps its write grant's token."
+     distinct tokens in no particular order, except on Redlock, where two of them may share \
+     one (see [`RwLock`] for the storage rule). A downgraded write guard keeps its write \
+     grant's token."
 );
 
 /// Exclusive write access to an [`RwLock`]: nobody else holds it, reader or writer.

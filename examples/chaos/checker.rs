@@ -319,7 +319,17 @@ pub(crate) fn liveness(
 }
 
 /// The checker: counts grants and writes, and every violation.
-pub(crate) fn judge(log: &Log, resource: &ResourceLog, capacity: u32, counts: &mut Counts) {
+///
+/// `readers_share`: readers granted together may share a token (Redlock: each reader's token
+/// is the largest of a quorum's counters, and two readers' quorums may each find their
+/// largest on a different node with the same count; README says so).
+pub(crate) fn judge(
+    log: &Log,
+    resource: &ResourceLog,
+    capacity: u32,
+    readers_share: bool,
+    counts: &mut Counts,
+) {
     // The resource's own order of accepted writes, per key: a write's token above every token
     // accepted before it, a read's above every write's (the read half of a downgraded write
     // carries the write's token). Each grant writes once, so an equal token is two grants
@@ -393,7 +403,7 @@ pub(crate) fn judge(log: &Log, resource: &ResourceLog, capacity: u32, counts: &m
     }
     for holds in by_key.values() {
         counts.intervals += holds.len() as u64;
-        counts.token_regressions += grant_order(holds);
+        counts.token_regressions += grant_order(holds, readers_share);
         counts.believed += holds.iter().filter(|i| i.believed).count() as u64;
         // Every hold up to its last check that found it held, also one that later found itself
         // lost: a holder told late that its lock is gone believed it meanwhile.
@@ -419,11 +429,20 @@ pub(crate) fn judge(log: &Log, resource: &ResourceLog, capacity: u32, counts: &m
 /// write lock or a semaphore ("increasing in grant order"); for a read-write lock a write
 /// above everything before it and a read above every write before it, readers among
 /// themselves in no order. And no two grants of a key share a token. Returns the violations.
-fn grant_order(holds: &[&Interval]) -> u64 {
+fn grant_order(holds: &[&Interval], readers_share: bool) -> u64 {
     let grants: Vec<&Interval> = holds.iter().copied().filter(|i| i.mode != 'D').collect();
     let mut bad = 0;
     let mut tokens: Vec<u64> = grants.iter().map(|i| i.token).collect();
     tokens.sort_unstable();
+    tokens.dedup_by(|a, b| {
+        // Two readers' shared token, where the backend allows it, is not a repeat.
+        *a == *b
+            && readers_share
+            && grants
+                .iter()
+                .filter(|i| i.token == *a)
+                .all(|i| i.mode == 'R')
+    });
     for w in tokens.windows(2).filter(|w| w[0] == w[1]) {
         bad += 1;
         if bad <= 5 {

@@ -103,7 +103,11 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
                 let held = crate::waiters::extend_hold(&mut fleet);
                 let forgets = args.backend == "redis";
                 let outage = Duration::from_millis(if forgets { 3000 } else { 100 });
-                let restarted = crate::waiters::kill_queued_but(&mut fleet, held);
+                let restarted = if args.fresh_at_restart {
+                    crate::waiters::kill_queued_but(&mut fleet, held)
+                } else {
+                    None
+                };
                 let down = wall_ns();
                 if let (true, Some(r)) = (forgets, restarted) {
                     // It starts during the outage, its connections waiting in its proxy as a
@@ -215,6 +219,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         &log,
         &resource_log(&resource.url(), &keys),
         capacity,
+        args.backend == "redlock",
         &mut counts,
     );
     counts.faults.insert("spawned", fleet.spawned);

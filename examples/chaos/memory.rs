@@ -217,6 +217,12 @@ pub(crate) fn run_memory(args: &Args) -> (Counts, Vec<String>) {
             (k.to_string(), log)
         })
         .collect();
-    judge(&log, &written, capacity_of(&args.primitive), &mut counts);
+    judge(
+        &log,
+        &written,
+        capacity_of(&args.primitive),
+        false,
+        &mut counts,
+    );
     (counts, problems)
 }
