@@ -103,7 +103,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
                 let held = crate::waiters::extend_hold(&mut fleet);
                 let forgets = args.backend == "redis";
                 let outage = Duration::from_millis(if forgets { 3000 } else { 100 });
-                let restarted = if args.fresh_at_restart {
+                let restarted = if args.strict_restart {
                     crate::waiters::kill_queued_but(&mut fleet, held)
                 } else {
                     None
@@ -220,6 +220,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
         &resource_log(&resource.url(), &keys),
         capacity,
         args.backend == "redlock",
+        args.strict_restart,
         &mut counts,
     );
     counts.faults.insert("spawned", fleet.spawned);

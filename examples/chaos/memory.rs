@@ -222,6 +222,7 @@ pub(crate) fn run_memory(args: &Args) -> (Counts, Vec<String>) {
         &written,
         capacity_of(&args.primitive),
         false,
+        false,
         &mut counts,
     );
     (counts, problems)
