@@ -240,7 +240,7 @@ const SLACK: Duration = Duration::from_millis(1000);
 pub(crate) fn dead_waiters_cost(backend: &str, dead: usize) -> Duration {
     if dead == 0 {
         Duration::ZERO
-    } else if backend == "zookeeper" {
+    } else if backend.starts_with("zookeeper") {
         ttl() + Duration::from_millis(500)
     } else {
         HANDOFF * dead as u32
@@ -263,6 +263,14 @@ pub(crate) fn liveness(
         .iter()
         .filter(|k| calm.saturating_duration_since(**k) < ttl() * 2)
         .count();
+    // ZooKeeper: whatever the last fault was (a holder cut off past its session, a server
+    // restart, a kill), a holder that cannot renew keeps the lock until the server expires its
+    // session, a session timeout after its last ping.
+    let dead = if backend.starts_with("zookeeper") {
+        dead.max(1)
+    } else {
+        dead
+    };
     let bound = ttl() + dead_waiters_cost(backend, dead) + LONG_HOLD * (HOLDERS as u32 - 1) + SLACK;
     let grants: Vec<&Line> = log
         .lines
