@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::backend::LockKind;
 use crate::core::acquire::{Mode, Target};
-use crate::core::lease::Held;
+use crate::core::held::Held;
 use crate::core::Core;
 use crate::error::{Error, Result};
 

@@ -10,7 +10,7 @@ use futures::TryFutureExt;
 use crate::backend::LockKind;
 use crate::core::acquire::{Mode, Target};
 use crate::core::guard::guard_methods;
-use crate::core::lease::Held;
+use crate::core::held::Held;
 use crate::core::Core;
 use crate::error::Result;
 

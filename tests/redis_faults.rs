@@ -765,3 +765,44 @@ async fn a_late_renewal_with_the_old_ttl_does_not_cut_an_extended_lease_short() 
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A lock handed to a waiter whose renewal is off comes under the short handoff lease (300 ms
+/// here); the waiter confirms it once, so it holds for its own TTL (1.5 s) like any grant
+/// without renewal, and no one else is let in meanwhile. Unconfirmed, the lock would end (and
+/// the guard report lost) 300 ms after the handoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_handed_to_a_waiter_without_renewal_lasts_its_ttl() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let (ttl, handoff) = (Duration::from_millis(1500), Duration::from_millis(300));
+    let h = client(&url, &ns, Duration::from_secs(5), handoff, true).await;
+    let w = client(&url, &ns, ttl, handoff, false).await;
+    let other = client(&url, &ns, Duration::from_secs(5), handoff, true).await;
+
+    let held = h.mutex("k").lock().await.unwrap();
+    let waiter = tokio::spawn(w.mutex("k").lock());
+    until_queued(&url, &ns, "k", 1).await;
+    held.release().await.unwrap();
+    let g = timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("the handoff never reached the waiter")
+        .unwrap()
+        .unwrap();
+    let granted = Instant::now();
+    sleep(Duration::from_millis(900)).await;
+    assert!(
+        !g.is_lost(),
+        "the handed-off lock ended before its TTL: it was never confirmed"
+    );
+    let err = other.mutex("k").try_lock().await.unwrap_err();
+    assert!(err.is_would_block(), "{err:?}");
+    // And it ends one TTL after the grant, renewal being off.
+    timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("an unrenewed lease was never reported lost");
+    assert!(granted.elapsed() < ttl + Duration::from_millis(200));
+    drop(g);
+    for c in [h, w, other] {
+        c.shutdown().await;
+    }
+}

@@ -263,10 +263,7 @@ pub(crate) async fn wait_for_handoff(
                     return Ok(None);
                 };
                 on_grant();
-                return Ok(Some(Grant {
-                    fence: handoff.fence,
-                    valid_until,
-                }));
+                return Ok(Some(Grant::provisional(handoff.fence, valid_until)));
             }
         }
     }

@@ -261,10 +261,8 @@ impl KeyState {
     }
 
     fn grant_of(&self, owner: &str) -> Option<Grant> {
-        self.holder(owner).map(|h| Grant {
-            fence: h.fence,
-            valid_until: h.valid_until,
-        })
+        self.holder(owner)
+            .map(|h| Grant::new(h.fence, h.valid_until))
     }
 
     fn position(&self, owner: &str) -> Option<usize> {
@@ -369,10 +367,7 @@ impl Backend for MemoryBackend {
                 )));
             }
             if ks.queue.is_empty() && ks.fits(kind) {
-                let grant = Grant {
-                    fence: this.next_fence(),
-                    valid_until: now + claim.ttl(),
-                };
+                let grant = Grant::new(this.next_fence(), now + claim.ttl());
                 ks.holders.push(Holder {
                     owner: claim.owner.clone(),
                     kind,
@@ -444,10 +439,7 @@ impl Backend for MemoryBackend {
                 return Err(Error::lost(claim.key()));
             };
             h.kind = LockKind::Read;
-            let grant = Grant {
-                fence: h.fence,
-                valid_until: h.valid_until,
-            };
+            let grant = Grant::new(h.fence, h.valid_until);
             this.grant_pass(ks, now);
             Ok(grant)
         })

@@ -12,7 +12,7 @@
 //! | [`renew`](Backend::renew) | extend deadlines | one script call for every lease and queue entry (one per slot on a Cluster) | one call per node; a lease holds while a majority renewed it | the session's epoch: leases last while the session does | one statement for every lease and queue entry |
 //! | [`downgrade`](Backend::downgrade) | write hold to read hold in place | one script | on every node, kept while a majority did | a read node before the write node goes (Curator's layout) | one statement |
 //!
-//! //! The backend remembers what it learned about a claim (a subscription, a node name) in its
+//! The backend remembers what it learned about a claim (a subscription, a node name) in its
 //! [`Ticket`](Backend::Ticket), which the layer above creates *before* the first call. So when a
 //! `lock()` future is dropped anywhere, even before the first call returned, the claim and its
 //! ticket are still there to [`release`](Backend::release), which removes every trace.
@@ -301,13 +301,59 @@ impl LostSignal {
 }
 
 /// The lock is ours: the fencing token and how long the lease is valid on this machine's clock.
+///
+/// Built with [`Grant::new`] (the lease the claim asked for) or [`Grant::provisional`] (a
+/// shorter lease the new owner must confirm).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Grant {
     /// Strictly increasing per key across all grants.
     pub fence: u64,
     /// The lease is certainly valid until this instant, measured from when the request that
     /// produced the grant was *sent* (the layer above subtracts a clock-drift margin too).
     pub valid_until: Instant,
+    /// The lease is a short one the backend set on the new owner's behalf (a lock handed to a
+    /// waiter by its releasing holder): the layer above renews it once to the claim's TTL even
+    /// when automatic renewal is off, so that a waiter that died before confirming it blocks
+    /// the key only that long.
+    pub provisional: bool,
+}
+
+impl Grant {
+    /// A grant of the lease the claim asked for.
+    ///
+    /// ```
+    /// use distlock::backend::Grant;
+    /// use tokio::time::{Duration, Instant};
+    ///
+    /// let grant = Grant::new(7, Instant::now() + Duration::from_secs(30));
+    /// assert!(!grant.provisional);
+    /// ```
+    pub fn new(fence: u64, valid_until: Instant) -> Self {
+        Self {
+            fence,
+            valid_until,
+            provisional: false,
+        }
+    }
+
+    /// A grant under a provisional lease, to be confirmed by a renewal (see
+    /// [`provisional`](Grant::provisional)).
+    ///
+    /// ```
+    /// use distlock::backend::Grant;
+    /// use tokio::time::{Duration, Instant};
+    ///
+    /// let grant = Grant::provisional(8, Instant::now() + Duration::from_secs(2));
+    /// assert!(grant.provisional);
+    /// ```
+    pub fn provisional(fence: u64, valid_until: Instant) -> Self {
+        Self {
+            fence,
+            valid_until,
+            provisional: true,
+        }
+    }
 }
 
 /// The outcome of one [`Backend::acquire`] call.

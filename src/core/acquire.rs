@@ -8,7 +8,8 @@ use futures::future::BoxFuture;
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use super::lease::{Held, Lease};
+use super::held::Held;
+use super::lease::Lease;
 use super::rules::{validate_key, validate_kind, validate_ttl};
 use super::Core;
 use crate::backend::{Attempt, Claim, DynBackend, Grant, LockKind};

@@ -1,5 +1,5 @@
 //! The methods every guard shares, written once: each guard type wraps a
-//! [`Held`](super::lease::Held) in a field named `held` and gets its key, fencing token, lost
+//! [`Held`](super::held::Held) in a field named `held` and gets its key, fencing token, lost
 //! signal, explicit release and `Debug` from [`guard_methods!`].
 
 /// Implements the shared guard methods for `$guard`. `$setup` is a doc-test line that binds

@@ -10,16 +10,13 @@
 //!   queue-entry renewal sent before a handoff says nothing about the lease that followed).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
-use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
-use super::Core;
-use crate::backend::{AnyTicket, Claim, Grant, Renewal};
-use crate::error::{Error, Result};
+use crate::backend::{AnyTicket, Claim, Grant};
 use crate::sync::LockExt;
 
 /// The smallest pause before retrying a failed renewal.
@@ -68,8 +65,8 @@ pub(crate) struct Schedule {
     pub(crate) generation: u64,
     /// When the engine should renew (or, for a queued claim, keep its place) next.
     pub(crate) next: Instant,
-    /// The grant is provisional (shorter than the TTL asked for, e.g. a Redis handoff): renew it
-    /// once even when automatic renewal is off.
+    /// The grant is provisional (a lock handed to this claim under a short lease, see
+    /// [`Grant::provisional`]): renew it once even when automatic renewal is off.
     pub(crate) confirm: bool,
     /// When the claim was granted.
     pub(crate) held_since: Option<Instant>,
@@ -133,19 +130,18 @@ impl Lease {
         self.drift
     }
 
-    /// Records the grant and schedules the first renewal at a third of the lease. A grant
-    /// shorter than the claim's TTL (a provisional one) is marked to be confirmed.
+    /// Records the grant and schedules the first renewal at a third of the lease. A
+    /// provisional grant is marked to be confirmed.
     pub(crate) fn set_held(&self, grant: Grant) {
         let now = Instant::now();
         let span = grant.valid_until.saturating_duration_since(now);
-        let ttl = self.claim.ttl();
         let mut s = self.schedule();
         s.held = Some(grant);
         s.held_since.get_or_insert(now);
         s.span = span;
         s.generation += 1;
         s.next = renew_at(now, grant.valid_until);
-        s.confirm = span + ttl / 20 + Duration::from_millis(5) < ttl;
+        s.confirm = grant.provisional;
     }
 
     /// Starts the hold's clock again (a write hold became a read hold); returns how long it ran.
@@ -365,206 +361,6 @@ pub(crate) fn renew_at(now: Instant, valid_until: Instant) -> Instant {
     now + valid_until.saturating_duration_since(now) / 3
 }
 
-/// A held lease with its RAII release: the part every guard type shares.
-pub(crate) struct Held {
-    client: Arc<Core>,
-    lease: Arc<Lease>,
-    handle: Handle,
-    fence: u64,
-    armed: bool,
-}
-
-impl Held {
-    pub(crate) fn new(client: Arc<Core>, lease: Arc<Lease>, handle: Handle) -> Self {
-        let fence = lease.fence();
-        Self {
-            client,
-            lease,
-            handle,
-            fence,
-            armed: true,
-        }
-    }
-
-    pub(crate) fn key(&self) -> &str {
-        self.lease.claim.key()
-    }
-
-    pub(crate) fn fencing_token(&self) -> u64 {
-        self.fence
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lease.is_lost()
-    }
-
-    pub(crate) async fn lost(&self) {
-        self.lease.lost().await;
-    }
-
-    /// How long the lease certainly lasts from now, drift margin included: zero once lost.
-    pub(crate) fn lease_left(&self) -> Duration {
-        if self.is_lost() {
-            return Duration::ZERO;
-        }
-        self.lease.lost_at().map_or(Duration::ZERO, |at| {
-            at.saturating_duration_since(Instant::now())
-        })
-    }
-
-    pub(crate) fn valid_until(&self) -> Option<std::time::Instant> {
-        self.lease.valid_until()
-    }
-
-    /// Turns background renewal of this lease on or off.
-    pub(crate) fn set_auto_renew(&self, on: bool) {
-        self.lease.set_renews(on);
-        // The engine times the lease again: a renewal timer added, or dropped.
-        self.client.retrack(&self.lease);
-    }
-
-    /// One renewal now, asking the server for a lease of `ttl` (later renewals ask for it
-    /// too).
-    pub(crate) async fn extend(&self, ttl: Duration) -> Result<()> {
-        super::rules::validate_ttl(ttl)?;
-        if let Some(lease) = self.client.backend.lease() {
-            if lease != ttl {
-                return Err(Error::unsupported(format_args!(
-                    "`{}`: this backend's lease is its session's ({lease:?}), the same for every \
-                     lock; a guard cannot ask for another",
-                    self.key()
-                )));
-            }
-        }
-        let sent = Instant::now();
-        let Some(generation) = self.lease.begin_extend(ttl, sent) else {
-            return Err(Error::lost(self.key()));
-        };
-        self.client.retrack(&self.lease);
-        let claim = &self.lease.claim;
-        let reply = self
-            .client
-            .backend
-            .renew(&[(claim, &self.lease.ticket)])
-            .await
-            .into_iter()
-            .next();
-        let verdict = match reply {
-            Some(Renewal::Extended(until)) => self.lease.extend(generation, sent, until),
-            Some(Renewal::NotOwner | Renewal::Queued(_)) => self.lease.refused(generation),
-            Some(Renewal::Failed(e)) => return Err(e),
-            None => {
-                return Err(Error::new(
-                    crate::ErrorKind::Backend,
-                    "the backend answered no renewal",
-                ))
-            }
-        };
-        self.client.retrack(&self.lease);
-        match verdict {
-            Verdict::Lost => {
-                claim.mark_lost();
-                Err(Error::lost(self.key()))
-            }
-            // Stale: a later extension or a downgrade moved the lease on meanwhile.
-            Verdict::Kept | Verdict::Stale if !self.is_lost() => Ok(()),
-            _ => Err(Error::lost(self.key())),
-        }
-    }
-
-    /// Turns a write hold into a read hold on the server, keeping the lease and its fencing
-    /// token. On an error the hold is released (this `Held` is dropped).
-    pub(crate) async fn downgrade(self) -> Result<Self> {
-        if self.is_lost() {
-            return Err(Error::lost(self.key()));
-        }
-        let (generation, sent) = (self.lease.schedule().generation, Instant::now());
-        let grant = self
-            .client
-            .backend
-            .downgrade(&self.lease.claim, &self.lease.ticket)
-            .await?;
-        // The hold so far was a write hold: recorded as one, and the read hold starts now.
-        if let Some(held) = self.lease.restart_hold() {
-            super::metrics::released(self.client.backend.name(), self.lease.claim.kind(), held);
-        }
-        self.lease.claim.set_downgraded();
-        // A downgrade that also refreshed the lease moves it, by the usual rule.
-        let _ = self.lease.extend(generation, sent, grant.valid_until);
-        Ok(self)
-    }
-
-    pub(crate) async fn release(mut self) -> Result<()> {
-        self.armed = false;
-        let was_lost = self.is_lost();
-        if !self.client.stop(&self.lease) {
-            // Shutdown released it already.
-            return Err(Error::lost(self.key()));
-        }
-        let held = self.client.release_now(&self.handle, &self.lease).await?;
-        if was_lost || !held {
-            return Err(Error::lost(self.key()));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if self.armed {
-            // The result is logged by the task; nobody is left to receive it.
-            self.client.spawn_release(&self.handle, self.lease.clone());
-        }
-    }
-}
-
-impl std::fmt::Debug for Held {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Guard")
-            .field("key", &self.key())
-            .field("fencing_token", &self.fence)
-            .field("lost", &self.is_lost())
-            .finish()
-    }
-}
-
-/// Counts spawned releases so `shutdown` can wait for them.
-#[derive(Default)]
-pub(crate) struct Pending {
-    count: StdMutex<usize>,
-    idle: tokio::sync::Notify,
-}
-
-impl Pending {
-    pub(crate) fn start(self: &Arc<Self>) -> PendingToken {
-        *self.count.locked() += 1;
-        PendingToken(self.clone())
-    }
-
-    pub(crate) async fn idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            if *self.count.locked() == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-/// Decrements the pending count when dropped, even if its task never ran.
-pub(crate) struct PendingToken(Arc<Pending>);
-
-impl Drop for PendingToken {
-    fn drop(&mut self) {
-        let mut count = self.0.count.locked();
-        *count = count.saturating_sub(1);
-        if *count == 0 {
-            self.0.idle.notify_waiters();
-        }
-    }
-}
-
 /// Allocates lease ids for one client.
 #[derive(Default)]
 pub(crate) struct LeaseIds(AtomicU64);
@@ -590,10 +386,7 @@ mod tests {
         // A 1 s TTL asked for, a 10 s lease granted (a ZooKeeper session): 1% of 10 s.
         let l = lease(Duration::from_secs(1));
         let until = Instant::now() + Duration::from_secs(10);
-        l.set_held(Grant {
-            fence: 1,
-            valid_until: until,
-        });
+        l.set_held(Grant::new(1, until));
         let margin = until - l.lost_at().unwrap();
         assert!(margin >= Duration::from_millis(95), "{margin:?}");
         assert!(
@@ -606,16 +399,18 @@ mod tests {
     fn a_provisional_grant_is_confirmed_even_without_renewal() {
         // A 300 ms handoff lease for a 10 s TTL.
         let l = lease(Duration::from_secs(10));
-        l.set_held(Grant {
-            fence: 1,
-            valid_until: Instant::now() + Duration::from_millis(300),
-        });
+        l.set_held(Grant::provisional(
+            1,
+            Instant::now() + Duration::from_millis(300),
+        ));
         assert!(l.schedule().confirm);
+        // The grant says so, not its length: a full grant short of the TTL (a ZooKeeper lease
+        // counted from an older proof of the session) needs no confirmation.
+        let short = lease(Duration::from_secs(10));
+        short.set_held(Grant::new(1, Instant::now() + Duration::from_secs(6)));
+        assert!(!short.schedule().confirm);
         let full = lease(Duration::from_secs(10));
-        full.set_held(Grant {
-            fence: 1,
-            valid_until: Instant::now() + Duration::from_secs(10),
-        });
+        full.set_held(Grant::new(1, Instant::now() + Duration::from_secs(10)));
         assert!(!full.schedule().confirm);
     }
 
@@ -625,10 +420,7 @@ mod tests {
         let queued = l.schedule().generation;
         let sent = Instant::now();
         let until = sent + Duration::from_millis(300);
-        l.set_held(Grant {
-            fence: 7,
-            valid_until: until,
-        });
+        l.set_held(Grant::new(7, until));
         // A queue renewal sent while queued, answered after the handoff.
         assert_eq!(
             l.extend(queued, sent, sent + Duration::from_secs(3)),
@@ -649,10 +441,7 @@ mod tests {
     fn a_shorter_ttl_shortens_the_lease_at_once_and_old_replies_do_not_stretch_it() {
         let l = lease(Duration::from_secs(10));
         let granted = Instant::now();
-        l.set_held(Grant {
-            fence: 1,
-            valid_until: granted + Duration::from_secs(10),
-        });
+        l.set_held(Grant::new(1, granted + Duration::from_secs(10)));
         // A renewal goes out with the 10 s TTL...
         let old = l.schedule().generation;
         // ...then the guard asks for 1 s: the lease ends within 1 s of now before any reply.

@@ -1,7 +1,7 @@
 //! The acquisition core, written once for every primitive: the wait loop ([`acquire`]), leases
-//! and their guards ([`lease`]), the renewal engine ([`renewal`]), release on drop and the
-//! pending-release accounting (here), and the rules every input is checked against before any
-//! I/O ([`rules`]).
+//! ([`lease`]), what a guard holds and the count of releases in flight ([`held`]), the renewal
+//! engine ([`renewal`]), release on drop (here), and the rules every input is checked against
+//! before any I/O ([`rules`]).
 //!
 //! Dependencies run one way: the client makes primitives, primitives call into this core, and
 //! the core calls the backend. Nothing here knows the client or the primitives.
@@ -9,6 +9,7 @@
 pub(crate) mod acquire;
 pub(crate) mod blocking;
 pub(crate) mod guard;
+pub(crate) mod held;
 pub(crate) mod lease;
 pub(crate) mod metrics;
 pub(crate) mod renewal;
@@ -24,7 +25,8 @@ use crate::backend::DynBackend;
 use crate::error::{Error, Result};
 
 use self::acquire::AcquireCall;
-use self::lease::{Lease, LeaseIds, Pending};
+use self::held::Pending;
+use self::lease::{Lease, LeaseIds};
 use self::renewal::{Engine, EngineConfig};
 use crate::sync::LockExt;
 

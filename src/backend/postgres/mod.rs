@@ -300,10 +300,10 @@ impl PgBackend {
         let value: i64 = column(row, 1, "acquire")?;
         let server_ms: i64 = column(row, 2, "acquire")?;
         match code {
-            1 => Ok(Attempt::Granted(Grant {
-                fence: fence_of(value)?,
-                valid_until: sent + claim.ttl(),
-            })),
+            1 => Ok(Attempt::Granted(Grant::new(
+                fence_of(value)?,
+                sent + claim.ttl(),
+            ))),
             0 => {
                 // Queued: remember when the server's clock read `server_ms`, to place a handoff.
                 ticket.clock.pair(sent, server_ms);
@@ -413,10 +413,10 @@ impl Backend for PgBackend {
         if done != 1 {
             return Err(Error::lost(claim.key()));
         }
-        Ok(Grant {
-            fence: fence_of(column(row, 1, "downgrade")?)?,
-            valid_until: sent + claim.ttl(),
-        })
+        Ok(Grant::new(
+            fence_of(column(row, 1, "downgrade")?)?,
+            sent + claim.ttl(),
+        ))
     }
 
     async fn renew(&self, claims: &[(&Claim, &PgTicket)]) -> Vec<Renewal> {

@@ -117,10 +117,10 @@ impl RedisBackend {
             self.inner.commands.invoke_timed("acquire", &inv).await?;
         let (code, value, server_ms) = parse_acquire(claim, &reply)?;
         if code == 1 {
-            return Ok(Attempt::Granted(Grant {
-                fence: fence_of(value)?,
-                valid_until: sent + claim.ttl(),
-            }));
+            return Ok(Attempt::Granted(Grant::new(
+                fence_of(value)?,
+                sent + claim.ttl(),
+            )));
         }
         // Queued: remember when the server's clock read `server_ms`, to place a handoff.
         ticket.clock.pair(sent, server_ms);
@@ -207,10 +207,7 @@ impl RedisBackend {
         if done != 1 {
             return Err(Error::lost(claim.key()));
         }
-        Ok(Grant {
-            fence: fence_of(fence)?,
-            valid_until: sent + claim.ttl(),
-        })
+        Ok(Grant::new(fence_of(fence)?, sent + claim.ttl()))
     }
 }
 

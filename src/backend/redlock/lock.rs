@@ -160,10 +160,7 @@ impl RedlockBackend {
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         match held_until(done, q) {
             // Each node keeps the token the grant settled there, the quorum's `T`.
-            Some(valid_until) => Ok(Grant {
-                fence: fence_of("redis", fence)?,
-                valid_until,
-            }),
+            Some(valid_until) => Ok(Grant::new(fence_of("redis", fence)?, valid_until)),
             None if refused > n - q => Err(Error::lost(claim.key())),
             None => Err(self.no_quorum(n - refused, "downgrade")),
         }

@@ -147,10 +147,7 @@ impl RedlockBackend {
             .map(|h| h.until)
             .collect();
         if let Some(valid_until) = held_until(ready, q) {
-            return Some(Grant {
-                fence: token,
-                valid_until,
-            });
+            return Some(Grant::new(token, valid_until));
         }
         let settled = self
             .settle_nodes(keys, held, claim.ttl(), token, shared)
@@ -159,10 +156,7 @@ impl RedlockBackend {
             settled.into_iter().map(|sent| sent + claim.ttl()).collect(),
             q,
         )?;
-        Some(Grant {
-            fence: token,
-            valid_until,
-        })
+        Some(Grant::new(token, valid_until))
     }
 
     /// Sets the lease of our lock on each node of `held` to `px` and raises its counter to

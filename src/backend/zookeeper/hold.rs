@@ -257,10 +257,10 @@ impl Inner {
                 tracing::warn!(path = %write.path, error = %e, "zookeeper: write node of a downgrade left to the guaranteed deletes");
             }
         }
-        Ok(Grant {
-            fence: fence(&write.stat)?,
-            valid_until: since + self.hub.now().timeout,
-        })
+        Ok(Grant::new(
+            fence(&write.stat)?,
+            since + self.hub.now().timeout,
+        ))
     }
 
     /// Deletes one node if it is there, in one attempt; anything else is left to the

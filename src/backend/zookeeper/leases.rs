@@ -75,10 +75,10 @@ impl Inner {
             return Ok(Step::Again(None));
         }
         self.leave_admission(ticket).await;
-        Ok(Step::Ready(Attempt::Granted(Grant {
-            fence: fence(&leases[0].stat)?,
-            valid_until: since + up.conn.timeout,
-        })))
+        Ok(Step::Ready(Attempt::Granted(Grant::new(
+            fence(&leases[0].stat)?,
+            since + up.conn.timeout,
+        ))))
     }
 
     /// Checks once per claim that the lock node holds no mutex or read-write lock nodes

@@ -384,10 +384,10 @@ impl Inner {
                     if !self.granted(claim, ticket, std::slice::from_ref(&node)) {
                         continue;
                     }
-                    return Ok(Attempt::Granted(Grant {
-                        fence: fence(&node.stat)?,
-                        valid_until: since + conn.timeout,
-                    }));
+                    return Ok(Attempt::Granted(Grant::new(
+                        fence(&node.stat)?,
+                        since + conn.timeout,
+                    )));
                 }
                 Place::Behind { .. } if !wait => {
                     // A try leaves nothing behind.

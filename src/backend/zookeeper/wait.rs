@@ -127,10 +127,10 @@ impl Inner {
         if !self.granted(claim, ticket, std::slice::from_ref(node)) {
             return Ok(None);
         }
-        Ok(Some(Grant {
-            fence: fence(&node.stat)?,
-            valid_until: since + up.conn.timeout,
-        }))
+        Ok(Some(Grant::new(
+            fence(&node.stat)?,
+            since + up.conn.timeout,
+        )))
     }
 }
 

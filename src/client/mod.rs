@@ -1,14 +1,18 @@
-//! `LockClient`: the handle users keep, its builder and configuration.
+//! `LockClient`: the handle users keep, its builder ([`builder`]) and configuration, and the
+//! clients on the service a URL names ([`connect`]).
+
+mod builder;
+mod connect;
+
+pub use self::builder::LockClientBuilder;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{Backend, DynBackend};
-use crate::core::lease::default_drift;
-use crate::core::rules::{validate_namespace, validate_ttl};
 use crate::core::{Config, Core};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::multi::MultiLock;
 use crate::mutex::Mutex;
 use crate::rw_lock::RwLock;
@@ -72,249 +76,9 @@ impl LockClient {
             namespace: DEFAULT_NAMESPACE.into(),
             ttl: DEFAULT_TTL,
             auto_renew: true,
-            drift: default_drift,
+            drift: crate::core::lease::default_drift,
         };
         Self::from_parts(Arc::new(crate::backend::MemoryBackend::new()), config)
-    }
-
-    /// A client on the Redis server at `url` (`redis://[user:password@]host:port/db`), with
-    /// the default namespace and TTL. For pools or other settings use
-    /// [`RedisBackend::builder`](crate::backend::RedisBackend::builder) and
-    /// [`LockClient::builder`].
-    ///
-    /// # Errors
-    ///
-    /// See [`RedisBackendBuilder::build`](crate::backend::RedisBackendBuilder::build).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), distlock::Error> {
-    /// let client = distlock::LockClient::redis("redis://127.0.0.1:6379/").await?;
-    /// let guard = client.mutex("orders:42").lock().await?;
-    /// # drop(guard);
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[cfg(feature = "redis")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub async fn redis(url: &str) -> Result<Self> {
-        let backend = crate::backend::RedisBackend::connect(url).await?;
-        Self::builder(backend).build()
-    }
-
-    /// Connects to independent Redis nodes as one Redlock (`redis://host:port/` URLs or
-    /// [`RedlockNode`](crate::backend::RedlockNode)s, at least three) with the defaults of [`RedlockBackend`](crate::backend::RedlockBackend): a lock is
-    /// held while a majority of the nodes hold it, and its fencing token increases across them.
-    ///
-    /// # Errors
-    ///
-    /// See [`RedlockBackendBuilder::build`](crate::backend::RedlockBackendBuilder::build).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), distlock::Error> {
-    /// let client = distlock::LockClient::redlock([
-    ///     "redis://10.0.0.1:6379/",
-    ///     "redis://10.0.0.2:6379/",
-    ///     "redis://10.0.0.3:6379/",
-    /// ])
-    /// .await?;
-    /// let guard = client.mutex("orders:42").lock().await?;
-    /// # drop(guard);
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[cfg(feature = "redlock")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
-    pub async fn redlock<I, N>(nodes: I) -> Result<Self>
-    where
-        I: IntoIterator<Item = N>,
-        N: Into<crate::backend::RedlockNode>,
-    {
-        let backend = crate::backend::RedlockBackend::connect(nodes).await?;
-        Self::builder(backend).build()
-    }
-
-    /// Connects to a PostgreSQL database (`postgres://user:password@host:port/database`) with
-    /// the defaults of [`PgBackend`](crate::backend::PgBackend), creating its `distlock` schema
-    /// on first use.
-    ///
-    /// # Errors
-    ///
-    /// See [`PgBackendBuilder::build`](crate::backend::PgBackendBuilder::build).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), distlock::Error> {
-    /// let client = distlock::LockClient::postgres("postgres://app@127.0.0.1:5432/app").await?;
-    /// let guard = client.mutex("orders:42").lock().await?;
-    /// # drop(guard);
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[cfg(feature = "postgres")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub async fn postgres(url: &str) -> Result<Self> {
-        let backend = crate::backend::PgBackend::connect(url).await?;
-        Self::builder(backend).build()
-    }
-
-    /// Connects to a ZooKeeper ensemble (`host:port[,host:port...][/chroot]`) with the
-    /// defaults of [`ZkBackend`](crate::backend::ZkBackend), under the default namespace: key
-    /// `k` is the znode `/distlock/k`, shared with Curator's `InterProcessMutex` on that path.
-    /// The lease TTL is the session timeout the server granted: a guard reports lost once the
-    /// session is gone or cannot be confirmed for that long.
-    ///
-    /// # Errors
-    ///
-    /// See [`ZkBackendBuilder::build`](crate::backend::ZkBackendBuilder::build).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: a dropped connect closes its half-open session.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), distlock::Error> {
-    /// let client = distlock::LockClient::zookeeper("127.0.0.1:2181").await?;
-    /// let guard = client.mutex("orders/42").lock().await?;
-    /// # drop(guard);
-    /// client.shutdown().await;
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[cfg(feature = "zookeeper")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
-    pub async fn zookeeper(connect: &str) -> Result<Self> {
-        Self::builder_for(&format!("zk://{connect}")).await?.build()
-    }
-
-    /// A client for a URL naming the service: `memory:` for the in-process backend (asked for
-    /// by name: an empty URL is an error, so an unset `DISTLOCK_URL` never quietly gives locks
-    /// that exclude nothing across processes), `redis://…` / `rediss://…` for Redis,
-    /// `redis+cluster://[user:password@]host:port,host:port` for a Redis Cluster (seed nodes),
-    /// `redis+sentinel://[user:password@]host:port,host:port/<master>[/<db>]` for the primary
-    /// the sentinels at those addresses name,
-    /// `redlock://[user:password@]host:port,host:port,host:port[/db]` for a Redlock over
-    /// independent Redis nodes, `zk://host:port[,host:port][/chroot]` for
-    /// ZooKeeper, `postgres://…` for PostgreSQL. Handy for a `DISTLOCK_URL` setting; each scheme needs its backend's feature.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for an empty URL, an unknown
-    /// scheme or one whose feature is off; otherwise as the backend's own constructor.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: a dropped connect leaves no connection or session behind.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), distlock::Error> {
-    /// // e.g. std::env::var("DISTLOCK_URL"): `memory:` here, `redis://…` in production
-    /// let client = distlock::LockClient::connect("memory:").await?;
-    /// # drop(client);
-    /// assert!(distlock::LockClient::connect("etcd://x").await.unwrap_err().is_invalid_config());
-    /// // An unset variable read as "" is an error, not in-process locks.
-    /// assert!(distlock::LockClient::connect("").await.unwrap_err().is_invalid_config());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn connect(url: &str) -> Result<Self> {
-        Self::builder_for(url).await?.build()
-    }
-
-    /// Connects to the service a URL names (as [`connect`](Self::connect) does) and returns a
-    /// builder on it, to set a namespace or TTL before building the client. On ZooKeeper the
-    /// TTL starts at the session timeout the server granted.
-    ///
-    /// # Errors
-    ///
-    /// As [`connect`](Self::connect).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: a dropped connect leaves no connection or session behind.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), distlock::Error> {
-    /// let client = distlock::LockClient::builder_for("memory:").await?.namespace("jobs").build()?;
-    /// assert_eq!(client.namespace(), "jobs");
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn builder_for(url: &str) -> Result<LockClientBuilder> {
-        // Each backend's connect is boxed: their futures are large and deep, and one frame
-        // holding them all side by side is more than the compiler lays out by default.
-        if url.trim().is_empty() {
-            return Err(Error::invalid_config(
-                "empty lock service URL: name the service (redis://…, zk://…, postgres://…), or `memory:` for locks inside this process only",
-            ));
-        }
-        let scheme = url
-            .split_once("://")
-            .map_or(url.trim_end_matches(':'), |(s, _)| s);
-        match scheme {
-            #[cfg(feature = "memory")]
-            "memory" => Ok(Self::builder(crate::backend::MemoryBackend::new())),
-            #[cfg(feature = "redis")]
-            "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::builder(
-                Box::pin(crate::backend::RedisBackend::connect(url)).await?,
-            )),
-            #[cfg(feature = "redis-cluster")]
-            "redis+cluster" => Ok(Self::builder(
-                Box::pin(crate::backend::RedisBackend::connect(url)).await?,
-            )),
-            #[cfg(feature = "redis-sentinel")]
-            "redis+sentinel" => Ok(Self::builder(
-                Box::pin(crate::backend::RedisBackend::connect(url)).await?,
-            )),
-            #[cfg(feature = "redlock")]
-            "redlock" => Ok(Self::builder(
-                Box::pin(crate::backend::RedlockBackend::connect(
-                    crate::backend::RedlockBackend::urls_of(url)?,
-                ))
-                .await?,
-            )),
-            #[cfg(feature = "postgres")]
-            "postgres" | "postgresql" => Ok(Self::builder(
-                Box::pin(crate::backend::PgBackend::connect(url)).await?,
-            )),
-            #[cfg(feature = "zookeeper")]
-            "zk" | "zookeeper" => {
-                let rest = url.split_once("://").map_or("", |(_, r)| r);
-                let backend = Box::pin(crate::backend::ZkBackend::connect(rest)).await?;
-                Ok(Self::builder(backend))
-            }
-            other => Err(Error::invalid_config(format_args!(
-                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://, zk://, postgres:// with features memory, redis, redis-tls, redis-cluster, redis-sentinel, redlock, zookeeper, postgres)"
-            ))),
-        }
     }
 
     /// Starts building a client on `backend`. The TTL starts at [`DEFAULT_TTL`], or at the
@@ -340,7 +104,7 @@ impl LockClient {
         }
     }
 
-    fn from_parts(backend: Arc<dyn DynBackend>, config: Config) -> Self {
+    pub(super) fn from_parts(backend: Arc<dyn DynBackend>, config: Config) -> Self {
         crate::core::metrics::describe_once();
         Self {
             inner: Arc::new(Core::new(backend, config)),
@@ -591,82 +355,6 @@ impl fmt::Debug for LockClient {
             .field("ttl", &self.inner.config.ttl)
             .field("auto_renew", &self.inner.config.auto_renew)
             .field("closed", &self.inner.is_closed())
-            .finish_non_exhaustive()
-    }
-}
-
-/// Builds a [`LockClient`] on any [`Backend`].
-///
-/// Created by [`LockClient::builder`].
-#[must_use = "builder does nothing itself, use `.build()` to build it"]
-pub struct LockClientBuilder {
-    backend: Arc<dyn DynBackend>,
-    namespace: String,
-    ttl: Duration,
-    auto_renew: bool,
-}
-
-impl LockClientBuilder {
-    /// Sets the namespace every key lives under: 1 to
-    /// [`MAX_NAMESPACE_LEN`](crate::MAX_NAMESPACE_LEN) bytes of letters, digits, `-`, `_` or
-    /// `.`. Defaults to [`DEFAULT_NAMESPACE`].
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// Sets the lease TTL: how long a lock outlives a holder that stopped renewing (crashed,
-    /// partitioned). Leases are renewed every third of it. Defaults to [`DEFAULT_TTL`].
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// Whether held leases are renewed in the background. Defaults to `true`. With `false` a
-    /// lock is held for one TTL and its guard reports lost when the TTL runs out, like a lease
-    /// time in other libraries. (A lock handed over by a releasing holder arrives with a short
-    /// provisional lease on some backends; it is confirmed once, so it too lasts one TTL.)
-    pub fn auto_renew(mut self, auto_renew: bool) -> Self {
-        self.auto_renew = auto_renew;
-        self
-    }
-
-    /// Builds the client. No I/O happens here.
-    ///
-    /// # Errors
-    ///
-    /// An [`InvalidConfig`](crate::ErrorKind::InvalidConfig) error if the namespace breaks its
-    /// rules or the TTL is zero.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use distlock::{backend::MemoryBackend, LockClient};
-    /// let err = LockClient::builder(MemoryBackend::new()).ttl(Duration::ZERO).build().unwrap_err();
-    /// assert!(err.is_invalid_config());
-    /// ```
-    pub fn build(self) -> Result<LockClient> {
-        validate_namespace(&self.namespace)?;
-        validate_ttl(self.ttl)?;
-        Ok(LockClient::from_parts(
-            self.backend,
-            Config {
-                namespace: self.namespace.into(),
-                ttl: self.ttl,
-                auto_renew: self.auto_renew,
-                drift: default_drift,
-            },
-        ))
-    }
-}
-
-impl fmt::Debug for LockClientBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockClientBuilder")
-            .field("namespace", &self.namespace)
-            .field("ttl", &self.ttl)
-            .field("auto_renew", &self.auto_renew)
             .finish_non_exhaustive()
     }
 }
