@@ -41,6 +41,12 @@ const RECONNECT_MIN: Duration = Duration::from_millis(20);
 /// hub tries every [`RECONNECT_MIN`]: the pub/sub connection is the first to see a server come
 /// back (perhaps without its data), and a holder must hear of it at once, whatever the outage.
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
+/// The longest pause while anyone holds or waits and the connection was accepted, then closed
+/// before any reply: a TCP proxy whose server is down, or a server refusing clients at
+/// `maxclients`. The two cannot be told apart, so the hub neither hammers (the second) nor
+/// waits the full back-off (the first: a holder would hear of a server that came back without
+/// its data up to [`RECONNECT_MAX`] late).
+const RECONNECT_DROPPED_MAX: Duration = Duration::from_millis(200);
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
 /// How often the connection is checked while anyone waits on it.
@@ -358,15 +364,21 @@ fn out_of_reach(e: &::redis::RedisError) -> bool {
     e.is_connection_refusal() || e.is_timeout()
 }
 
-/// The pause before the next connection attempt after `err`: `backoff`, unless the server was
-/// out of reach and anyone holds or waits, then the shortest.
+/// The pause before the next connection attempt after `err`: `backoff`, unless anyone holds
+/// or waits: then the shortest if the server was out of reach, and at most
+/// [`RECONNECT_DROPPED_MAX`] if the connection was accepted and closed.
 fn pause(hub: &Weak<HubInner>, backoff: Duration, err: &::redis::RedisError) -> Duration {
-    if !out_of_reach(err) {
+    let dropped = err.is_connection_dropped();
+    if !out_of_reach(err) && !dropped {
         return backoff;
     }
     match hub.upgrade() {
         Some(inner) if inner.holding.load(Ordering::Relaxed) > 0 || anyone_waits(&inner) => {
-            RECONNECT_MIN
+            if out_of_reach(err) {
+                RECONNECT_MIN
+            } else {
+                backoff.min(RECONNECT_DROPPED_MAX)
+            }
         }
         _ => backoff,
     }
