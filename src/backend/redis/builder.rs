@@ -14,14 +14,15 @@ use super::commands::{redis_error, Commands, CALL_TIMEOUT};
 use super::hosts_of;
 #[cfg(feature = "redis-sentinel")]
 use super::library::FAILOVER;
+use super::library::PLAIN;
 #[cfg(feature = "redis-cluster")]
 use super::library::SHARDED;
-use super::library::{Scripts, PLAIN};
 #[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
 use super::notify;
 use super::notify::Hub;
 use super::replicas::Ack;
-use super::script::Functions;
+use super::script::{Functions, Library};
+use super::scripts::Ping;
 #[cfg(feature = "redis-sentinel")]
 use super::sentinel;
 use super::{Inner, RedisBackend};
@@ -371,13 +372,13 @@ impl RedisBackendBuilder {
     async fn finish(
         self,
         commands: Commands,
-        scripts: &'static Scripts,
+        scripts: &'static Library,
         cluster: bool,
         hub: Hub,
     ) -> Result<RedisBackend> {
-        let functions = Functions::new(&scripts.library);
+        let functions = Functions::new(scripts);
         let answer = commands
-            .invoke::<i64>("connect", &scripts.ping.call(Some(&functions)).strict())
+            .invoke::<i64>("connect", &scripts.call(Some(&functions), &Ping).strict())
             .await;
         let functions = match answer {
             Ok(_) => Some(functions),
@@ -385,7 +386,7 @@ impl RedisBackendBuilder {
             // go by EVALSHA, if the server answers that.
             Err(err) if !err.is_transient() => {
                 commands
-                    .invoke::<i64>("connect", &scripts.ping.prepare_invoke())
+                    .invoke::<i64>("connect", &scripts.call(None, &Ping))
                     .await?;
                 tracing::debug!(error = %err, "redis: no function library; scripts go by EVALSHA");
                 None

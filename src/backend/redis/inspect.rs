@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use super::lock::FENCE_TTL;
-use super::{kind_of_code, millis, Keys, RedisBackend};
+use super::scripts::{ForceRelease, Inspect};
+use super::{kind_of_code, Keys, RedisBackend};
 use crate::backend::{handoff, Family};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{
@@ -13,11 +13,7 @@ use crate::inspect::{
 impl RedisBackend {
     pub(super) async fn inspect_key(&self, namespace: &str, key: &str) -> Result<Inspection> {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
-        let mut inv = self.call(&self.inner.scripts.inspect);
-        inv.key(&keys.lock)
-            .key(&keys.holders)
-            .key(&keys.queue)
-            .key(&keys.waiters);
+        let inv = self.call(&Inspect { keys: &keys });
         let (family, held, waiting): (String, Vec<String>, Vec<String>) =
             self.inner.commands.invoke("inspect", &inv).await?;
         let bad = || unexpected("inspect", key);
@@ -45,11 +41,10 @@ impl RedisBackend {
         key: &str,
     ) -> Result<ForceReleased> {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
-        let mut inv = self.call_on(&self.inner.scripts.force_release, &keys, true);
-        inv.arg(millis(FENCE_TTL))
-            .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels)
-            .arg_clock();
+        let inv = self.call(&ForceRelease {
+            keys: &keys,
+            handoff_ttl: self.inner.handoff_ttl,
+        });
         let (family, removed): (String, Vec<String>) =
             self.inner.commands.invoke("force_release", &inv).await?;
         let bad = || unexpected("force_release", key);

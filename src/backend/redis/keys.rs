@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use super::script::Call;
 use crate::backend::handoff;
 use crate::backend::{Claim, LockKind};
 
@@ -59,17 +58,6 @@ impl Keys {
             lock,
         }
     }
-
-    /// Adds this claim to a renewal call: its four keys (base, holders, waiters, queue) and
-    /// its owner and TTL, as `renew.lua` takes them.
-    pub(crate) fn add_renewal(&self, inv: &mut Call<'_>, ttl: Duration) {
-        inv.key(&self.lock)
-            .key(&self.holders)
-            .key(&self.waiters)
-            .key(&self.queue)
-            .arg(&self.owner)
-            .arg(millis(ttl));
-    }
 }
 
 /// The name of a lock's main key, `<ns>:{<key>}`: every other name of the lock starts with it.
@@ -80,19 +68,6 @@ pub(crate) fn lock_name(namespace: &str, key: &str) -> String {
 /// A duration in whole milliseconds for a script argument, at least 1.
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-impl Keys {
-    /// Adds this lock's keys to a call in the order the scripts take them: the mutex scripts'
-    /// (lock, queue, waiters, fence), or with `shared` the read-write lock and semaphore
-    /// scripts' (base, holders, queue, waiters, fence).
-    pub(crate) fn add_keys(&self, inv: &mut Call<'_>, shared: bool) {
-        inv.key(&self.lock);
-        if shared {
-            inv.key(&self.holders);
-        }
-        inv.key(&self.queue).key(&self.waiters).key(&self.fence);
-    }
 }
 
 /// A claim's kind as the scripts write it in queue entries and holder lists: `r` and `w` for

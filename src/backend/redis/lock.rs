@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{kind_code, millis, Keys, RedisBackend, RedisTicket};
+use super::scripts::{Acquire, AcquireShared, Downgrade, Release, ReleaseShared};
+use super::{kind_code, Keys, RedisBackend, RedisTicket};
 use crate::backend::handoff::{self, wait_for_handoff};
 use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::error::{Error, ErrorKind, Result};
@@ -95,24 +96,23 @@ impl RedisBackend {
         keys: &Keys,
         wait: bool,
     ) -> Result<Attempt> {
-        let shared = Shared::of(claim.kind());
-        let script = if shared.is_some() {
-            &self.inner.scripts.acquire_shared
-        } else {
-            &self.inner.scripts.acquire
+        let (ttl, handoff_ttl) = (claim.ttl(), self.inner.handoff_ttl);
+        let inv = match Shared::of(claim.kind()) {
+            Some(shared) => self.call(&AcquireShared {
+                keys,
+                ttl,
+                wait,
+                handoff_ttl,
+                kind: &shared.kind,
+                permits: shared.max,
+            }),
+            None => self.call(&Acquire {
+                keys,
+                ttl,
+                wait,
+                handoff_ttl,
+            }),
         };
-        let mut inv = self.call_on(script, keys, shared.is_some());
-        inv.arg(&keys.owner)
-            .arg(millis(claim.ttl()))
-            .arg(u8::from(wait))
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels);
-        if let Some(shared) = &shared {
-            inv.arg(&shared.kind).arg(shared.max);
-        }
-        // A second floor for the fencing token, besides the server's clock (`next_fence`).
-        inv.arg_clock();
         let (reply, sent): (Vec<::redis::Value>, Instant) =
             self.inner.commands.invoke_timed("acquire", &inv).await?;
         let (code, value, server_ms) = parse_acquire(claim, &reply)?;
@@ -162,22 +162,15 @@ impl RedisBackend {
         ticket.set_sub(None);
         ticket.set_holding(None);
         let keys = ticket.keys(claim, &self.inner.client_id);
-        let shared = Shared::of(claim.kind());
-        let script = if shared.is_some() {
-            &self.inner.scripts.release_shared
-        } else {
-            &self.inner.scripts.release
+        let handoff_ttl = self.inner.handoff_ttl;
+        let inv = match Shared::of(claim.kind()) {
+            Some(shared) => self.call(&ReleaseShared {
+                keys,
+                handoff_ttl,
+                kind: &shared.kind,
+            }),
+            None => self.call(&Release { keys, handoff_ttl }),
         };
-        let mut inv = self.call_on(script, keys, shared.is_some());
-        inv.arg(&keys.owner)
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels);
-        if let Some(shared) = &shared {
-            inv.arg(format!("{}:{}", shared.kind, keys.owner));
-        }
-        // The tokens of the grants it hands on are floored by our clock too.
-        inv.arg_clock();
         let (held, in_doubt, _): (i64, bool, Instant) = self
             .inner
             .commands
@@ -195,13 +188,11 @@ impl RedisBackend {
         ticket: &RedisTicket,
     ) -> Result<Grant> {
         let keys = ticket.keys(claim, &self.inner.client_id);
-        let mut inv = self.call_on(&self.inner.scripts.downgrade, keys, true);
-        inv.arg(&keys.owner)
-            .arg(millis(claim.ttl()))
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels)
-            .arg_clock();
+        let inv = self.call(&Downgrade {
+            keys,
+            ttl: claim.ttl(),
+            handoff_ttl: self.inner.handoff_ttl,
+        });
         let ((done, fence), sent): ((i64, i64), Instant) =
             self.inner.commands.invoke_timed("downgrade", &inv).await?;
         if done != 1 {

@@ -35,6 +35,7 @@ pub(crate) mod notify;
 mod renewal;
 mod replicas;
 pub(crate) mod script;
+pub(crate) mod scripts;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
 mod ticket;
@@ -47,18 +48,17 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use self::commands::Commands;
-use self::library::Scripts;
 use self::notify::Hub;
 use self::replicas::Ack;
-use self::script::Functions;
+use self::script::{Functions, Library};
 use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
 use crate::error::Result;
 use crate::inspect::{ForceReleased, Inspection};
 
 pub use self::builder::RedisBackendBuilder;
-pub(crate) use self::keys::{kind_code, kind_of_code, lock_name, millis, Keys};
 #[cfg(feature = "redlock")]
-pub(crate) use self::library::{RENEWAL_LUA, SHARED_LUA};
+pub(crate) use self::keys::millis;
+pub(crate) use self::keys::{kind_code, kind_of_code, lock_name, Keys};
 #[cfg(feature = "redlock")]
 pub(crate) use self::lock::FENCE_TTL;
 pub use self::ticket::RedisTicket;
@@ -106,7 +106,7 @@ pub struct RedisBackend {
 struct Inner {
     replicas_ack: Option<Ack>,
     commands: Commands,
-    scripts: &'static Scripts,
+    scripts: &'static Library,
     /// The scripts' function library, if the server keeps functions: scripts are called in it.
     functions: Option<Functions>,
     /// A Redis Cluster: renewals go one script call per slot.

@@ -3,6 +3,7 @@
 
 #[cfg(feature = "redis-cluster")]
 use super::lock_name;
+use super::scripts::{Renew, Renewed};
 use super::{RedisBackend, RedisTicket};
 use crate::backend::{Claim, Renewal};
 use crate::error::{Error, ErrorKind};
@@ -32,14 +33,16 @@ impl RedisBackend {
         claims: &[(&Claim, &RedisTicket)],
         group: &[usize],
     ) -> Vec<Renewal> {
-        let mut inv = self.call(&self.inner.scripts.renew);
+        let mut args = Renew::default();
         let mut members: Vec<&Claim> = Vec::with_capacity(group.len());
         for (claim, ticket) in group.iter().filter_map(|&i| claims.get(i)) {
-            ticket
-                .keys(claim, &self.inner.client_id)
-                .add_renewal(&mut inv, claim.ttl());
+            args.claims.push(Renewed {
+                keys: ticket.keys(claim, &self.inner.client_id),
+                ttl: claim.ttl(),
+            });
             members.push(claim);
         }
+        let inv = self.call(&args);
         match self
             .inner
             .commands

@@ -1,66 +1,51 @@
 //! The Lua scripts the Redis backends run, and how one call of them reaches the server.
 //!
-//! A script is sent by `EVALSHA` (the text once per server, on `NOSCRIPT`): Redis then runs the
-//! whole text at every call, every helper definition included. Where the server keeps
-//! functions (Redis 7 and later), the single-node and Cluster backends load their scripts as
-//! one function library instead and call them by `FCALL`: the helpers are compiled once, when
-//! the library loads, and a call runs only its own body. A library is named after a hash of its
-//! text, so two versions of distlock on one server each keep their own and never replace each
-//! other's. A server that lost the library (restarted without persistence, flushed) answers
-//! "function not found": the call loads it again and is sent once more. A server that refuses
-//! functions later on (this user may not load the lost library) gets the call by `EVALSHA`.
+//! Each backend's scripts (one set per topology, and Redlock's) are one function library: where
+//! the server keeps functions (Redis 7 and later) it is loaded once and its scripts are called
+//! by `FCALL`, so the helpers are compiled once, when the library loads, and a call runs only
+//! its own body. A library is named after a hash of its text, so two versions of distlock on
+//! one server each keep their own and never replace each other's. A server that lost the
+//! library (restarted without persistence, flushed) answers "function not found": the call
+//! loads it again and is sent once more. A server without functions, or one that refuses them
+//! (this user may not load the lost library), gets each script by `EVALSHA` (the text once per
+//! server, on `NOSCRIPT`): Redis then runs the whole text at every call, every helper
+//! definition included.
+//!
+//! A call names its script by the type of its arguments (see [`Args`]), never by position.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::redis::{FromRedisValue, RedisResult, ToRedisArgs};
 
-/// A script: its text for `EVALSHA`, and its function's name when it is part of a
-/// [`Library`].
-pub(crate) struct Script {
-    lua: ::redis::Script,
-    function: Option<String>,
+/// A script's `KEYS` and `ARGV` as a struct whose fields a call site fills by name; one struct
+/// per script, beside its `.lua` file (`scripts/mod.rs`). The struct names its script, and
+/// pushes its fields in the order the script reads them: no call site writes a position.
+pub(crate) trait Args {
+    /// The script these arguments are for: its name in its library (how a call finds it),
+    /// its body and the helpers it needs.
+    const SCRIPT: Part;
+
+    /// Adds the keys and arguments to `call`, in the script's order.
+    fn push(&self, call: &mut Call<'_>);
 }
 
-impl Script {
-    /// A script run by `EVALSHA` only.
-    #[cfg(feature = "redlock")]
-    pub(crate) fn new(text: &str) -> Self {
-        Self {
-            lua: ::redis::Script::new(text),
-            function: None,
-        }
-    }
-
-    /// A call of this script by `EVALSHA`; keys and arguments are added to it.
-    pub(crate) fn prepare_invoke(&self) -> Call<'_> {
-        Call {
-            script: self,
-            functions: None,
-            fallback: true,
-            keys: Vec::new(),
-            args: Vec::new(),
-            clock: None,
-        }
-    }
-
-    /// A call of this script as a function of the library `functions` use, while they are
-    /// on, else by `EVALSHA`.
-    pub(crate) fn call<'a>(&'a self, functions: Option<&'a Functions>) -> Call<'a> {
-        let mut call = self.prepare_invoke();
-        call.functions = functions.filter(|f| f.on.load(Ordering::Relaxed));
-        call
-    }
+/// A script of a [`Library`]: its text for `EVALSHA`, and its function's name.
+pub(crate) struct Script {
+    /// Its name in the library (its [`Part`]'s).
+    name: &'static str,
+    lua: ::redis::Script,
+    function: String,
 }
 
 /// One script of a [`Library`]: its function's name (after the library's), the helpers it
 /// needs beyond the library's prelude, and its body.
-pub(crate) struct Part<'a> {
-    pub(crate) name: &'a str,
+pub(crate) struct Part {
+    pub(crate) name: &'static str,
     /// The script writes nothing: its function may run on a replica too.
     pub(crate) read_only: bool,
-    pub(crate) helpers: &'a [&'a str],
-    pub(crate) body: &'a str,
+    pub(crate) helpers: &'static [&'static str],
+    pub(crate) body: &'static str,
 }
 
 /// Scripts sharing one prelude of helpers, loaded as a Redis function library.
@@ -69,6 +54,7 @@ pub(crate) struct Library {
     code: String,
     /// The library's name (`distlock_<hash>`), which starts every function's name.
     name: String,
+    scripts: Vec<Script>,
 }
 
 impl Library {
@@ -77,12 +63,8 @@ impl Library {
     /// prelude and its own `helpers` (it reads `KEYS` and `ARGV`); the library holds each of
     /// them once. The prelude and helpers run once, at load: the hook `fresh` the prelude
     /// defines is called at the start of every function, to reset what a script keeps for one
-    /// call. The library's name is a hash of its text. Returns the library and the scripts,
-    /// in the order given.
-    pub(crate) fn build<const N: usize>(
-        prelude: &str,
-        scripts: [Part<'_>; N],
-    ) -> (Self, [Script; N]) {
+    /// call. The library's name is a hash of its text.
+    pub(crate) fn build(prelude: &str, scripts: &[Part]) -> Self {
         let mut helpers: Vec<&str> = Vec::new();
         for part in scripts.iter().flat_map(|s| s.helpers) {
             if !helpers.contains(part) {
@@ -113,11 +95,43 @@ impl Library {
             "#!lua name={name}\n{helpers}{}",
             functions(&format!("{name}_"))
         );
-        let scripts = scripts.map(|s| Script {
-            lua: ::redis::Script::new(&format!("{prelude}\n{}\n{}", s.helpers.join("\n"), s.body)),
-            function: Some(format!("{name}_{}", s.name)),
-        });
-        (Self { code, name }, scripts)
+        let scripts = scripts
+            .iter()
+            .map(|s| Script {
+                name: s.name,
+                lua: ::redis::Script::new(&format!(
+                    "{prelude}\n{}\n{}",
+                    s.helpers.join("\n"),
+                    s.body
+                )),
+                function: format!("{name}_{}", s.name),
+            })
+            .collect();
+        Self {
+            code,
+            name,
+            scripts,
+        }
+    }
+
+    /// A call of the script `args` are for, with them: a function of this library while
+    /// `functions` (this library's use on the server) are on, else by `EVALSHA`.
+    pub(crate) fn call<'a, A: Args>(
+        &'a self,
+        functions: Option<&'a Functions>,
+        args: &A,
+    ) -> Call<'a> {
+        let mut call = Call {
+            script: self.scripts.iter().find(|s| s.name == A::SCRIPT.name),
+            name: A::SCRIPT.name,
+            functions: None,
+            fallback: true,
+            keys: Vec::new(),
+            args: Vec::new(),
+            clock: None,
+        };
+        args.push(&mut call);
+        call.using(functions)
     }
 
     /// Loads the library on the server behind `con` (on a Cluster connection: on every
@@ -164,7 +178,10 @@ impl Functions {
 /// One call of a [`Script`] with its keys and arguments, as a function (`FCALL`) or by
 /// `EVALSHA`.
 pub(crate) struct Call<'a> {
-    script: &'a Script,
+    /// `None` if the library holds no script of that name: sending the call fails.
+    script: Option<&'a Script>,
+    /// The script's name, for that failure.
+    name: &'static str,
     /// Called as a function of the library these use.
     functions: Option<&'a Functions>,
     /// A function call the server refuses goes by `EVALSHA` instead (see
@@ -175,6 +192,33 @@ pub(crate) struct Call<'a> {
     /// The index in `args` that is this machine's clock, read as each attempt is sent (see
     /// [`arg_clock`](Self::arg_clock)).
     clock: Option<usize>,
+}
+
+impl<'a> Call<'a> {
+    /// The call with the library use `functions` instead of its own: a function call while
+    /// they are on, else by `EVALSHA` (Redlock builds a call once and sends it to every node,
+    /// each with its own use of the library).
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(crate) fn on<'b>(&self, functions: Option<&'b Functions>) -> Call<'b>
+    where
+        'a: 'b,
+    {
+        Call {
+            script: self.script,
+            name: self.name,
+            functions: None,
+            fallback: self.fallback,
+            keys: self.keys.clone(),
+            args: self.args.clone(),
+            clock: self.clock,
+        }
+        .using(functions)
+    }
+
+    fn using(mut self, functions: Option<&'a Functions>) -> Self {
+        self.functions = functions.filter(|f| f.on.load(Ordering::Relaxed));
+        self
+    }
 }
 
 impl Call<'_> {
@@ -228,11 +272,18 @@ impl Call<'_> {
         C: ::redis::aio::ConnectionLike,
         T: FromRedisValue,
     {
-        let (Some(functions), Some(function)) = (self.functions, &self.script.function) else {
-            return self.eval(con).await;
+        let Some(script) = self.script else {
+            return Err(::redis::RedisError::from((
+                ::redis::ErrorKind::Client,
+                "distlock: no such script in the library",
+                self.name.to_owned(),
+            )));
+        };
+        let Some(functions) = self.functions else {
+            return self.eval(script, con).await;
         };
         let mut fcall = ::redis::cmd("FCALL");
-        fcall.arg(function).arg(self.keys.len());
+        fcall.arg(&script.function).arg(self.keys.len());
         for key in &self.keys {
             fcall.arg(key);
         }
@@ -257,16 +308,16 @@ impl Call<'_> {
                 "redis: the server refuses distlock's function library now; scripts go by EVALSHA"
             );
         }
-        self.eval(con).await
+        self.eval(script, con).await
     }
 
     /// Sends the call by `EVALSHA` (the text on `NOSCRIPT`).
-    async fn eval<C, T>(&self, con: &mut C) -> RedisResult<T>
+    async fn eval<C, T>(&self, script: &Script, con: &mut C) -> RedisResult<T>
     where
         C: ::redis::aio::ConnectionLike,
         T: FromRedisValue,
     {
-        let mut inv = self.script.lua.prepare_invoke();
+        let mut inv = script.lua.prepare_invoke();
         for key in &self.keys {
             inv.key(key);
         }
@@ -296,25 +347,76 @@ fn says(e: &::redis::RedisError, what: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{Library, Part};
+    use super::{Args, Call, Library, Part};
+
+    const ONE: Part = Part {
+        name: "one",
+        read_only: false,
+        helpers: &[],
+        body: "return 1",
+    };
+
+    /// The arguments of `ONE`, in its order: a key, then a number and a word.
+    struct One {
+        key: &'static str,
+        n: u32,
+        word: &'static str,
+    }
+
+    impl Args for One {
+        const SCRIPT: Part = ONE;
+
+        fn push(&self, call: &mut Call<'_>) {
+            call.key(self.key).arg(self.n).arg(self.word);
+        }
+    }
+
+    /// Arguments of a script no library here holds.
+    struct Other;
+
+    impl Args for Other {
+        const SCRIPT: Part = Part {
+            name: "other",
+            ..ONE
+        };
+
+        fn push(&self, _call: &mut Call<'_>) {}
+    }
 
     #[test]
     fn a_library_names_its_functions_after_a_hash_of_its_text() {
-        let one = |body| Part {
-            name: "one",
-            read_only: false,
-            helpers: &[],
-            body,
-        };
-        let (a, [script]) = Library::build("local function fresh() end", [one("return 1")]);
-        let (b, _) = Library::build("local function fresh() end", [one("return 2")]);
+        let a = Library::build("local function fresh() end", &[ONE]);
+        let b = Library::build(
+            "local function fresh() end",
+            &[Part {
+                body: "return 2",
+                ..ONE
+            }],
+        );
         assert_ne!(a.name, b.name);
         assert!(a.name.starts_with("distlock_"));
         assert!(a
             .name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_'));
-        assert_eq!(script.function, Some(format!("{}_one", a.name)));
+        assert_eq!(a.scripts[0].function, format!("{}_one", a.name));
         assert!(a.code.starts_with(&format!("#!lua name={}\n", a.name)));
+    }
+
+    #[test]
+    fn a_call_finds_its_script_by_name_and_pushes_its_fields_in_order() {
+        let library = Library::build("local function fresh() end", &[ONE]);
+        let call = library.call(
+            None,
+            &One {
+                key: "k",
+                n: 7,
+                word: "w",
+            },
+        );
+        assert_eq!(call.script.map(|s| s.name), Some("one"));
+        assert_eq!(call.keys, vec![b"k".to_vec()]);
+        assert_eq!(call.args, vec![b"7".to_vec(), b"w".to_vec()]);
+        assert!(library.call(None, &Other).script.is_none());
     }
 }

@@ -7,11 +7,12 @@ use std::time::Duration;
 use futures::future::join_all;
 use tokio::sync::watch;
 
+use super::library;
 use super::node::{Downs, Node};
 use super::quorum::quorum;
 use super::{Inner, RedlockBackend, RedlockNode};
 use crate::backend::handoff::{check_handoff_ttl, client_id, DEFAULT_HANDOFF_TTL};
-use crate::backend::redis::script::Script;
+use crate::backend::redis::scripts::Ping;
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long one node may take to answer before it counts as not granting.
@@ -214,8 +215,8 @@ impl RedlockBackendBuilder {
             }
             nodes.push(node);
         }
-        let probe = Script::new("return 1");
-        let probe = probe.prepare_invoke();
+        // Each node that answers has the scripts' library from here on.
+        let probe = library::call(&Ping);
         let probes = join_all(nodes.iter().map(|n| n.call::<i64>("connect", &probe))).await;
         let answered = probes.iter().filter(|p| p.is_ok()).count();
         if answered < q {

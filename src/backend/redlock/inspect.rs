@@ -8,11 +8,12 @@ use futures::future::join_all;
 use tokio::time::Instant;
 
 use super::keys::Keys;
-use super::library::{FORCE_RELEASE, INSPECT};
+use super::library;
 use super::quorum::held_until;
+use super::scripts::{ForceRelease, Inspect};
 use super::RedlockBackend;
 use crate::backend::handoff::parse_family;
-use crate::backend::redis::{kind_of_code, millis, FENCE_TTL};
+use crate::backend::redis::kind_of_code;
 use crate::backend::{Family, LockKind};
 use crate::error::Result;
 use crate::inspect::{ForceReleased, Holder, Inspection, Waiter};
@@ -123,11 +124,7 @@ pub(super) fn merge(key: &str, quorum: usize, views: Vec<(NodeView, Instant)>) -
 impl RedlockBackend {
     pub(super) async fn inspect_key(&self, namespace: &str, key: &str) -> Result<Inspection> {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
-        let mut inv = INSPECT.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.holders)
-            .key(&keys.queue)
-            .key(&keys.waiters);
+        let inv = library::call(&Inspect { keys: &keys });
         let calls = self.inner.nodes.iter().map(|node| {
             let inv = &inv;
             async move { node.call::<Reply>("inspect", inv).await }
@@ -164,11 +161,11 @@ impl RedlockBackend {
         key: &str,
     ) -> Result<ForceReleased> {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
-        let mut inv = keys.invoke(&FORCE_RELEASE, true);
-        inv.arg(millis(FENCE_TTL))
-            .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels)
-            .arg(self.rejoin_ms());
+        let inv = library::call(&ForceRelease {
+            keys: &keys,
+            handoff_ttl: self.inner.handoff_ttl,
+            rejoin_ms: self.rejoin_ms(),
+        });
         let calls = self.inner.nodes.iter().map(|node| {
             let inv = &inv;
             async move {

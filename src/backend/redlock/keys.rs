@@ -1,7 +1,6 @@
 //! One lock's key names on every node (the single-node layout, Redlock's queues under names of
 //! their own) and the claim's owner token.
 
-use crate::backend::redis::script::{Call, Script};
 use crate::backend::redis::{kind_code, Keys as RedisKeys};
 use crate::backend::{Claim, LockKind};
 
@@ -10,7 +9,8 @@ use crate::backend::{Claim, LockKind};
 /// priority), and the node's `born` mark.
 pub(super) struct Keys {
     names: RedisKeys,
-    born: String,
+    /// The node's `born` mark (see `quorum.lua`).
+    pub(super) born: String,
 }
 
 impl std::ops::Deref for Keys {
@@ -30,23 +30,6 @@ impl Keys {
         Self {
             names: RedisKeys::layout(namespace, key, client_id, claim_owner, "rq", "rw"),
             born: format!("{namespace}:born"),
-        }
-    }
-
-    /// A call of `script` with the single-node scripts' keys (see [`RedisKeys::add_keys`]), then
-    /// the node's `born` mark.
-    pub(super) fn invoke<'a>(&self, script: &'a Script, shared: bool) -> Call<'a> {
-        let mut inv = script.prepare_invoke();
-        self.names.add_keys(&mut inv, shared);
-        inv.key(&self.born);
-        inv
-    }
-
-    /// The claim's queue entry: its owner for a mutex, `<r|w>:<owner>` for a read-write lock.
-    pub(super) fn entry(&self, kind: LockKind) -> String {
-        match shared_kind(kind) {
-            Some(k) => format!("{k}:{}", self.owner),
-            None => self.owner.clone(),
         }
     }
 }

@@ -1,53 +1,25 @@
-//! The scripts each node runs: the single-node helpers with Redlock's queue by priority and
-//! the rejoin gate.
+//! The scripts each node runs, as one function library: the single-node helpers with
+//! Redlock's queue by priority and the rejoin gate, then Redlock's own scripts. Each node
+//! loads it once and calls it by `FCALL` (loaded again when the node lost it, e.g. restarted
+//! without its data), or by `EVALSHA` where the node keeps no functions (see `redis::script`).
 
 use std::sync::LazyLock;
 
-use crate::backend::redis::script::Script;
+use super::scripts::{ALL, QUORUM_LUA};
+use crate::backend::redis::script::{Args, Call, Library};
+use crate::backend::redis::scripts::{COMMON_LUA, RENEWAL_LUA, SHARED_LUA, SHARED_OPS_LUA};
 
-pub(super) fn script(body: &str) -> Script {
-    Script::new(&format!(
-        "{}\n{}\n{}\n{}\n{}",
-        include_str!("../redis/scripts/common.lua"),
-        crate::backend::redis::SHARED_LUA,
-        crate::backend::redis::RENEWAL_LUA,
-        include_str!("scripts/quorum.lua"),
-        body
-    ))
+/// Redlock's library. Every helper is in the prelude, so each script sent by `EVALSHA` carries
+/// them all.
+pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    Library::build(
+        &format!("{COMMON_LUA}\n{SHARED_LUA}\n{RENEWAL_LUA}\n{QUORUM_LUA}\n{SHARED_OPS_LUA}"),
+        &ALL,
+    )
+});
+
+/// A call of the script `args` are for, to send to any node: each node calls it in its own
+/// use of the library (see [`Node::call`](super::node::Node::call)).
+pub(super) fn call(args: &impl Args) -> Call<'static> {
+    LIBRARY.call(None, args)
 }
-
-pub(super) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/acquire.lua")));
-pub(super) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/release.lua")));
-pub(super) static SETTLE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/settle.lua")));
-pub(super) static YIELD: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/yield.lua")));
-pub(super) static RENEW: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/renew.lua")));
-pub(super) static INSPECT: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/inspect.lua")));
-pub(super) static ACQUIRE_SHARED: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/acquire_shared.lua")));
-pub(super) static YIELD_SHARED: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/yield_shared.lua")));
-// The single-node read-write lock scripts, gated by the node's rejoin delay.
-pub(super) static RELEASE_SHARED: LazyLock<Script> = LazyLock::new(|| {
-    script(concat!(
-        include_str!("scripts/gated.lua"),
-        include_str!("../redis/scripts/release_shared.lua")
-    ))
-});
-pub(super) static DOWNGRADE: LazyLock<Script> = LazyLock::new(|| {
-    script(concat!(
-        include_str!("scripts/gated.lua"),
-        include_str!("../redis/scripts/downgrade.lua")
-    ))
-});
-pub(super) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    script(concat!(
-        include_str!("scripts/force_release.lua"),
-        include_str!("../redis/scripts/force_release.lua")
-    ))
-});

@@ -8,12 +8,12 @@ use futures::future::join_all;
 use tokio::time::Instant;
 
 use super::keys::Keys;
-use super::library::DOWNGRADE;
+use super::library;
 use super::quorum::held_until;
 use super::round::Held;
+use super::scripts::Downgrade;
 use super::{RedlockBackend, RedlockTicket};
 use crate::backend::handoff::{before, earliest, fence_of, next_in_line, recheck, Mailbox, Wake};
-use crate::backend::redis::{millis, FENCE_TTL};
 use crate::backend::{Attempt, Claim, Grant};
 use crate::error::{Error, Result};
 use crate::sync::LockExt;
@@ -134,13 +134,12 @@ impl RedlockBackend {
         _ticket: &RedlockTicket,
     ) -> Result<Grant> {
         let keys = Keys::new(claim, &self.inner.client_id);
-        let mut inv = keys.invoke(&DOWNGRADE, true);
-        inv.arg(&keys.owner)
-            .arg(millis(claim.ttl()))
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels)
-            .arg(self.rejoin_ms());
+        let inv = library::call(&Downgrade {
+            keys: &keys,
+            ttl: claim.ttl(),
+            handoff_ttl: self.inner.handoff_ttl,
+            rejoin_ms: self.rejoin_ms(),
+        });
         let replies = join_all(self.inner.nodes.iter().map(|node| {
             let inv = &inv;
             async move { node.call::<(i64, i64)>("downgrade", inv).await }

@@ -10,6 +10,7 @@ mod node;
 mod quorum;
 mod renewal;
 mod round;
+mod scripts;
 mod ticket;
 
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! calls to it fail at once (a no vote), so a node known down costs nothing.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -13,9 +13,11 @@ use ::redis::FromRedisValue;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+use super::library::{self, LIBRARY};
 use crate::backend::redis::commands::{redis_error, Commands, CALL_TIMEOUT};
 use crate::backend::redis::notify::Hub;
-use crate::backend::redis::script::{Call, Script};
+use crate::backend::redis::script::{Call, Functions};
+use crate::backend::redis::scripts::Ping;
 use crate::error::{Error, ErrorKind, Result};
 
 /// One node of a Redlock set, as given to [`RedlockBackend::builder`](super::RedlockBackend::builder):
@@ -144,6 +146,9 @@ struct Link {
     name: String,
     client: ::redis::Client,
     commands: OnceCell<Commands>,
+    /// The node's use of the scripts' function library (off for good once it refuses
+    /// functions: its calls then go by `EVALSHA`).
+    functions: Functions,
     timeout: Duration,
     /// Set while the node is known down (its last call failed to reach it): calls fail at once,
     /// as a no vote, and one background task tries to reach it with a growing pause.
@@ -172,9 +177,6 @@ impl Downs {
 const PROBE_MIN: Duration = Duration::from_millis(25);
 const PROBE_MAX: Duration = Duration::from_secs(1);
 
-/// What reaches a node that is down, to learn that it is back.
-static PROBE: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
-
 impl Node {
     /// A node for `node`; no I/O until the first call (the hub connects in the background).
     pub(super) fn new(node: RedlockNode, timeout: Duration, set: Arc<Downs>) -> Result<Self> {
@@ -192,6 +194,7 @@ impl Node {
                 name: name.clone(),
                 client,
                 commands: OnceCell::new_with(node.commands),
+                functions: Functions::new(&LIBRARY),
                 timeout,
                 down: AtomicBool::new(false),
                 set,
@@ -207,7 +210,8 @@ impl Node {
             && self.link.set.down.load(Ordering::Acquire) <= self.link.set.tolerated
     }
 
-    /// Runs a script on this node within the node's deadline; returns the reply and when the
+    /// Runs a script on this node within the node's deadline, as a function of the node's
+    /// library while it keeps functions, else by `EVALSHA`; returns the reply and when the
     /// answered attempt was sent.
     pub(super) async fn call<T: FromRedisValue>(
         &self,
@@ -289,7 +293,9 @@ impl Node {
                     // A call the quorum needed reached it meanwhile.
                     return;
                 }
-                let probe = PROBE.prepare_invoke();
+                // What reaches a node that is down, to learn that it is back (and to load the
+                // library there if it lost it).
+                let probe = library::call(&Ping);
                 if link
                     .call_within::<i64>(link.timeout, "probe", &probe)
                     .await
@@ -336,7 +342,9 @@ impl Link {
                         .map_err(|e| redis_error("connect", e).transient())
                 })
                 .await?;
-            commands.invoke_timed(what, inv).await
+            commands
+                .invoke_timed(what, &inv.on(Some(&self.functions)))
+                .await
         };
         match tokio::time::timeout(limit, call).await {
             Ok(Ok(reply)) => Ok(reply),

@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 use futures::future::join_all;
 
 use super::keys::{shared_kind, Keys};
-use super::library::RENEW;
+use super::library;
 use super::quorum::held_until;
+use super::scripts::{Renew, RenewMode, Renewed};
 use super::{RedlockBackend, RedlockTicket};
 use crate::backend::{Claim, Renewal, MIN_RENEW_CALL};
 
@@ -15,20 +16,27 @@ impl RedlockBackend {
     pub(super) async fn renew_claims(&self, claims: &[(&Claim, &RedlockTicket)]) -> Vec<Renewal> {
         let n = self.inner.nodes.len();
         let q = self.inner.quorum;
-        let mut inv = RENEW.prepare_invoke();
-        for (claim, ticket) in claims {
-            let keys = Keys::new(claim, &self.inner.client_id);
+        let keys: Vec<Keys> = claims
+            .iter()
+            .map(|(claim, _)| Keys::new(claim, &self.inner.client_id))
+            .collect();
+        let mut args = Renew::default();
+        for ((claim, ticket), keys) in claims.iter().zip(&keys) {
             let mode = match (
                 ticket.held.load(Ordering::Acquire),
                 shared_kind(claim.kind()),
             ) {
-                (true, None) => "h",
-                (true, Some(_)) => "H",
-                (false, _) => "w",
+                (true, None) => RenewMode::Mutex,
+                (true, Some(_)) => RenewMode::Shared,
+                (false, _) => RenewMode::Waiting,
             };
-            keys.add_renewal(&mut inv, claim.ttl());
-            inv.arg(mode);
+            args.claims.push(Renewed {
+                keys,
+                ttl: claim.ttl(),
+                mode,
+            });
         }
+        let inv = library::call(&args);
         // Bounded per node, within half the window the renewal engine gives the whole call (a
         // third of the shortest TTL, at least 50 ms), so one silent node cannot hold up the
         // others' answers until the engine gives up on all of them.

@@ -8,13 +8,11 @@ use futures::future::join_all;
 use tokio::time::Instant;
 
 use super::keys::{shared_kind, Keys};
-use super::library::{
-    ACQUIRE, ACQUIRE_SHARED, RELEASE, RELEASE_SHARED, SETTLE, YIELD, YIELD_SHARED,
-};
+use super::library;
 use super::quorum::held_until;
+use super::scripts::{Acquire, AcquireShared, Release, ReleaseShared, Settle, Yield, YieldShared};
 use super::{RedlockBackend, RedlockTicket};
 use crate::backend::handoff::{earliest, fence_of, kind_mismatch};
-use crate::backend::redis::{millis, FENCE_TTL};
 use crate::backend::{Attempt, Claim, Grant};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -64,26 +62,27 @@ impl RedlockBackend {
         keys: &Keys,
         wait: bool,
     ) -> Vec<Reply> {
-        let shared = shared_kind(claim.kind());
-        let mut inv = keys.invoke(
-            if shared.is_some() {
-                &ACQUIRE_SHARED
-            } else {
-                &ACQUIRE
-            },
-            shared.is_some(),
-        );
-        inv.arg(&keys.owner)
-            .arg(millis(claim.ttl()))
-            .arg(u8::from(wait))
-            .arg(ticket.priority())
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels)
-            .arg(self.rejoin_ms());
-        if let Some(kind) = shared {
-            inv.arg(kind);
-        }
+        let (ttl, priority) = (claim.ttl(), ticket.priority());
+        let (handoff_ttl, rejoin_ms) = (self.inner.handoff_ttl, self.rejoin_ms());
+        let inv = match shared_kind(claim.kind()) {
+            Some(kind) => library::call(&AcquireShared {
+                keys,
+                ttl,
+                wait,
+                priority,
+                handoff_ttl,
+                rejoin_ms,
+                kind: &kind,
+            }),
+            None => library::call(&Acquire {
+                keys,
+                ttl,
+                wait,
+                priority,
+                handoff_ttl,
+                rejoin_ms,
+            }),
+        };
         let tickets = ticket.nodes(self.inner.nodes.len());
         let calls = self.inner.nodes.iter().zip(tickets).map(|(node, nt)| {
             let inv = &inv;
@@ -169,15 +168,12 @@ impl RedlockBackend {
         token: u64,
         shared: bool,
     ) -> Vec<Instant> {
-        let mut inv = SETTLE.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.holders)
-            .arg(&keys.owner)
-            .arg(millis(px))
-            .arg(token)
-            .arg(millis(FENCE_TTL))
-            .arg(u8::from(shared));
+        let inv = library::call(&Settle {
+            keys,
+            lease: px,
+            token,
+            shared,
+        });
         let calls = held.iter().map(|h| {
             let inv = &inv;
             async move {
@@ -204,17 +200,22 @@ impl RedlockBackend {
         keys: &Keys,
         held: &[Held],
     ) {
-        let shared = shared_kind(claim.kind()).is_some();
-        let mut inv = keys.invoke(if shared { &YIELD_SHARED } else { &YIELD }, shared);
-        inv.arg(&keys.owner)
-            .arg(ticket.priority())
-            .arg(millis(claim.ttl()))
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels);
-        if shared {
-            inv.arg(keys.entry(claim.kind()));
-        }
+        let (priority, ttl, handoff_ttl) = (ticket.priority(), claim.ttl(), self.inner.handoff_ttl);
+        let inv = match shared_kind(claim.kind()) {
+            Some(kind) => library::call(&YieldShared {
+                keys,
+                priority,
+                ttl,
+                handoff_ttl,
+                kind: &kind,
+            }),
+            None => library::call(&Yield {
+                keys,
+                priority,
+                ttl,
+                handoff_ttl,
+            }),
+        };
         let calls = held.iter().filter_map(|h| {
             let node = self.inner.nodes.get(h.node)?;
             let inv = &inv;
@@ -226,16 +227,20 @@ impl RedlockBackend {
     /// Releases the claim on every node; returns how many said it held the lock there, and how
     /// many could not be asked.
     pub(super) async fn release_on(&self, claim: &Claim, keys: &Keys) -> (usize, usize) {
-        let shared = shared_kind(claim.kind()).is_some();
-        let mut inv = keys.invoke(if shared { &RELEASE_SHARED } else { &RELEASE }, shared);
-        inv.arg(&keys.owner)
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.inner.handoff_ttl))
-            .arg(&keys.channels);
-        if shared {
-            inv.arg(keys.entry(claim.kind()));
-        }
-        inv.arg(self.rejoin_ms());
+        let (handoff_ttl, rejoin_ms) = (self.inner.handoff_ttl, self.rejoin_ms());
+        let inv = match shared_kind(claim.kind()) {
+            Some(kind) => library::call(&ReleaseShared {
+                keys,
+                handoff_ttl,
+                rejoin_ms,
+                kind: &kind,
+            }),
+            None => library::call(&Release {
+                keys,
+                handoff_ttl,
+                rejoin_ms,
+            }),
+        };
         let calls = self.inner.nodes.iter().map(|node| {
             let inv = &inv;
             async move { node.call::<i64>("release", inv).await }

@@ -16,11 +16,12 @@
 -- Owner tokens are "<client id>.<claim id>". Every time is the server's TIME; no client clock
 -- reaches a score (a client's clock only lifts fencing tokens: see `next_fence`).
 
--- How the queue is kept, whether the node may grant, how grants are announced and whether
--- tokens stay above the server's clock. Here: a list in arrival order, always, PUBLISH, no.
--- Redlock replaces the first two (a zset by priority; a node that lost its data grants
--- nothing for a while), Redis Cluster the last two (sharded.lua). Looked up when called, so a
--- file included later can replace them.
+-- How the queue is kept, whether the node may grant, how grants are announced, whether
+-- tokens stay above the server's clock, and what else a call starts afresh. Here: a list in
+-- arrival order, always, PUBLISH, no, nothing. Redlock replaces the first two (a zset by
+-- priority; a node that lost its data grants nothing for a while) and the last (its rejoin
+-- gate), Redis Cluster the middle two (sharded.lua). Looked up when called, so a file included
+-- later can replace them.
 local Q = {
   first = function(queue) return redis.call('LINDEX', queue, 0) end,
   head = function(queue, n) return redis.call('LRANGE', queue, 0, n - 1) end,
@@ -32,6 +33,7 @@ local Q = {
   publish = function(channel, message) return redis.call('PUBLISH', channel, message) end,
   fence_floor = false,
   hint_always = false,
+  fresh = function() end,
 }
 
 -- Server time in ms and in µs, read once per script and only if needed.
@@ -48,15 +50,17 @@ local function clock()
   return NOW, NOW_US
 end
 
--- Forgets the clock read. A script sent by EVALSHA starts afresh at every call; a function of
--- our library (FCALL) shares the library's state with earlier calls, so it starts with this.
+-- Forgets what the last call kept (the clock read, and `Q.fresh`'s). A script sent by EVALSHA
+-- starts afresh at every call; a function of our library (FCALL) shares the library's state
+-- with earlier calls, so it starts with this.
 local function fresh()
   NOW, NOW_US, CLIENT_US = nil, nil, nil
+  Q.fresh()
 end
 
 -- Takes the calling client's clock (µs since 1970, as a string; anything else is ignored),
--- where tokens have a floor (`Q.fence_floor`) and nowhere else: Redlock runs some of these
--- scripts (gated.lua) with its own arguments after theirs, and its tokens come from its quorum.
+-- where tokens have a floor (`Q.fence_floor`) and nowhere else (Redlock's tokens come from its
+-- quorum, and its scripts send no clock).
 local function client_clock(arg)
   local us = tonumber(arg)
   if Q.fence_floor and us and us > 0 then

@@ -8,10 +8,11 @@
 -- holder's lease ends or the node joins (-2 if nobody holds it), server ms}, or
 -- {-1, family, 0} if the key is in use as a mutex.
 local base, holders, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local born = KEYS[6]
 local owner, ttl, wait, priority = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-local kind = ARGV[9]
-gate(KEYS[6], tonumber(ARGV[8]))
+local rejoin_ms, kind = tonumber(ARGV[8]), ARGV[9]
+gate(born, rejoin_ms)
 
 local family = family_of(base, queue)
 if family and family ~= 'rw' then
@@ -51,7 +52,7 @@ if not wait then
   end
   forget_if_idle(base, holders, queue)
 end
-local left = joining(KEYS[6], tonumber(ARGV[8]))
+local left = joining(born, rejoin_ms)
 if left > 0 then
   return {0, left, now}
 end

@@ -64,8 +64,16 @@ local function requeue(queue, waiters, priority, entry, owner, ttl)
   redis.call('ZADD', waiters, clock() + ttl, owner)
 end
 
--- From here on, this script grants (hands on, grant passes) only if the node has sat out its
+-- The rejoin gate of this call (see `gate`): the node's `born` key and its rejoin delay in ms,
+-- or nil while the call grants as it goes.
+local GATE
+
+-- From here on, this call grants (hands on, grant passes) only if the node has sat out its
 -- rejoin delay.
 local function gate(born, rejoin_ms)
-  Q.may_grant = function() return joining(born, rejoin_ms) == 0 end
+  GATE = {born, rejoin_ms}
 end
+
+Q.may_grant = function() return GATE == nil or joining(GATE[1], GATE[2]) == 0 end
+-- A function call starts ungated, whatever the call before it gated.
+Q.fresh = function() GATE = nil end

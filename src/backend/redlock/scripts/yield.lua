@@ -2,7 +2,7 @@
 -- waits here, the node should have handed the lock to it (it queued here too late, or the call
 -- that queued it was slow), so hand it on and queue again in our place; otherwise keep it, under
 -- the short handoff lease only.
--- KEYS: lock, queue, waiters, fence, born
+-- KEYS: lock, queue, waiters, fence
 -- ARGV: owner, priority, ttl ms, fence ttl ms, handoff ttl ms, channel prefix
 -- Returns 2 if handed on, 1 if kept, 0 if we do not hold it here.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]

@@ -1,0 +1,298 @@
+//! The single-node scripts (`<name>.lua` beside this file) as the backend calls them: one
+//! struct per script holding its `KEYS` and `ARGV`, which pushes them in the order the script
+//! reads them, so a call site fills named fields and never a position. Every topology runs the
+//! same scripts, after its own prelude (see `library.rs`); Redlock runs its own (see
+//! `redlock/scripts`), on the same helpers.
+//!
+//! Every name is under the lock's hash tag (see [`Keys`]), so each script's keys share one
+//! Cluster slot; owner tokens, TTLs and channel names reach the scripts as arguments only.
+
+use std::time::Duration;
+
+use super::keys::{millis, Keys};
+use super::lock::FENCE_TTL;
+use super::script::{Args, Call, Part};
+
+/// What every script of the library starts with: the key layout, the queue policy `Q`, and the
+/// helpers every kind of lock uses.
+pub(crate) const COMMON_LUA: &str = include_str!("common.lua");
+/// The helpers of the read-write lock and semaphore scripts, and of the renewal script. Run by
+/// `EVALSHA`, a script carries only the helpers it uses: Redis runs the whole text at every
+/// call, so each helper defined is paid for by every call.
+pub(crate) const SHARED_LUA: &str = include_str!("shared.lua");
+pub(crate) const RENEWAL_LUA: &str = include_str!("renewal.lua");
+/// The read-write lock and semaphore operations Redlock's scripts share (after `SHARED_LUA`).
+pub(crate) const SHARED_OPS_LUA: &str = include_str!("shared_ops.lua");
+/// The prelude's additions for a primary that may fail over (Sentinel, Cluster) and for a
+/// Cluster (after `FAILOVER_LUA`).
+#[cfg(any(feature = "redis-sentinel", feature = "redis-cluster"))]
+pub(super) const FAILOVER_LUA: &str = include_str!("failover.lua");
+#[cfg(feature = "redis-cluster")]
+pub(super) const SHARDED_LUA: &str = include_str!("sharded.lua");
+
+/// The scripts of the library, every topology alike.
+pub(super) const ALL: [Part; 9] = [
+    Acquire::SCRIPT,
+    Release::SCRIPT,
+    Renew::SCRIPT,
+    Inspect::SCRIPT,
+    AcquireShared::SCRIPT,
+    ReleaseShared::SCRIPT,
+    Downgrade::SCRIPT,
+    ForceRelease::SCRIPT,
+    Ping::SCRIPT,
+];
+
+/// A script that writes, with the helpers it needs beyond the prelude.
+const fn writing(name: &'static str, helpers: &'static [&'static str], body: &'static str) -> Part {
+    Part {
+        name,
+        read_only: false,
+        helpers,
+        body,
+    }
+}
+
+/// The mutex scripts' keys: lock, queue, waiters, fence.
+pub(crate) fn push_mutex_keys(call: &mut Call<'_>, keys: &Keys) {
+    call.key(&keys.lock)
+        .key(&keys.queue)
+        .key(&keys.waiters)
+        .key(&keys.fence);
+}
+
+/// The read-write lock and semaphore scripts' keys: base, holders, queue, waiters, fence.
+pub(crate) fn push_shared_keys(call: &mut Call<'_>, keys: &Keys) {
+    call.key(&keys.lock)
+        .key(&keys.holders)
+        .key(&keys.queue)
+        .key(&keys.waiters)
+        .key(&keys.fence);
+}
+
+/// The keys the inspection scripts read: base, holders, queue, waiters (the fence is not read).
+pub(crate) fn push_inspected_keys(call: &mut Call<'_>, keys: &Keys) {
+    call.key(&keys.lock)
+        .key(&keys.holders)
+        .key(&keys.queue)
+        .key(&keys.waiters);
+}
+
+/// One claim of a renewal call: its keys (base, holders, waiters, queue), then its owner and
+/// TTL, as the renewal scripts take each claim's.
+pub(crate) fn push_renewed(call: &mut Call<'_>, keys: &Keys, ttl: Duration) {
+    call.key(&keys.lock)
+        .key(&keys.holders)
+        .key(&keys.waiters)
+        .key(&keys.queue)
+        .arg(&keys.owner)
+        .arg(millis(ttl));
+}
+
+/// `acquire.lua`: take a mutex, or join (or keep the claim's place in) its queue.
+pub(crate) struct Acquire<'a> {
+    /// The lock's keys, the claim's owner token and the lock's channel prefix.
+    pub(crate) keys: &'a Keys,
+    pub(crate) ttl: Duration,
+    /// Queue if the lock is busy (else only look).
+    pub(crate) wait: bool,
+    pub(crate) handoff_ttl: Duration,
+}
+
+impl Args for Acquire<'_> {
+    const SCRIPT: Part = writing("acquire", &[], include_str!("acquire.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_mutex_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(millis(self.ttl))
+            .arg(u8::from(self.wait))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            // A second floor for the fencing token, besides the server's clock (`next_fence`).
+            .arg_clock();
+    }
+}
+
+/// `acquire_shared.lua`: take a read-write lock or semaphore claim, or join (or keep its place
+/// in) the queue.
+pub(crate) struct AcquireShared<'a> {
+    pub(crate) keys: &'a Keys,
+    pub(crate) ttl: Duration,
+    pub(crate) wait: bool,
+    pub(crate) handoff_ttl: Duration,
+    /// The claim's kind as the scripts write it: `r`, `w`, or the permit count.
+    pub(crate) kind: &'a str,
+    /// The semaphore's permits (0 for a read-write lock).
+    pub(crate) permits: u32,
+}
+
+impl Args for AcquireShared<'_> {
+    const SCRIPT: Part = writing(
+        "acquire_shared",
+        &[SHARED_LUA],
+        include_str!("acquire_shared.lua"),
+    );
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_shared_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(millis(self.ttl))
+            .arg(u8::from(self.wait))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg(self.kind)
+            .arg(self.permits)
+            .arg_clock();
+    }
+}
+
+/// `release.lua`: drop a mutex claim's hold (handing the lock on) or its queue entry.
+pub(crate) struct Release<'a> {
+    pub(crate) keys: &'a Keys,
+    pub(crate) handoff_ttl: Duration,
+}
+
+impl Args for Release<'_> {
+    const SCRIPT: Part = writing("release", &[], include_str!("release.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_mutex_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            // The tokens of the grants it hands on are floored by our clock too.
+            .arg_clock();
+    }
+}
+
+/// `release_shared.lua`: drop a read-write lock or semaphore claim's hold or queue entry.
+pub(crate) struct ReleaseShared<'a> {
+    pub(crate) keys: &'a Keys,
+    pub(crate) handoff_ttl: Duration,
+    /// The claim's kind as the scripts write it (its queue entry is `<kind>:<owner>`).
+    pub(crate) kind: &'a str,
+}
+
+impl Args for ReleaseShared<'_> {
+    const SCRIPT: Part = writing(
+        "release_shared",
+        &[SHARED_LUA, SHARED_OPS_LUA],
+        include_str!("release_shared.lua"),
+    );
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_shared_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg(format!("{}:{}", self.kind, self.keys.owner))
+            .arg_clock();
+    }
+}
+
+/// `downgrade.lua`: turn a write hold into a read hold, renewing its lease.
+pub(crate) struct Downgrade<'a> {
+    pub(crate) keys: &'a Keys,
+    pub(crate) ttl: Duration,
+    pub(crate) handoff_ttl: Duration,
+}
+
+impl Args for Downgrade<'_> {
+    const SCRIPT: Part = writing(
+        "downgrade",
+        &[SHARED_LUA, SHARED_OPS_LUA],
+        include_str!("downgrade.lua"),
+    );
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_shared_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(millis(self.ttl))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg_clock();
+    }
+}
+
+/// `force_release.lua`: the operator's unlock, dropping every holder and handing on.
+pub(crate) struct ForceRelease<'a> {
+    pub(crate) keys: &'a Keys,
+    pub(crate) handoff_ttl: Duration,
+}
+
+impl Args for ForceRelease<'_> {
+    const SCRIPT: Part = writing(
+        "force_release",
+        &[SHARED_LUA, SHARED_OPS_LUA],
+        include_str!("force_release.lua"),
+    );
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_shared_keys(call, self.keys);
+        call.arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg_clock();
+    }
+}
+
+/// `inspect.lua`: read a lock's family, holders and waiters without changing it.
+pub(crate) struct Inspect<'a> {
+    pub(crate) keys: &'a Keys,
+}
+
+impl Args for Inspect<'_> {
+    const SCRIPT: Part = Part {
+        name: "inspect",
+        read_only: true,
+        helpers: &[],
+        body: include_str!("inspect.lua"),
+    };
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_inspected_keys(call, self.keys);
+    }
+}
+
+/// `renew.lua`: extend many leases and queue entries in one call.
+#[derive(Default)]
+pub(crate) struct Renew<'a> {
+    pub(crate) claims: Vec<Renewed<'a>>,
+}
+
+/// One claim of a [`Renew`] call.
+pub(crate) struct Renewed<'a> {
+    pub(crate) keys: &'a Keys,
+    pub(crate) ttl: Duration,
+}
+
+impl Args for Renew<'_> {
+    const SCRIPT: Part = writing("renew", &[RENEWAL_LUA], include_str!("renew.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        for claim in &self.claims {
+            push_renewed(call, claim.keys, claim.ttl);
+        }
+    }
+}
+
+/// Answers 1: proves the server answers (and, as a function, holds the library). No keys, no
+/// arguments.
+pub(crate) struct Ping;
+
+impl Args for Ping {
+    const SCRIPT: Part = Part {
+        name: "ping",
+        read_only: true,
+        helpers: &[],
+        body: "return 1",
+    };
+
+    fn push(&self, _call: &mut Call<'_>) {}
+}

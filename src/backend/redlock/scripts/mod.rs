@@ -1,0 +1,341 @@
+//! The scripts each Redlock node runs (`<name>.lua` beside this file) as the backend calls
+//! them: one struct per script holding its `KEYS` and `ARGV`, which pushes them in the order the
+//! script reads them, so a call site fills named fields and never a position. They run after
+//! the single-node helpers and `quorum.lua` (Redlock's queue by priority and the rejoin gate),
+//! as one function library per node (see `library.rs`).
+//!
+//! Where a script only gates a single-node operation by the node's rejoin delay (release and
+//! downgrade of a read-write lock, the operator's unlock), it reads its own arguments, gates,
+//! and calls the operation the single-node script calls (`shared_ops.lua`): no script reads a
+//! slot another script fills differently.
+
+use std::time::Duration;
+
+use super::keys::Keys;
+use crate::backend::redis::millis;
+use crate::backend::redis::script::{Args, Call, Part};
+use crate::backend::redis::scripts::{
+    push_inspected_keys, push_mutex_keys, push_renewed, push_shared_keys, Ping,
+};
+use crate::backend::redis::FENCE_TTL;
+
+/// Redlock's additions to the single-node helpers: its queue by priority and the rejoin gate.
+pub(super) const QUORUM_LUA: &str = include_str!("quorum.lua");
+
+/// The scripts of the library.
+pub(super) const ALL: [Part; 12] = [
+    Acquire::SCRIPT,
+    Release::SCRIPT,
+    Settle::SCRIPT,
+    Yield::SCRIPT,
+    Renew::SCRIPT,
+    Inspect::SCRIPT,
+    AcquireShared::SCRIPT,
+    YieldShared::SCRIPT,
+    ReleaseShared::SCRIPT,
+    Downgrade::SCRIPT,
+    ForceRelease::SCRIPT,
+    Ping::SCRIPT,
+];
+
+/// A script that writes. Each carries every helper (they are the library's prelude).
+const fn writing(name: &'static str, body: &'static str) -> Part {
+    Part {
+        name,
+        read_only: false,
+        helpers: &[],
+        body,
+    }
+}
+
+/// The mutex scripts' keys, then the node's `born` mark.
+fn push_gated_mutex_keys(call: &mut Call<'_>, keys: &Keys) {
+    push_mutex_keys(call, keys);
+    call.key(&keys.born);
+}
+
+/// The read-write lock scripts' keys, then the node's `born` mark.
+fn push_gated_shared_keys(call: &mut Call<'_>, keys: &Keys) {
+    push_shared_keys(call, keys);
+    call.key(&keys.born);
+}
+
+/// A read-write lock claim's queue entry, `<kind>:<owner>`.
+fn entry(keys: &Keys, kind: &str) -> String {
+    format!("{kind}:{}", keys.owner)
+}
+
+/// `acquire.lua`: one node's part of a mutex acquisition.
+pub(super) struct Acquire<'a> {
+    /// The lock's keys and `born` mark, the claim's owner token and the channel prefix.
+    pub(super) keys: &'a Keys,
+    pub(super) ttl: Duration,
+    /// Keep the claim's place in the queue if the lock is busy (else only look).
+    pub(super) wait: bool,
+    /// The claim's place in every node's queue (its clock in µs when it first queued).
+    pub(super) priority: u64,
+    pub(super) handoff_ttl: Duration,
+    /// How long after its server started the node grants nothing, in ms.
+    pub(super) rejoin_ms: u64,
+}
+
+impl Args for Acquire<'_> {
+    const SCRIPT: Part = writing("acquire", include_str!("acquire.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_gated_mutex_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(millis(self.ttl))
+            .arg(u8::from(self.wait))
+            .arg(self.priority)
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg(self.rejoin_ms);
+    }
+}
+
+/// `acquire_shared.lua`: one node's part of a read-write lock acquisition.
+pub(super) struct AcquireShared<'a> {
+    pub(super) keys: &'a Keys,
+    pub(super) ttl: Duration,
+    pub(super) wait: bool,
+    pub(super) priority: u64,
+    pub(super) handoff_ttl: Duration,
+    pub(super) rejoin_ms: u64,
+    /// `r` or `w`.
+    pub(super) kind: &'a str,
+}
+
+impl Args for AcquireShared<'_> {
+    const SCRIPT: Part = writing("acquire_shared", include_str!("acquire_shared.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_gated_shared_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(millis(self.ttl))
+            .arg(u8::from(self.wait))
+            .arg(self.priority)
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg(self.rejoin_ms)
+            .arg(self.kind);
+    }
+}
+
+/// `settle.lua`: set the lease of a lock held on the node to the full TTL and raise its
+/// fencing counter to the quorum's token.
+pub(super) struct Settle<'a> {
+    pub(super) keys: &'a Keys,
+    /// The lease to set.
+    pub(super) lease: Duration,
+    /// The quorum's token.
+    pub(super) token: u64,
+    /// A read-write lock (else a mutex).
+    pub(super) shared: bool,
+}
+
+impl Args for Settle<'_> {
+    const SCRIPT: Part = writing("settle", include_str!("settle.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        call.key(&self.keys.lock)
+            .key(&self.keys.fence)
+            .key(&self.keys.holders)
+            .arg(&self.keys.owner)
+            .arg(millis(self.lease))
+            .arg(self.token)
+            .arg(millis(FENCE_TTL))
+            .arg(u8::from(self.shared));
+    }
+}
+
+/// `yield.lua`: hand a mutex held on the node without a quorum to a better-placed waiter
+/// there, or keep it under the handoff lease only.
+pub(super) struct Yield<'a> {
+    pub(super) keys: &'a Keys,
+    pub(super) priority: u64,
+    pub(super) ttl: Duration,
+    pub(super) handoff_ttl: Duration,
+}
+
+impl Args for Yield<'_> {
+    const SCRIPT: Part = writing("yield", include_str!("yield.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_mutex_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(self.priority)
+            .arg(millis(self.ttl))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels);
+    }
+}
+
+/// `yield_shared.lua`: as [`Yield`], for a read-write lock.
+pub(super) struct YieldShared<'a> {
+    pub(super) keys: &'a Keys,
+    pub(super) priority: u64,
+    pub(super) ttl: Duration,
+    pub(super) handoff_ttl: Duration,
+    /// `r` or `w` (the queue entry is `<kind>:<owner>`).
+    pub(super) kind: &'a str,
+}
+
+impl Args for YieldShared<'_> {
+    const SCRIPT: Part = writing("yield_shared", include_str!("yield_shared.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_shared_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(self.priority)
+            .arg(millis(self.ttl))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg(entry(self.keys, self.kind));
+    }
+}
+
+/// `release.lua`: one node's part of a mutex release.
+pub(super) struct Release<'a> {
+    pub(super) keys: &'a Keys,
+    pub(super) handoff_ttl: Duration,
+    pub(super) rejoin_ms: u64,
+}
+
+impl Args for Release<'_> {
+    const SCRIPT: Part = writing("release", include_str!("release.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_gated_mutex_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg(self.rejoin_ms);
+    }
+}
+
+/// `release_shared.lua`: one node's part of a read-write lock release.
+pub(super) struct ReleaseShared<'a> {
+    pub(super) keys: &'a Keys,
+    pub(super) handoff_ttl: Duration,
+    pub(super) rejoin_ms: u64,
+    /// `r` or `w` (the queue entry is `<kind>:<owner>`).
+    pub(super) kind: &'a str,
+}
+
+impl Args for ReleaseShared<'_> {
+    const SCRIPT: Part = writing("release_shared", include_str!("release_shared.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_gated_shared_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg(entry(self.keys, self.kind))
+            .arg(self.rejoin_ms);
+    }
+}
+
+/// `downgrade.lua`: one node's part of a downgrade.
+pub(super) struct Downgrade<'a> {
+    pub(super) keys: &'a Keys,
+    pub(super) ttl: Duration,
+    pub(super) handoff_ttl: Duration,
+    pub(super) rejoin_ms: u64,
+}
+
+impl Args for Downgrade<'_> {
+    const SCRIPT: Part = writing("downgrade", include_str!("downgrade.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_gated_shared_keys(call, self.keys);
+        call.arg(&self.keys.owner)
+            .arg(millis(self.ttl))
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg(self.rejoin_ms);
+    }
+}
+
+/// `force_release.lua`: the operator's unlock on one node.
+pub(super) struct ForceRelease<'a> {
+    pub(super) keys: &'a Keys,
+    pub(super) handoff_ttl: Duration,
+    pub(super) rejoin_ms: u64,
+}
+
+impl Args for ForceRelease<'_> {
+    const SCRIPT: Part = writing("force_release", include_str!("force_release.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_gated_shared_keys(call, self.keys);
+        call.arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg(&self.keys.channels)
+            .arg(self.rejoin_ms);
+    }
+}
+
+/// `inspect.lua`: one node's view of a lock, unchanged.
+pub(super) struct Inspect<'a> {
+    pub(super) keys: &'a Keys,
+}
+
+impl Args for Inspect<'_> {
+    const SCRIPT: Part = Part {
+        name: "inspect",
+        read_only: true,
+        helpers: &[],
+        body: include_str!("inspect.lua"),
+    };
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_inspected_keys(call, self.keys);
+    }
+}
+
+/// `renew.lua`: one node's part of a renewal, for many claims in one call.
+#[derive(Default)]
+pub(super) struct Renew<'a> {
+    pub(super) claims: Vec<Renewed<'a>>,
+}
+
+/// One claim of a [`Renew`] call.
+pub(super) struct Renewed<'a> {
+    pub(super) keys: &'a Keys,
+    pub(super) ttl: Duration,
+    pub(super) mode: RenewMode,
+}
+
+/// What a renewal does for one claim on a node.
+#[derive(Clone, Copy)]
+pub(super) enum RenewMode {
+    /// A mutex held by a quorum: extend its lease.
+    Mutex,
+    /// A read-write lock held by a quorum: extend its lease.
+    Shared,
+    /// A waiter: keep its queue entry, never extend a lease it holds here without a quorum.
+    Waiting,
+}
+
+impl Args for Renew<'_> {
+    const SCRIPT: Part = writing("renew", include_str!("renew.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        for claim in &self.claims {
+            push_renewed(call, claim.keys, claim.ttl);
+            call.arg(match claim.mode {
+                RenewMode::Mutex => "h",
+                RenewMode::Shared => "H",
+                RenewMode::Waiting => "w",
+            });
+        }
+    }
+}
