@@ -470,3 +470,106 @@ async fn force_release_drops_every_holder_and_hands_on() {
     }
     nodes.until_clean(&ns).await;
 }
+
+/// Each node keeps the scripts as one function library, loaded when the backend first reaches
+/// it; a node that lost it (restarted without its data, flushed: deleted here on two nodes of
+/// three) gets it again at the next call, and every script (acquire, settle, renewal,
+/// downgrade, release) still works. Nodes of their own: nobody else loads the library between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_holds_the_function_library_and_gets_it_back() {
+    let ns = test_namespace!();
+    let nodes = support::redlock::Nodes::start(3);
+    let c = nodes
+        .client_with(&ns, Duration::from_millis(600), Duration::ZERO)
+        .await;
+    let urls = nodes.direct_urls();
+    let library = support::redis::libraries(&urls[0]).await;
+    let [library] = library.as_slice() else {
+        panic!("expected one function library, found {library:?}");
+    };
+    assert!(library.starts_with("distlock_"), "{library}");
+    for url in &urls {
+        assert_eq!(support::redis::libraries(url).await, vec![library.clone()]);
+    }
+    let flush = || async {
+        for url in &urls[1..] {
+            let _: () = redis::cmd("FUNCTION")
+                .arg("FLUSH")
+                .query_async(&mut support::redis::connection(url).await)
+                .await
+                .unwrap();
+        }
+    };
+    flush().await;
+    let guard = c.mutex("k").lock().await.unwrap();
+    let token = guard.fencing_token();
+    flush().await;
+    // Renewed (at TTL/3) well past its TTL of 600 ms.
+    sleep(Duration::from_millis(1200)).await;
+    assert!(!guard.is_lost());
+    flush().await;
+    guard.release().await.unwrap();
+    flush().await;
+    let write = c.rw_lock("k2").write().await.unwrap();
+    assert!(write.fencing_token() > 0);
+    flush().await;
+    let read = write.downgrade().await.unwrap();
+    flush().await;
+    read.release().await.unwrap();
+    let again = c.mutex("k").lock().await.unwrap();
+    assert!(again.fencing_token() > token);
+    again.release().await.unwrap();
+    for url in &urls {
+        assert_eq!(support::redis::libraries(url).await, vec![library.clone()]);
+    }
+    c.shutdown().await;
+    nodes.until_clean(&ns).await;
+}
+
+/// Nodes whose user may not call or load functions (or servers without them) run the same
+/// scripts by `EVALSHA`: locks exclude, queue and fence as ever, and no node holds a library.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_refuse_functions_get_the_scripts_by_evalsha() {
+    let ns = test_namespace!();
+    let nodes = support::redlock::Nodes::start(3);
+    let mut urls = Vec::new();
+    for server in &nodes.servers {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("nofn")
+            .arg("reset")
+            .arg("on")
+            .arg(">s3cret")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all")
+            .arg("-function")
+            .arg("-fcall")
+            .arg("-fcall_ro")
+            .query_async(&mut support::redis::connection(&server.url()).await)
+            .await
+            .unwrap();
+        urls.push(format!("redis://nofn:s3cret@127.0.0.1:{}/", server.port()));
+    }
+    let clients = async || {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            out.push(
+                support::redlock::client_on(
+                    urls.clone(),
+                    &ns,
+                    Duration::from_secs(2),
+                    Duration::ZERO,
+                )
+                .await,
+            );
+        }
+        out
+    };
+    contend(clients().await, "hot", 10, Duration::from_micros(300)).await;
+    rw_exclusion(clients().await, "rw", 10, 3).await;
+    for url in nodes.direct_urls() {
+        assert!(support::redis::libraries(&url).await.is_empty());
+    }
+    nodes.until_clean(&ns).await;
+}
