@@ -96,22 +96,19 @@ impl RedisBackend {
         keys: &Keys,
         wait: bool,
     ) -> Result<Attempt> {
-        let (ttl, handoff_ttl) = (claim.ttl(), self.inner.handoff_ttl);
+        let acquire = Acquire {
+            keys,
+            ttl: claim.ttl(),
+            wait,
+            handoff_ttl: self.inner.handoff_ttl,
+        };
         let inv = match Shared::of(claim.kind()) {
             Some(shared) => self.call(&AcquireShared {
-                keys,
-                ttl,
-                wait,
-                handoff_ttl,
+                acquire,
                 kind: &shared.kind,
                 permits: shared.max,
             }),
-            None => self.call(&Acquire {
-                keys,
-                ttl,
-                wait,
-                handoff_ttl,
-            }),
+            None => self.call(&acquire),
         };
         let (reply, sent): (Vec<::redis::Value>, Instant) =
             self.inner.commands.invoke_timed("acquire", &inv).await?;
@@ -162,14 +159,16 @@ impl RedisBackend {
         ticket.set_sub(None);
         ticket.set_holding(None);
         let keys = ticket.keys(claim, &self.inner.client_id);
-        let handoff_ttl = self.inner.handoff_ttl;
+        let release = Release {
+            keys,
+            handoff_ttl: self.inner.handoff_ttl,
+        };
         let inv = match Shared::of(claim.kind()) {
             Some(shared) => self.call(&ReleaseShared {
-                keys,
-                handoff_ttl,
+                release,
                 kind: &shared.kind,
             }),
-            None => self.call(&Release { keys, handoff_ttl }),
+            None => self.call(&release),
         };
         let (held, in_doubt, _): (i64, bool, Instant) = self
             .inner

@@ -14,6 +14,7 @@ use super::scripts::{ForceRelease, Inspect};
 use super::RedlockBackend;
 use crate::backend::handoff::parse_family;
 use crate::backend::redis::kind_of_code;
+use crate::backend::redis::scripts::Inspect as RedisInspect;
 use crate::backend::{Family, LockKind};
 use crate::error::Result;
 use crate::inspect::{ForceReleased, Holder, Inspection, Waiter};
@@ -124,7 +125,7 @@ pub(super) fn merge(key: &str, quorum: usize, views: Vec<(NodeView, Instant)>) -
 impl RedlockBackend {
     pub(super) async fn inspect_key(&self, namespace: &str, key: &str) -> Result<Inspection> {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
-        let inv = library::call(&Inspect { keys: &keys });
+        let inv = library::call(&Inspect(RedisInspect { keys: &keys }));
         let calls = self.inner.nodes.iter().map(|node| {
             let inv = &inv;
             async move { node.call::<Reply>("inspect", inv).await }

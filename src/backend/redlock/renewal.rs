@@ -8,8 +8,9 @@ use futures::future::join_all;
 use super::keys::{shared_kind, Keys};
 use super::library;
 use super::quorum::held_until;
-use super::scripts::{Renew, RenewMode, Renewed};
+use super::scripts::{Renew, RenewMode};
 use super::{RedlockBackend, RedlockTicket};
+use crate::backend::redis::scripts::Renewed;
 use crate::backend::{Claim, Renewal, MIN_RENEW_CALL};
 
 impl RedlockBackend {
@@ -30,11 +31,11 @@ impl RedlockBackend {
                 (true, Some(_)) => RenewMode::Shared,
                 (false, _) => RenewMode::Waiting,
             };
-            args.claims.push(Renewed {
+            let renewed = Renewed {
                 keys,
                 ttl: claim.ttl(),
-                mode,
-            });
+            };
+            args.claims.push((renewed, mode));
         }
         let inv = library::call(&args);
         // Bounded per node, within half the window the renewal engine gives the whole call (a

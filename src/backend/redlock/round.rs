@@ -62,26 +62,20 @@ impl RedlockBackend {
         keys: &Keys,
         wait: bool,
     ) -> Vec<Reply> {
-        let (ttl, priority) = (claim.ttl(), ticket.priority());
-        let (handoff_ttl, rejoin_ms) = (self.inner.handoff_ttl, self.rejoin_ms());
+        let acquire = Acquire {
+            keys,
+            ttl: claim.ttl(),
+            wait,
+            priority: ticket.priority(),
+            handoff_ttl: self.inner.handoff_ttl,
+            rejoin_ms: self.rejoin_ms(),
+        };
         let inv = match shared_kind(claim.kind()) {
             Some(kind) => library::call(&AcquireShared {
-                keys,
-                ttl,
-                wait,
-                priority,
-                handoff_ttl,
-                rejoin_ms,
+                acquire,
                 kind: &kind,
             }),
-            None => library::call(&Acquire {
-                keys,
-                ttl,
-                wait,
-                priority,
-                handoff_ttl,
-                rejoin_ms,
-            }),
+            None => library::call(&acquire),
         };
         let tickets = ticket.nodes(self.inner.nodes.len());
         let calls = self.inner.nodes.iter().zip(tickets).map(|(node, nt)| {
@@ -200,21 +194,18 @@ impl RedlockBackend {
         keys: &Keys,
         held: &[Held],
     ) {
-        let (priority, ttl, handoff_ttl) = (ticket.priority(), claim.ttl(), self.inner.handoff_ttl);
+        let yielding = Yield {
+            keys,
+            priority: ticket.priority(),
+            ttl: claim.ttl(),
+            handoff_ttl: self.inner.handoff_ttl,
+        };
         let inv = match shared_kind(claim.kind()) {
             Some(kind) => library::call(&YieldShared {
-                keys,
-                priority,
-                ttl,
-                handoff_ttl,
+                yielding,
                 kind: &kind,
             }),
-            None => library::call(&Yield {
-                keys,
-                priority,
-                ttl,
-                handoff_ttl,
-            }),
+            None => library::call(&yielding),
         };
         let calls = held.iter().filter_map(|h| {
             let node = self.inner.nodes.get(h.node)?;
@@ -227,19 +218,17 @@ impl RedlockBackend {
     /// Releases the claim on every node; returns how many said it held the lock there, and how
     /// many could not be asked.
     pub(super) async fn release_on(&self, claim: &Claim, keys: &Keys) -> (usize, usize) {
-        let (handoff_ttl, rejoin_ms) = (self.inner.handoff_ttl, self.rejoin_ms());
+        let release = Release {
+            keys,
+            handoff_ttl: self.inner.handoff_ttl,
+            rejoin_ms: self.rejoin_ms(),
+        };
         let inv = match shared_kind(claim.kind()) {
             Some(kind) => library::call(&ReleaseShared {
-                keys,
-                handoff_ttl,
-                rejoin_ms,
+                release,
                 kind: &kind,
             }),
-            None => library::call(&Release {
-                keys,
-                handoff_ttl,
-                rejoin_ms,
-            }),
+            None => library::call(&release),
         };
         let calls = self.inner.nodes.iter().map(|node| {
             let inv = &inv;

@@ -211,6 +211,17 @@ local function family_of(base, queue)
   return 'sem:?'
 end
 
+-- A read-write lock's or semaphore's holder's kind, as inspections report it: 'w' for the
+-- writer (`writer`), 'r' for a reader, a semaphore holder's permit count.
+local function holder_kind(base, family, writer, owner)
+  if owner == writer then
+    return 'w'
+  elseif family == 'rw' then
+    return 'r'
+  end
+  return redis.call('HGET', base, 'n:' .. owner) or '0'
+end
+
 -- Owner tokens are "<client id>.<claim id>"; each client listens on its own channel per lock,
 -- "<lock>:c:<client id>", so a message reaches only the client it names.
 local function channel_of(prefix, owner)

@@ -20,14 +20,8 @@ elseif family ~= '' then
   local live = redis.call('ZRANGEBYSCORE', holders, '(' .. int(now), '+inf', 'WITHSCORES')
   for i = 1, #live, 2 do
     local owner, deadline = live[i], tonumber(live[i + 1])
-    local kind = 'r'
-    if owner == writer then
-      kind = 'w'
-    elseif family ~= 'rw' then
-      kind = redis.call('HGET', base, 'n:' .. owner) or '0'
-    end
     local f = redis.call('HGET', base, 'f:' .. owner) or '0'
-    table.insert(held, kind)
+    table.insert(held, holder_kind(base, family, writer, owner))
     table.insert(held, f)
     table.insert(held, int(deadline - now))
   end

@@ -53,6 +53,16 @@ const fn writing(name: &'static str, helpers: &'static [&'static str], body: &'s
     }
 }
 
+/// A script that writes nothing (its function may run on a replica too).
+pub(crate) const fn reading(name: &'static str, body: &'static str) -> Part {
+    Part {
+        name,
+        read_only: true,
+        helpers: &[],
+        body,
+    }
+}
+
 /// The mutex scripts' keys: lock, queue, waiters, fence.
 pub(crate) fn push_mutex_keys(call: &mut Call<'_>, keys: &Keys) {
     call.key(&keys.lock)
@@ -70,25 +80,6 @@ pub(crate) fn push_shared_keys(call: &mut Call<'_>, keys: &Keys) {
         .key(&keys.fence);
 }
 
-/// The keys the inspection scripts read: base, holders, queue, waiters (the fence is not read).
-pub(crate) fn push_inspected_keys(call: &mut Call<'_>, keys: &Keys) {
-    call.key(&keys.lock)
-        .key(&keys.holders)
-        .key(&keys.queue)
-        .key(&keys.waiters);
-}
-
-/// One claim of a renewal call: its keys (base, holders, waiters, queue), then its owner and
-/// TTL, as the renewal scripts take each claim's.
-pub(crate) fn push_renewed(call: &mut Call<'_>, keys: &Keys, ttl: Duration) {
-    call.key(&keys.lock)
-        .key(&keys.holders)
-        .key(&keys.waiters)
-        .key(&keys.queue)
-        .arg(&keys.owner)
-        .arg(millis(ttl));
-}
-
 /// `acquire.lua`: take a mutex, or join (or keep the claim's place in) its queue.
 pub(crate) struct Acquire<'a> {
     /// The lock's keys, the claim's owner token and the lock's channel prefix.
@@ -99,29 +90,34 @@ pub(crate) struct Acquire<'a> {
     pub(crate) handoff_ttl: Duration,
 }
 
-impl Args for Acquire<'_> {
-    const SCRIPT: Part = writing("acquire", &[], include_str!("acquire.lua"));
-
-    fn push(&self, call: &mut Call<'_>) {
-        push_mutex_keys(call, self.keys);
+impl Acquire<'_> {
+    /// The arguments every acquire script starts with: owner, ttl ms, wait (1|0), fence ttl
+    /// ms, handoff ttl ms, channel prefix.
+    fn push_args(&self, call: &mut Call<'_>) {
         call.arg(&self.keys.owner)
             .arg(millis(self.ttl))
             .arg(u8::from(self.wait))
             .arg(millis(FENCE_TTL))
             .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
-            // A second floor for the fencing token, besides the server's clock (`next_fence`).
-            .arg_clock();
+            .arg(&self.keys.channels);
+    }
+}
+
+impl Args for Acquire<'_> {
+    const SCRIPT: Part = writing("acquire", &[], include_str!("acquire.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_mutex_keys(call, self.keys);
+        self.push_args(call);
+        // A second floor for the fencing token, besides the server's clock (`next_fence`).
+        call.arg_clock();
     }
 }
 
 /// `acquire_shared.lua`: take a read-write lock or semaphore claim, or join (or keep its place
-/// in) the queue.
+/// in) the queue. The mutex's arguments, then the claim's kind and the semaphore's size.
 pub(crate) struct AcquireShared<'a> {
-    pub(crate) keys: &'a Keys,
-    pub(crate) ttl: Duration,
-    pub(crate) wait: bool,
-    pub(crate) handoff_ttl: Duration,
+    pub(crate) acquire: Acquire<'a>,
     /// The claim's kind as the scripts write it: `r`, `w`, or the permit count.
     pub(crate) kind: &'a str,
     /// The semaphore's permits (0 for a read-write lock).
@@ -136,16 +132,9 @@ impl Args for AcquireShared<'_> {
     );
 
     fn push(&self, call: &mut Call<'_>) {
-        push_shared_keys(call, self.keys);
-        call.arg(&self.keys.owner)
-            .arg(millis(self.ttl))
-            .arg(u8::from(self.wait))
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
-            .arg(self.kind)
-            .arg(self.permits)
-            .arg_clock();
+        push_shared_keys(call, self.acquire.keys);
+        self.acquire.push_args(call);
+        call.arg(self.kind).arg(self.permits).arg_clock();
     }
 }
 
@@ -160,19 +149,25 @@ impl Args for Release<'_> {
 
     fn push(&self, call: &mut Call<'_>) {
         push_mutex_keys(call, self.keys);
-        call.arg(&self.keys.owner)
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
-            // The tokens of the grants it hands on are floored by our clock too.
-            .arg_clock();
+        push_release_args(call, self.keys, self.handoff_ttl);
+        // The tokens of the grants it hands on are floored by our clock too.
+        call.arg_clock();
     }
 }
 
-/// `release_shared.lua`: drop a read-write lock or semaphore claim's hold or queue entry.
+/// The arguments every release script (Redlock's too) starts with: owner, fence ttl ms,
+/// handoff ttl ms, channel prefix.
+pub(crate) fn push_release_args(call: &mut Call<'_>, keys: &Keys, handoff_ttl: Duration) {
+    call.arg(&keys.owner)
+        .arg(millis(FENCE_TTL))
+        .arg(millis(handoff_ttl))
+        .arg(&keys.channels);
+}
+
+/// `release_shared.lua`: drop a read-write lock or semaphore claim's hold or queue entry. The
+/// mutex's arguments, then the claim's queue entry.
 pub(crate) struct ReleaseShared<'a> {
-    pub(crate) keys: &'a Keys,
-    pub(crate) handoff_ttl: Duration,
+    pub(crate) release: Release<'a>,
     /// The claim's kind as the scripts write it (its queue entry is `<kind>:<owner>`).
     pub(crate) kind: &'a str,
 }
@@ -185,14 +180,16 @@ impl Args for ReleaseShared<'_> {
     );
 
     fn push(&self, call: &mut Call<'_>) {
-        push_shared_keys(call, self.keys);
-        call.arg(&self.keys.owner)
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
-            .arg(format!("{}:{}", self.kind, self.keys.owner))
-            .arg_clock();
+        let Release { keys, handoff_ttl } = self.release;
+        push_shared_keys(call, keys);
+        push_release_args(call, keys, handoff_ttl);
+        call.arg(entry(keys, self.kind)).arg_clock();
     }
+}
+
+/// A read-write lock or semaphore claim's queue entry, `<kind>:<owner>`.
+pub(crate) fn entry(keys: &Keys, kind: &str) -> String {
+    format!("{kind}:{}", keys.owner)
 }
 
 /// `downgrade.lua`: turn a write hold into a read hold, renewing its lease.
@@ -248,15 +245,14 @@ pub(crate) struct Inspect<'a> {
 }
 
 impl Args for Inspect<'_> {
-    const SCRIPT: Part = Part {
-        name: "inspect",
-        read_only: true,
-        helpers: &[],
-        body: include_str!("inspect.lua"),
-    };
+    const SCRIPT: Part = reading("inspect", include_str!("inspect.lua"));
 
+    /// Base, holders, queue, waiters (the fence is not read).
     fn push(&self, call: &mut Call<'_>) {
-        push_inspected_keys(call, self.keys);
+        call.key(&self.keys.lock)
+            .key(&self.keys.holders)
+            .key(&self.keys.queue)
+            .key(&self.keys.waiters);
     }
 }
 
@@ -272,12 +268,25 @@ pub(crate) struct Renewed<'a> {
     pub(crate) ttl: Duration,
 }
 
+impl Renewed<'_> {
+    /// The claim's keys (base, holders, waiters, queue), then its owner and TTL, as every
+    /// renewal script (Redlock's too) takes each claim's.
+    pub(crate) fn push(&self, call: &mut Call<'_>) {
+        call.key(&self.keys.lock)
+            .key(&self.keys.holders)
+            .key(&self.keys.waiters)
+            .key(&self.keys.queue)
+            .arg(&self.keys.owner)
+            .arg(millis(self.ttl));
+    }
+}
+
 impl Args for Renew<'_> {
     const SCRIPT: Part = writing("renew", &[RENEWAL_LUA], include_str!("renew.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
         for claim in &self.claims {
-            push_renewed(call, claim.keys, claim.ttl);
+            claim.push(call);
         }
     }
 }
@@ -287,12 +296,7 @@ impl Args for Renew<'_> {
 pub(crate) struct Ping;
 
 impl Args for Ping {
-    const SCRIPT: Part = Part {
-        name: "ping",
-        read_only: true,
-        helpers: &[],
-        body: "return 1",
-    };
+    const SCRIPT: Part = reading("ping", "return 1");
 
     fn push(&self, _call: &mut Call<'_>) {}
 }

@@ -105,14 +105,8 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
       local f = redis.call('HGET', base, 'f:' .. owner) or '0'
       top = math.max(top, tonumber(f))
       if deadline > now then
-        local kind = 'r'
-        if owner == writer then
-          kind = 'w'
-        elseif family ~= 'rw' then
-          kind = redis.call('HGET', base, 'n:' .. owner) or '0'
-        end
         table.insert(removed, owner)
-        table.insert(removed, kind)
+        table.insert(removed, holder_kind(base, family, writer, owner))
         table.insert(removed, f)
         table.insert(removed, int(deadline - now))
       end

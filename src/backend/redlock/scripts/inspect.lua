@@ -18,10 +18,7 @@ elseif family == 'rw' then
   local live = redis.call('ZRANGEBYSCORE', holders, '(' .. int(now), '+inf', 'WITHSCORES')
   for i = 1, #live, 2 do
     local owner = live[i]
-    local kind = 'r'
-    if owner == writer then
-      kind = 'w'
-    end
+    local kind = holder_kind(lock, family, writer, owner)
     for _, v in ipairs({owner, kind, redis.call('HGET', lock, 'f:' .. owner) or '0',
         int(tonumber(live[i + 1]) - now)}) do
       table.insert(held, v)

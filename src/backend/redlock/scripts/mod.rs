@@ -15,7 +15,7 @@ use super::keys::Keys;
 use crate::backend::redis::millis;
 use crate::backend::redis::script::{Args, Call, Part};
 use crate::backend::redis::scripts::{
-    push_inspected_keys, push_mutex_keys, push_renewed, push_shared_keys, Ping,
+    self as redis, entry, push_mutex_keys, push_release_args, push_shared_keys, reading, Ping,
 };
 use crate::backend::redis::FENCE_TTL;
 
@@ -60,11 +60,6 @@ fn push_gated_shared_keys(call: &mut Call<'_>, keys: &Keys) {
     call.key(&keys.born);
 }
 
-/// A read-write lock claim's queue entry, `<kind>:<owner>`.
-fn entry(keys: &Keys, kind: &str) -> String {
-    format!("{kind}:{}", keys.owner)
-}
-
 /// `acquire.lua`: one node's part of a mutex acquisition.
 pub(super) struct Acquire<'a> {
     /// The lock's keys and `born` mark, the claim's owner token and the channel prefix.
@@ -79,11 +74,10 @@ pub(super) struct Acquire<'a> {
     pub(super) rejoin_ms: u64,
 }
 
-impl Args for Acquire<'_> {
-    const SCRIPT: Part = writing("acquire", include_str!("acquire.lua"));
-
-    fn push(&self, call: &mut Call<'_>) {
-        push_gated_mutex_keys(call, self.keys);
+impl Acquire<'_> {
+    /// The arguments both acquire scripts start with: owner, ttl ms, wait (1|0), priority,
+    /// fence ttl ms, handoff ttl ms, channel prefix, rejoin ms.
+    fn push_args(&self, call: &mut Call<'_>) {
         call.arg(&self.keys.owner)
             .arg(millis(self.ttl))
             .arg(u8::from(self.wait))
@@ -95,14 +89,19 @@ impl Args for Acquire<'_> {
     }
 }
 
-/// `acquire_shared.lua`: one node's part of a read-write lock acquisition.
+impl Args for Acquire<'_> {
+    const SCRIPT: Part = writing("acquire", include_str!("acquire.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_gated_mutex_keys(call, self.keys);
+        self.push_args(call);
+    }
+}
+
+/// `acquire_shared.lua`: one node's part of a read-write lock acquisition. The mutex's
+/// arguments, then the claim's side.
 pub(super) struct AcquireShared<'a> {
-    pub(super) keys: &'a Keys,
-    pub(super) ttl: Duration,
-    pub(super) wait: bool,
-    pub(super) priority: u64,
-    pub(super) handoff_ttl: Duration,
-    pub(super) rejoin_ms: u64,
+    pub(super) acquire: Acquire<'a>,
     /// `r` or `w`.
     pub(super) kind: &'a str,
 }
@@ -111,16 +110,9 @@ impl Args for AcquireShared<'_> {
     const SCRIPT: Part = writing("acquire_shared", include_str!("acquire_shared.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
-        push_gated_shared_keys(call, self.keys);
-        call.arg(&self.keys.owner)
-            .arg(millis(self.ttl))
-            .arg(u8::from(self.wait))
-            .arg(self.priority)
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
-            .arg(self.rejoin_ms)
-            .arg(self.kind);
+        push_gated_shared_keys(call, self.acquire.keys);
+        self.acquire.push_args(call);
+        call.arg(self.kind);
     }
 }
 
@@ -160,11 +152,10 @@ pub(super) struct Yield<'a> {
     pub(super) handoff_ttl: Duration,
 }
 
-impl Args for Yield<'_> {
-    const SCRIPT: Part = writing("yield", include_str!("yield.lua"));
-
-    fn push(&self, call: &mut Call<'_>) {
-        push_mutex_keys(call, self.keys);
+impl Yield<'_> {
+    /// The arguments both yield scripts start with: owner, priority, ttl ms, fence ttl ms,
+    /// handoff ttl ms, channel prefix.
+    fn push_args(&self, call: &mut Call<'_>) {
         call.arg(&self.keys.owner)
             .arg(self.priority)
             .arg(millis(self.ttl))
@@ -174,12 +165,18 @@ impl Args for Yield<'_> {
     }
 }
 
-/// `yield_shared.lua`: as [`Yield`], for a read-write lock.
+impl Args for Yield<'_> {
+    const SCRIPT: Part = writing("yield", include_str!("yield.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        push_mutex_keys(call, self.keys);
+        self.push_args(call);
+    }
+}
+
+/// `yield_shared.lua`: as [`Yield`], for a read-write lock; then the claim's queue entry.
 pub(super) struct YieldShared<'a> {
-    pub(super) keys: &'a Keys,
-    pub(super) priority: u64,
-    pub(super) ttl: Duration,
-    pub(super) handoff_ttl: Duration,
+    pub(super) yielding: Yield<'a>,
     /// `r` or `w` (the queue entry is `<kind>:<owner>`).
     pub(super) kind: &'a str,
 }
@@ -188,14 +185,9 @@ impl Args for YieldShared<'_> {
     const SCRIPT: Part = writing("yield_shared", include_str!("yield_shared.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
-        push_shared_keys(call, self.keys);
-        call.arg(&self.keys.owner)
-            .arg(self.priority)
-            .arg(millis(self.ttl))
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
-            .arg(entry(self.keys, self.kind));
+        push_shared_keys(call, self.yielding.keys);
+        self.yielding.push_args(call);
+        call.arg(entry(self.yielding.keys, self.kind));
     }
 }
 
@@ -211,19 +203,15 @@ impl Args for Release<'_> {
 
     fn push(&self, call: &mut Call<'_>) {
         push_gated_mutex_keys(call, self.keys);
-        call.arg(&self.keys.owner)
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
-            .arg(self.rejoin_ms);
+        push_release_args(call, self.keys, self.handoff_ttl);
+        call.arg(self.rejoin_ms);
     }
 }
 
-/// `release_shared.lua`: one node's part of a read-write lock release.
+/// `release_shared.lua`: one node's part of a read-write lock release. The mutex's arguments,
+/// with the claim's queue entry before the rejoin delay.
 pub(super) struct ReleaseShared<'a> {
-    pub(super) keys: &'a Keys,
-    pub(super) handoff_ttl: Duration,
-    pub(super) rejoin_ms: u64,
+    pub(super) release: Release<'a>,
     /// `r` or `w` (the queue entry is `<kind>:<owner>`).
     pub(super) kind: &'a str,
 }
@@ -232,13 +220,14 @@ impl Args for ReleaseShared<'_> {
     const SCRIPT: Part = writing("release_shared", include_str!("release_shared.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
-        push_gated_shared_keys(call, self.keys);
-        call.arg(&self.keys.owner)
-            .arg(millis(FENCE_TTL))
-            .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
-            .arg(entry(self.keys, self.kind))
-            .arg(self.rejoin_ms);
+        let Release {
+            keys,
+            handoff_ttl,
+            rejoin_ms,
+        } = self.release;
+        push_gated_shared_keys(call, keys);
+        push_release_args(call, keys, handoff_ttl);
+        call.arg(entry(keys, self.kind)).arg(rejoin_ms);
     }
 }
 
@@ -283,35 +272,23 @@ impl Args for ForceRelease<'_> {
     }
 }
 
-/// `inspect.lua`: one node's view of a lock, unchanged.
-pub(super) struct Inspect<'a> {
-    pub(super) keys: &'a Keys,
-}
+/// `inspect.lua`: one node's view of a lock, unchanged. It reads the keys the single-node
+/// `inspect.lua` reads.
+pub(super) struct Inspect<'a>(pub(super) redis::Inspect<'a>);
 
 impl Args for Inspect<'_> {
-    const SCRIPT: Part = Part {
-        name: "inspect",
-        read_only: true,
-        helpers: &[],
-        body: include_str!("inspect.lua"),
-    };
+    const SCRIPT: Part = reading("inspect", include_str!("inspect.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
-        push_inspected_keys(call, self.keys);
+        self.0.push(call);
     }
 }
 
-/// `renew.lua`: one node's part of a renewal, for many claims in one call.
+/// `renew.lua`: one node's part of a renewal, for many claims in one call: each claim as the
+/// single-node renewal takes it, then what to do with it.
 #[derive(Default)]
 pub(super) struct Renew<'a> {
-    pub(super) claims: Vec<Renewed<'a>>,
-}
-
-/// One claim of a [`Renew`] call.
-pub(super) struct Renewed<'a> {
-    pub(super) keys: &'a Keys,
-    pub(super) ttl: Duration,
-    pub(super) mode: RenewMode,
+    pub(super) claims: Vec<(redis::Renewed<'a>, RenewMode)>,
 }
 
 /// What a renewal does for one claim on a node.
@@ -329,9 +306,9 @@ impl Args for Renew<'_> {
     const SCRIPT: Part = writing("renew", include_str!("renew.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
-        for claim in &self.claims {
-            push_renewed(call, claim.keys, claim.ttl);
-            call.arg(match claim.mode {
+        for (claim, mode) in &self.claims {
+            claim.push(call);
+            call.arg(match mode {
                 RenewMode::Mutex => "h",
                 RenewMode::Shared => "H",
                 RenewMode::Waiting => "w",
