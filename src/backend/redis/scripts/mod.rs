@@ -16,17 +16,19 @@ use super::script::{Args, Call, Part};
 /// What every script of the library starts with: the key layout, the queue policy `Q`, and the
 /// helpers every kind of lock uses.
 pub(crate) const COMMON_LUA: &str = include_str!("common.lua");
-/// The helpers of the read-write lock and semaphore scripts, and of the renewal script. Run by
-/// `EVALSHA`, a script carries only the helpers it uses: Redis runs the whole text at every
-/// call, so each helper defined is paid for by every call.
+/// The helpers of the read-write lock and semaphore scripts. Run by `EVALSHA`, a script
+/// carries only the helpers it uses (see [`Part`]): Redis runs the whole text at every call,
+/// so each helper defined is paid for by every call.
 pub(crate) const SHARED_LUA: &str = include_str!("shared.lua");
+/// The helpers of the renewal scripts.
 pub(crate) const RENEWAL_LUA: &str = include_str!("renewal.lua");
-/// The read-write lock and semaphore operations Redlock's scripts share (after `SHARED_LUA`).
+/// The read-write lock and semaphore operations that the single-node scripts and Redlock's
+/// share (after `SHARED_LUA`).
 pub(crate) const SHARED_OPS_LUA: &str = include_str!("shared_ops.lua");
-/// The prelude's additions for a primary that may fail over (Sentinel, Cluster) and for a
-/// Cluster (after `FAILOVER_LUA`).
+/// The prelude's addition for a primary that may fail over (Sentinel, Cluster).
 #[cfg(any(feature = "redis-sentinel", feature = "redis-cluster"))]
 pub(super) const FAILOVER_LUA: &str = include_str!("failover.lua");
+/// The prelude's addition for a Cluster (after `FAILOVER_LUA`).
 #[cfg(feature = "redis-cluster")]
 pub(super) const SHARDED_LUA: &str = include_str!("sharded.lua");
 
@@ -91,8 +93,8 @@ pub(crate) struct Acquire<'a> {
 }
 
 impl Acquire<'_> {
-    /// The arguments every acquire script starts with: owner, ttl ms, wait (1|0), fence ttl
-    /// ms, handoff ttl ms, channel prefix.
+    /// The arguments both acquire scripts start with: owner, ttl ms, wait (1|0), fence ttl ms,
+    /// handoff ttl ms, channel prefix.
     fn push_args(&self, call: &mut Call<'_>) {
         call.arg(&self.keys.owner)
             .arg(millis(self.ttl))
