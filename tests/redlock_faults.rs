@@ -780,3 +780,23 @@ async fn writers_in_turn_are_served_without_stalls_or_polling() {
     );
     nodes.until_clean(&ns).await;
 }
+
+/// Redlock nodes out of memory (`maxmemory`, `noeviction`) still renew and release a lock they
+/// hold, as they did by `EVALSHA`: the library's functions that keep or free state are
+/// registered `allow-oom`. Without it Redis refused each whole call: the holder was told lost
+/// at its TTL and its release found no quorum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_out_of_memory_still_renew_and_release() {
+    let ns = test_namespace!();
+    let nodes = Nodes::start(3);
+    let ttl = Duration::from_millis(1500);
+    let c = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let g = c.mutex("k").lock().await.unwrap();
+    for url in nodes.direct_urls() {
+        support::redis::out_of_memory(&url).await;
+    }
+    sleep(ttl + Duration::from_secs(1)).await;
+    assert!(!g.is_lost(), "renewals were refused out of memory");
+    g.release().await.unwrap();
+    c.shutdown().await;
+}

@@ -145,3 +145,25 @@ pub fn library_of(backend: &distlock::backend::RedisBackend) -> Option<String> {
     let rest = shown.split("library: Some(\"").nth(1)?;
     rest.split('"').next().map(str::to_owned)
 }
+
+/// Fills the server at `url` with about 10 MB and sets `maxmemory` below that, policy
+/// `noeviction`: the server refuses every command that may grow memory, and still runs those
+/// that do not (DEL, PEXPIRE, HDEL, ZREM).
+pub async fn out_of_memory(url: &str) {
+    let mut con = connection(url).await;
+    let _: i64 = redis::cmd("EVAL")
+        .arg("for i=1,50000 do redis.call('SET','fill:'..i,string.rep('x',200)) end return 1")
+        .arg(0)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    for (k, v) in [("maxmemory-policy", "noeviction"), ("maxmemory", "2mb")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(k)
+            .arg(v)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+}

@@ -347,8 +347,7 @@ impl RedisBackendBuilder {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(CALL_TIMEOUT))
                     .set_response_timeout(Some(CALL_TIMEOUT))
-                    .set_number_of_retries(2)
-                    .set_min_delay(std::time::Duration::from_millis(10));
+                    .set_number_of_retries(2);
                 let conn = ConnectionManager::new_with_config(client.clone(), config)
                     .await
                     .map_err(|e| redis_error("connect", e))?;

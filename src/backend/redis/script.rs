@@ -44,8 +44,27 @@ pub(crate) struct Part {
     pub(crate) name: &'static str,
     /// The script writes nothing: its function may run on a replica too.
     pub(crate) read_only: bool,
+    /// The script may add state (a grant, a queue entry): while the server is out of memory
+    /// its call is refused as a whole. The others (releases, renewals, inspection) run then too
+    /// (`allow-oom`), as they would by `EVALSHA`, where a script is refused only at a command
+    /// that may grow memory: a holder can still renew and release on a full server.
+    pub(crate) grows: bool,
     pub(crate) helpers: &'static [&'static str],
     pub(crate) body: &'static str,
+}
+
+impl Part {
+    /// The function's flags, as a Lua list's items.
+    fn flags(&self) -> String {
+        let mut flags = Vec::new();
+        if self.read_only {
+            flags.push("'no-writes'");
+        }
+        if !self.grows {
+            flags.push("'allow-oom'");
+        }
+        flags.join(", ")
+    }
 }
 
 /// Scripts sharing one prelude of helpers, loaded as a Redis function library.
@@ -79,7 +98,7 @@ impl Library {
                         "redis.register_function{{function_name='{prefix}{}', callback=function(KEYS, ARGV)\nfresh()\n{}\nend, flags={{{}}}}}\n",
                         s.name,
                         s.body,
-                        if s.read_only { "'no-writes'" } else { "" }
+                        s.flags()
                     )
                 })
                 .collect()
@@ -352,6 +371,7 @@ mod tests {
     const ONE: Part = Part {
         name: "one",
         read_only: false,
+        grows: true,
         helpers: &[],
         body: "return 1",
     };

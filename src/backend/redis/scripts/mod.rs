@@ -45,13 +45,24 @@ pub(super) const ALL: [Part; 9] = [
     Ping::SCRIPT,
 ];
 
-/// A script that writes, with the helpers it needs beyond the prelude.
+/// A script that writes, with the helpers it needs beyond the prelude, and adds no state
+/// (it releases, renews or hands on): it runs on a server out of memory too.
 const fn writing(name: &'static str, helpers: &'static [&'static str], body: &'static str) -> Part {
     Part {
         name,
         read_only: false,
+        grows: false,
         helpers,
         body,
+    }
+}
+
+/// A script that may add state (a grant, a queue entry): refused as a whole on a server out
+/// of memory.
+const fn growing(name: &'static str, helpers: &'static [&'static str], body: &'static str) -> Part {
+    Part {
+        grows: true,
+        ..writing(name, helpers, body)
     }
 }
 
@@ -60,6 +71,7 @@ pub(crate) const fn reading(name: &'static str, body: &'static str) -> Part {
     Part {
         name,
         read_only: true,
+        grows: false,
         helpers: &[],
         body,
     }
@@ -106,7 +118,7 @@ impl Acquire<'_> {
 }
 
 impl Args for Acquire<'_> {
-    const SCRIPT: Part = writing("acquire", &[], include_str!("acquire.lua"));
+    const SCRIPT: Part = growing("acquire", &[], include_str!("acquire.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
         push_mutex_keys(call, self.keys);
@@ -127,7 +139,7 @@ pub(crate) struct AcquireShared<'a> {
 }
 
 impl Args for AcquireShared<'_> {
-    const SCRIPT: Part = writing(
+    const SCRIPT: Part = growing(
         "acquire_shared",
         &[SHARED_LUA],
         include_str!("acquire_shared.lua"),

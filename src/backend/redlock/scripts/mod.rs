@@ -38,13 +38,24 @@ pub(super) const ALL: [Part; 12] = [
     Ping::SCRIPT,
 ];
 
-/// A script that writes. Each carries every helper (they are the library's prelude).
+/// A script that writes and adds no state (it releases, renews, settles or gives back): it runs
+/// on a node out of memory too. Each carries every helper (they are the library's prelude).
 const fn writing(name: &'static str, body: &'static str) -> Part {
     Part {
         name,
         read_only: false,
+        grows: false,
         helpers: &[],
         body,
+    }
+}
+
+/// A script that may add state (a grant, a queue entry): refused as a whole on a node out of
+/// memory.
+const fn growing(name: &'static str, body: &'static str) -> Part {
+    Part {
+        grows: true,
+        ..writing(name, body)
     }
 }
 
@@ -90,7 +101,7 @@ impl Acquire<'_> {
 }
 
 impl Args for Acquire<'_> {
-    const SCRIPT: Part = writing("acquire", include_str!("acquire.lua"));
+    const SCRIPT: Part = growing("acquire", include_str!("acquire.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
         push_gated_mutex_keys(call, self.keys);
@@ -107,7 +118,7 @@ pub(super) struct AcquireShared<'a> {
 }
 
 impl Args for AcquireShared<'_> {
-    const SCRIPT: Part = writing("acquire_shared", include_str!("acquire_shared.lua"));
+    const SCRIPT: Part = growing("acquire_shared", include_str!("acquire_shared.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
         push_gated_shared_keys(call, self.acquire.keys);
