@@ -14,24 +14,13 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
-use super::{Family, Grant, LockKind};
-use crate::error::{Error, ErrorKind, Result};
+use super::Grant;
+use crate::error::{Error, Result};
 use crate::sync::LockExt;
 
 /// The lease a handed-off lock gets until its new owner confirms it, unless configured: it
 /// bounds how long a lock handed to a waiter that just died stays stuck.
 pub(crate) const DEFAULT_HANDOFF_TTL: Duration = Duration::from_secs(2);
-
-/// A random id for one backend instance: its part of every owner token and channel name.
-pub(crate) fn client_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..16].to_owned()
-}
-
-/// A claim's owner token on the server: the backend's client id, then the claim's own token.
-/// The server-side code finds the client's channel from the part before the `.`.
-pub(crate) fn owner_token(client_id: &str, claim_owner: &str) -> String {
-    format!("{client_id}.{claim_owner}")
-}
 
 /// Refuses a provisional handoff lease too short to be confirmed.
 pub(crate) fn check_handoff_ttl(ttl: Duration) -> Result<()> {
@@ -42,38 +31,6 @@ pub(crate) fn check_handoff_ttl(ttl: Duration) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// A fencing token as a server returned it; `service` names the server in the error.
-pub(crate) fn fence_of(service: &str, raw: i64) -> Result<u64> {
-    u64::try_from(raw).map_err(|_| {
-        Error::new(
-            ErrorKind::Backend,
-            format!("{service} returned an invalid fencing token {raw}"),
-        )
-    })
-}
-
-/// A key's family as the server-side code writes it: `mutex`, `rw` or `sem:<permits>`.
-pub(crate) fn parse_family(family: &str) -> Option<Family> {
-    match family {
-        "mutex" => Some(Family::Mutex),
-        "rw" => Some(Family::RwLock),
-        other => other
-            .strip_prefix("sem:")
-            .and_then(|m| m.parse().ok())
-            .map(|max| Family::Semaphore { max }),
-    }
-}
-
-/// The error for a claim refused because the key is another family on the server (`family`
-/// as [`parse_family`] reads it).
-pub(crate) fn kind_mismatch(key: &str, family: &str, asked: LockKind) -> Error {
-    let seen = parse_family(family).map_or_else(|| format!("`{family}`"), |f| f.to_string());
-    Error::kind_mismatch(format_args!(
-        "`{key}` is {seen} on the server, asked for as {}",
-        asked.family()
-    ))
 }
 
 /// A grant announced to its new owner.

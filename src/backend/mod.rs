@@ -40,6 +40,7 @@ mod postgres;
 mod redis;
 #[cfg(feature = "redlock")]
 mod redlock;
+mod wire;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
 
@@ -613,15 +614,8 @@ pub use self::zookeeper::{
 #[cfg(feature = "memory")]
 pub use memory::{MemoryBackend, MemoryStats};
 
-/// Awaits the future in `slot`, or forever if there is none (a `select!` branch for a watch or
-/// a ping that may not be running).
 #[cfg(any(feature = "redis", feature = "postgres", feature = "zookeeper"))]
-pub(crate) async fn poll_some<F: Future + Unpin>(slot: &mut Option<F>) -> F::Output {
-    match slot {
-        Some(f) => f.await,
-        None => std::future::pending().await,
-    }
-}
+pub(crate) use self::wire::poll_some;
 
 /// How long the renewal engine gives one [`Backend::renew`] call before it abandons it and
 /// retries: a third of the shortest TTL in the batch, and at least this. A backend that asks

@@ -10,7 +10,8 @@ use super::commands::{self, route_of, Commands, Own, Params};
 use super::listen::Hub;
 use super::tls::{self, Endpoint};
 use super::{schema, Inner, PgBackend, NOTIFY};
-use crate::backend::handoff::{self, check_handoff_ttl, DEFAULT_HANDOFF_TTL};
+use crate::backend::handoff::{check_handoff_ttl, DEFAULT_HANDOFF_TTL};
+use crate::backend::wire;
 use crate::error::{Error, ErrorKind, Result};
 
 /// How many connections of its own a backend opens for statements, by default.
@@ -210,7 +211,7 @@ impl PgBackendBuilder {
                 Commands::Deadpool(pool)
             }
         };
-        let client_id = handoff::client_id();
+        let client_id = wire::client_id();
         let hub = Hub::start(listen, format!("distlock_{client_id}"));
         if !hub.ready(commands::CALL_TIMEOUT).await {
             hub.close();
@@ -240,7 +241,7 @@ impl PgBackendBuilder {
 /// every waiter would learn of its grant only at its own re-check, seconds later.
 async fn probe(commands: &Commands, hub: &Hub, client_id: &str) -> Result<()> {
     let channel = format!("distlock_{client_id}");
-    let token = handoff::client_id();
+    let token = wire::client_id();
     let payload = Hub::probe_payload(&token);
     let params: &Params<'_> = &[(&channel, Type::TEXT), (&payload, Type::TEXT)];
     commands

@@ -31,7 +31,8 @@ use tokio_postgres::Row;
 pub use self::builder::PgBackendBuilder;
 use self::commands::{route_of, Commands, Params};
 use self::listen::{Hub, Registration};
-use super::handoff::{self, parse_family, wait_for_handoff, Mailbox, ServerClock};
+use super::handoff::{wait_for_handoff, Mailbox, ServerClock};
+use super::wire::{self, parse_family};
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{
@@ -205,7 +206,7 @@ struct Call<'a> {
 
 /// A claim's owner token on the server: this backend's client id, then the claim's.
 fn owner_of(client_id: &str, claim: &Claim) -> String {
-    handoff::owner_token(client_id, claim.owner())
+    wire::owner_token(client_id, claim.owner())
 }
 
 impl<'a> Call<'a> {
@@ -243,7 +244,7 @@ fn malformed(what: &str) -> Error {
 }
 
 fn fence_of(raw: i64) -> Result<u64> {
-    handoff::fence_of("postgres", raw)
+    wire::fence_of("postgres", raw)
 }
 
 fn column<'r, T: tokio_postgres::types::FromSql<'r>>(
@@ -318,7 +319,7 @@ impl PgBackend {
             }
             _ => {
                 let family: Option<String> = column(row, 3, "acquire")?;
-                Err(handoff::kind_mismatch(
+                Err(wire::kind_mismatch(
                     claim.key(),
                     &family.unwrap_or_default(),
                     claim.kind(),

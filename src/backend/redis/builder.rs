@@ -26,7 +26,8 @@ use super::scripts::Ping;
 #[cfg(feature = "redis-sentinel")]
 use super::sentinel;
 use super::{Inner, RedisBackend};
-use crate::backend::handoff::{self, check_handoff_ttl, DEFAULT_HANDOFF_TTL};
+use crate::backend::handoff::{check_handoff_ttl, DEFAULT_HANDOFF_TTL};
+use crate::backend::wire;
 use crate::error::{Error, Result};
 
 enum Source {
@@ -401,7 +402,7 @@ impl RedisBackendBuilder {
                 cluster,
                 hub,
                 handoff_ttl: self.handoff_ttl,
-                client_id: handoff::client_id(),
+                client_id: wire::client_id(),
             }),
         })
     }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::scripts::{ForceRelease, Inspect};
 use super::{kind_of_code, Keys, RedisBackend};
-use crate::backend::{handoff, Family};
+use crate::backend::{wire, Family};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{
     ForceReleased, Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter,
@@ -73,7 +73,7 @@ fn unexpected(what: &str, key: &str) -> Error {
 fn family_of(code: &str, bad: impl Fn() -> Error) -> Result<(Option<Family>, u32)> {
     let family = match code {
         "" => None,
-        other => Some(handoff::parse_family(other).ok_or_else(&bad)?),
+        other => Some(wire::parse_family(other).ok_or_else(&bad)?),
     };
     let max = match family {
         Some(Family::Semaphore { max }) => max,

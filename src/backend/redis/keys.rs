@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::backend::handoff;
+use crate::backend::wire;
 use crate::backend::{Claim, LockKind};
 
 /// The names of one lock's keys and channels, and a claim's owner token, as one client sees
@@ -54,7 +54,7 @@ impl Keys {
             fence: format!("{lock}:fence"),
             channel: format!("{channels}{client_id}"),
             channels,
-            owner: handoff::owner_token(client_id, claim_owner),
+            owner: wire::owner_token(client_id, claim_owner),
             lock,
         }
     }

@@ -7,7 +7,8 @@ use tokio::time::Instant;
 
 use super::scripts::{Acquire, AcquireShared, Downgrade, Release, ReleaseShared};
 use super::{kind_code, Keys, RedisBackend, RedisTicket};
-use crate::backend::handoff::{self, wait_for_handoff};
+use crate::backend::handoff::wait_for_handoff;
+use crate::backend::wire;
 use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -18,7 +19,7 @@ use crate::error::{Error, ErrorKind, Result};
 pub(crate) const FENCE_TTL: Duration = Duration::from_secs(3600);
 
 fn fence_of(raw: i64) -> Result<u64> {
-    handoff::fence_of("redis", raw)
+    wire::fence_of("redis", raw)
 }
 
 impl RedisBackend {
@@ -230,7 +231,7 @@ fn parse_acquire(claim: &Claim, reply: &[::redis::Value]) -> Result<(i64, i64, i
     match (int(0), reply.get(1)) {
         (Some(-1), Some(family)) => {
             let family: String = ::redis::from_redis_value_ref(family).unwrap_or_default();
-            Err(handoff::kind_mismatch(claim.key(), &family, claim.kind()))
+            Err(wire::kind_mismatch(claim.key(), &family, claim.kind()))
         }
         (Some(code), _) => match (int(1), int(2)) {
             (Some(value), Some(server_ms)) => Ok((code, value, server_ms)),

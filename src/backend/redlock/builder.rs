@@ -11,8 +11,9 @@ use super::library;
 use super::node::{Downs, Node};
 use super::quorum::quorum;
 use super::{Inner, RedlockBackend, RedlockNode};
-use crate::backend::handoff::{check_handoff_ttl, client_id, DEFAULT_HANDOFF_TTL};
+use crate::backend::handoff::{check_handoff_ttl, DEFAULT_HANDOFF_TTL};
 use crate::backend::redis::scripts::Ping;
+use crate::backend::wire::client_id;
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long one node may take to answer before it counts as not granting.

@@ -21,8 +21,8 @@ use super::session::Up;
 use super::ticket::{fence, lock_path, parent_paths, queue_path, Node, Step, Waiting, ZkTicket};
 use super::wait::watch_ahead;
 use super::Inner;
-use crate::backend::{Attempt, Claim, Grant, LockKind};
-use crate::error::{Error, Result};
+use crate::backend::{wire, Attempt, Claim, Grant, LockKind};
+use crate::error::Result;
 
 impl Inner {
     /// The node a create with a lost reply made, found by its protection prefix.
@@ -336,7 +336,9 @@ impl Inner {
                 // create (a mutex or read-write claim checks its own listing instead).
                 match self.no_other_family(&up, claim).await {
                     Ok(None) => ticket.lock().leases.checked = true,
-                    Ok(Some(other)) => return Err(mismatch(claim, other)),
+                    Ok(Some(other)) => {
+                        return Err(wire::mismatch(claim.key(), other, claim.kind()))
+                    }
                     Err(f) => {
                         self.again(ticket, &node, f, &mut last, || format!("list {queue}"))?;
                         continue;
@@ -355,7 +357,9 @@ impl Inner {
                 match self.other_family(&up, claim, &kids).await {
                     Ok(None) => {}
                     // The layer above releases the claim on an error: our node goes.
-                    Ok(Some(other)) => return Err(mismatch(claim, other)),
+                    Ok(Some(other)) => {
+                        return Err(wire::mismatch(claim.key(), other, claim.kind()))
+                    }
                     Err(f) => {
                         self.again(ticket, &node, f, &mut last, || format!("list {queue}"))?;
                         continue;
@@ -486,13 +490,4 @@ impl Inner {
         ticket.lock().node = None;
         self.hub.gone(&node.path);
     }
-}
-
-/// The error for a claim on a lock node that holds another family.
-pub(super) fn mismatch(claim: &Claim, other: Other) -> Error {
-    Error::kind_mismatch(format_args!(
-        "`{}` is {other} on the server, asked for as {}",
-        claim.key(),
-        claim.kind().family()
-    ))
 }

@@ -1,0 +1,92 @@
+//! What the backends over a network share, whichever of them is built: client ids and owner
+//! tokens, fencing tokens and families as servers write them, the error for a key of another
+//! family, and a `select!` helper for a future that may not be running.
+//!
+//! Compiled with every feature, so that no backend depends on another's feature to build; the
+//! memory backend alone uses none of it, ZooKeeper alone some.
+
+#![cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+
+use std::fmt::Display;
+use std::future::Future;
+
+use super::{Family, LockKind};
+use crate::error::{Error, ErrorKind, Result};
+
+/// A random id for one backend instance: its part of every owner token and channel name.
+pub(crate) fn client_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..16].to_owned()
+}
+
+/// A claim's owner token on the server: the backend's client id, then the claim's own token.
+/// The server-side code finds the client's channel from the part before the `.`.
+pub(crate) fn owner_token(client_id: &str, claim_owner: &str) -> String {
+    format!("{client_id}.{claim_owner}")
+}
+
+/// A fencing token as a server returned it; `service` names the server in the error.
+pub(crate) fn fence_of(service: &str, raw: i64) -> Result<u64> {
+    u64::try_from(raw).map_err(|_| {
+        Error::new(
+            ErrorKind::Backend,
+            format!("{service} returned an invalid fencing token {raw}"),
+        )
+    })
+}
+
+/// A key's family as the server-side code writes it: `mutex`, `rw` or `sem:<permits>`.
+pub(crate) fn parse_family(family: &str) -> Option<Family> {
+    match family {
+        "mutex" => Some(Family::Mutex),
+        "rw" => Some(Family::RwLock),
+        other => other
+            .strip_prefix("sem:")
+            .and_then(|m| m.parse().ok())
+            .map(|max| Family::Semaphore { max }),
+    }
+}
+
+/// The error for a claim refused because the key is another family on the server (`family`
+/// as [`parse_family`] reads it).
+pub(crate) fn kind_mismatch(key: &str, family: &str, asked: LockKind) -> Error {
+    match parse_family(family) {
+        Some(seen) => mismatch(key, seen, asked),
+        None => mismatch(key, format_args!("`{family}`"), asked),
+    }
+}
+
+/// The error for a claim refused because the server holds `key` as `seen`, another family.
+pub(crate) fn mismatch(key: &str, seen: impl Display, asked: LockKind) -> Error {
+    Error::kind_mismatch(format_args!(
+        "`{key}` is {seen} on the server, asked for as {}",
+        asked.family()
+    ))
+}
+
+/// Awaits the future in `slot`, or forever if there is none (a `select!` branch for a watch or
+/// a ping that may not be running).
+pub(crate) async fn poll_some<F: Future + Unpin>(slot: &mut Option<F>) -> F::Output {
+    match slot {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_families_as_servers_write_them() {
+        assert_eq!(parse_family("mutex"), Some(Family::Mutex));
+        assert_eq!(parse_family("rw"), Some(Family::RwLock));
+        assert_eq!(parse_family("sem:3"), Some(Family::Semaphore { max: 3 }));
+        assert_eq!(parse_family("sem:x"), None);
+        let err = kind_mismatch("k", "sem:3", LockKind::Exclusive);
+        assert!(err
+            .to_string()
+            .contains("`k` is a semaphore of 3 permits on the server"));
+        let err = kind_mismatch("k", "odd", LockKind::Exclusive);
+        assert!(err.to_string().contains("`k` is `odd` on the server"));
+    }
+}
