@@ -12,7 +12,7 @@ use super::library;
 use super::quorum::held_until;
 use super::scripts::{Acquire, AcquireShared, Release, ReleaseShared, Settle, Yield, YieldShared};
 use super::{RedlockBackend, RedlockTicket};
-use crate::backend::handoff::earliest;
+use crate::backend::handoff::wait::earliest;
 use crate::backend::wire::{fence_of, kind_mismatch};
 use crate::backend::{Attempt, Claim, Grant};
 use crate::error::{Error, ErrorKind, Result};
