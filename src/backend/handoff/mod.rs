@@ -5,20 +5,29 @@
 //! under a provisional lease of `px` ms from `server ms` on the server's clock) or, for the
 //! waiter next in line behind it, when that provisional lease ends (`"<owner> <server ms>
 //! <px>"`). Each waiting claim has a [`Mailbox`] that keeps the strongest wake-up not yet read,
-//! and a [`ServerClock`] that places server times on the local clock, no later than they are.
+//! and a [`ServerClock`] that places server times on the local clock, no later than they are;
+//! the two make its [`HandoffTicket`]. A claim listens before it queues and stops once granted
+//! ([`acquire`]), and the servers' answers to it are read the same way everywhere ([`reply`],
+//! [`renewal`]).
 
+mod acquire;
 mod clock;
 mod mailbox;
 mod message;
+pub(crate) mod renewal;
+pub(crate) mod reply;
+mod ticket;
 pub(crate) mod wait;
 
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+pub(crate) use self::acquire::{acquire, Asking, Listener};
 pub(crate) use self::clock::ServerClock;
 pub(crate) use self::mailbox::Mailbox;
-pub(crate) use self::message::{parse, LeaseEnd, Wake};
+pub(crate) use self::message::{parse, Wake};
+pub(crate) use self::ticket::{HandoffTicket, Listening};
 pub(crate) use self::wait::wait_for_handoff;
 
 /// The lease a handed-off lock gets until its new owner confirms it, unless configured: it

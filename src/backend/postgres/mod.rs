@@ -21,7 +21,7 @@ mod listen;
 mod schema;
 mod tls;
 
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -31,14 +31,15 @@ use tokio_postgres::Row;
 pub use self::builder::PgBackendBuilder;
 use self::commands::{route_of, Commands, Params};
 use self::listen::{Hub, Registration};
-use super::handoff::{wait_for_handoff, Mailbox, ServerClock};
-use super::wire::{self, parse_family};
+use super::handoff::renewal::{fail_all, RenewAnswer};
+use super::handoff::reply::{downgraded, granted, lease_left, queued, released};
+use super::handoff::{self, wait_for_handoff, Asking, HandoffTicket, Listener, Listening, Mailbox};
+use super::wire::{kind_mismatch, owner_token, parse_family};
 use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{
     ForceReleased, Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter,
 };
-use crate::sync::LockExt;
 
 /// Locks in a PostgreSQL database (12 or newer): leased, fenced and FIFO, woken by
 /// LISTEN/NOTIFY.
@@ -166,13 +167,11 @@ impl PgBackend {
     }
 }
 
-/// What one claim keeps between calls: its mailbox while it waits, and the pairing of local and
-/// server clocks from its last request, to place a handoff on the local clock.
+/// What one claim keeps between calls: its registration with the LISTEN hub while it waits,
+/// and the pairing of local and server clocks from its last request, to place a handoff on the
+/// local clock.
 #[derive(Default)]
-pub struct PgTicket {
-    registration: StdMutex<Option<Registration>>,
-    clock: ServerClock,
-}
+pub struct PgTicket(HandoffTicket<Registration>);
 
 impl std::fmt::Debug for PgTicket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -180,19 +179,9 @@ impl std::fmt::Debug for PgTicket {
     }
 }
 
-impl PgTicket {
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Registration>> {
-        self.registration.locked()
-    }
-
-    fn set(&self, registration: Option<Registration>) {
-        // Dropped outside the lock: dropping unregisters from the hub.
-        let old = std::mem::replace(&mut *self.slot(), registration);
-        drop(old);
-    }
-
-    fn mailbox(&self) -> Option<Arc<Mailbox>> {
-        self.slot().as_ref().map(|r| r.mailbox.clone())
+impl Listening for Registration {
+    fn mailbox(&self) -> &Arc<Mailbox> {
+        &self.mailbox
     }
 }
 
@@ -206,7 +195,7 @@ struct Call<'a> {
 
 /// A claim's owner token on the server: this backend's client id, then the claim's.
 fn owner_of(client_id: &str, claim: &Claim) -> String {
-    wire::owner_token(client_id, claim.owner())
+    owner_token(client_id, claim.owner())
 }
 
 impl<'a> Call<'a> {
@@ -243,10 +232,6 @@ fn malformed(what: &str) -> Error {
     )
 }
 
-fn fence_of(raw: i64) -> Result<u64> {
-    wire::fence_of("postgres", raw)
-}
-
 fn column<'r, T: tokio_postgres::types::FromSql<'r>>(
     row: &'r Row,
     i: usize,
@@ -274,11 +259,11 @@ const FORCE_RELEASE: &str = "SELECT family, mode, permits, fence, left_ms FROM (
     ORDER BY c.seq) r WHERE held = 1";
 const INSPECT: &str = "SELECT family, mode, permits, fence, left_ms FROM distlock.inspect($1, $2)";
 
-impl PgBackend {
-    async fn run_acquire(&self, claim: &Claim, ticket: &PgTicket, wait: bool) -> Result<Attempt> {
-        let call = Call::new(claim, &self.inner.client_id);
+impl Listener for Asking<'_, PgBackend, PgTicket, Call<'_>> {
+    async fn ask(&self, wait: bool) -> Result<Attempt> {
+        let (backend, claim, call) = (self.backend, self.claim, self.names);
         let (mode, count, max) = mode_of(claim.kind());
-        let (ttl, handoff) = (millis(claim.ttl()), millis(self.inner.handoff_ttl));
+        let (ttl, handoff) = (millis(claim.ttl()), millis(backend.inner.handoff_ttl));
         let params: &Params<'_> = &[
             (&call.ns, Type::TEXT),
             (&call.key, Type::TEXT),
@@ -290,7 +275,7 @@ impl PgBackend {
             (&wait, Type::BOOL),
             (&handoff, Type::INT4),
         ];
-        let reply = self
+        let reply = backend
             .inner
             .commands
             .query("acquire", call.route, ACQUIRE, params)
@@ -301,31 +286,43 @@ impl PgBackend {
         let value: i64 = column(row, 1, "acquire")?;
         let server_ms: i64 = column(row, 2, "acquire")?;
         match code {
-            1 => Ok(Attempt::Granted(Grant::new(
-                fence_of(value)?,
-                sent + claim.ttl(),
-            ))),
+            1 => Ok(Attempt::Granted(granted("postgres", claim, value, sent)?)),
             0 => {
-                // Queued: remember when the server's clock read `server_ms`, to place a handoff.
-                ticket.clock.pair(sent, server_ms);
                 // How long the earliest holder's lease has left; -1: no holder to wait out.
-                let wait_for = match value {
+                let wait = match value {
                     -1 => claim.ttl(),
-                    ms => Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1)),
+                    ms => lease_left(ms),
                 };
                 Ok(Attempt::Queued {
-                    recheck_at: Some(Instant::now() + wait_for),
+                    recheck_at: Some(queued(&self.ticket.0.clock, sent, server_ms, wait)),
                 })
             }
             _ => {
                 let family: Option<String> = column(row, 3, "acquire")?;
-                Err(wire::kind_mismatch(
+                Err(kind_mismatch(
                     claim.key(),
                     &family.unwrap_or_default(),
                     claim.kind(),
                 ))
             }
         }
+    }
+
+    /// Registered at once: it needs no I/O.
+    fn listening(&self) -> bool {
+        if !self.ticket.0.is_listening() {
+            let registration = self.backend.inner.hub.register(&self.names.owner);
+            self.ticket.0.set(Some(registration));
+        }
+        true
+    }
+
+    async fn listen(&self) -> Result<Option<Attempt>> {
+        Ok(None)
+    }
+
+    fn granted(&self) {
+        self.ticket.0.set(None);
     }
 }
 
@@ -346,16 +343,8 @@ impl Backend for PgBackend {
     }
 
     async fn acquire(&self, claim: &Claim, ticket: &PgTicket, wait: bool) -> Result<Attempt> {
-        if wait && ticket.mailbox().is_none() {
-            // Registered before the claim queues, so no handoff to it is missed. No I/O.
-            let owner = owner_of(&self.inner.client_id, claim);
-            ticket.set(Some(self.inner.hub.register(&owner)));
-        }
-        let attempt = self.run_acquire(claim, ticket, wait).await?;
-        if matches!(attempt, Attempt::Granted(_)) {
-            ticket.set(None);
-        }
-        Ok(attempt)
+        let call = Call::new(claim, &self.inner.client_id);
+        handoff::acquire(self, claim, ticket, &call, wait).await
     }
 
     async fn wait(
@@ -364,15 +353,11 @@ impl Backend for PgBackend {
         ticket: &PgTicket,
         recheck_at: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        let mailbox = ticket.mailbox();
-        wait_for_handoff(mailbox.as_deref(), &ticket.clock, recheck_at, || {
-            ticket.set(None);
-        })
-        .await
+        wait_for_handoff(&ticket.0, recheck_at).await
     }
 
     async fn release(&self, claim: &Claim, ticket: &PgTicket) -> Result<bool> {
-        ticket.set(None);
+        ticket.0.set(None);
         let call = Call::new(claim, &self.inner.client_id);
         let handoff = millis(self.inner.handoff_ttl);
         let params: &Params<'_> = &[
@@ -388,9 +373,11 @@ impl Backend for PgBackend {
             .await?;
         let row = reply.rows.first().ok_or_else(|| malformed("release"))?;
         let held: i32 = column(row, 0, "release")?;
-        // An attempt whose reply was lost may have released the lock already, so a retry that
-        // finds nothing is no sign of loss (the layer above checks the lease locally).
-        Ok(held == 1 || reply.in_doubt)
+        Ok(released(
+            usize::from(held == 1),
+            usize::from(reply.in_doubt),
+            1,
+        ))
     }
 
     async fn downgrade(&self, claim: &Claim, _ticket: &PgTicket) -> Result<Grant> {
@@ -411,13 +398,9 @@ impl Backend for PgBackend {
         let sent = reply.sent;
         let row = reply.rows.first().ok_or_else(|| malformed("downgrade"))?;
         let done: i32 = column(row, 0, "downgrade")?;
-        if done != 1 {
-            return Err(Error::lost(claim.key()));
-        }
-        Ok(Grant::new(
-            fence_of(column(row, 1, "downgrade")?)?,
-            sent + claim.ttl(),
-        ))
+        downgraded("postgres", claim, done == 1, sent, || {
+            column(row, 1, "downgrade")
+        })
     }
 
     async fn renew(&self, claims: &[(&Claim, &PgTicket)]) -> Vec<Renewal> {
@@ -448,23 +431,14 @@ impl Backend for PgBackend {
             .await
         {
             Ok(reply) => (reply.rows, reply.sent),
-            Err(err) => {
-                return claims
-                    .iter()
-                    .map(|_| Renewal::Failed(err.clone()))
-                    .collect()
-            }
+            Err(err) => return fail_all(n, &err),
         };
         // Positions (1-based) the server extended, and whether each holds the lock; the rest
         // are not owners any more.
         let mut alive: Vec<Option<bool>> = vec![None; n];
         for row in &rows {
             let (Ok(i), Ok(held)) = (row.try_get::<_, i64>(0), row.try_get::<_, bool>(1)) else {
-                let err = malformed("renew");
-                return claims
-                    .iter()
-                    .map(|_| Renewal::Failed(err.clone()))
-                    .collect();
+                return fail_all(n, &malformed("renew"));
             };
             if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| alive.get_mut(i)) {
                 *slot = Some(held);
@@ -473,10 +447,13 @@ impl Backend for PgBackend {
         claims
             .iter()
             .zip(alive)
-            .map(|((claim, _), alive)| match alive {
-                Some(true) => Renewal::Extended(sent + claim.ttl()),
-                Some(false) => Renewal::Queued(sent + claim.ttl()),
-                None => Renewal::NotOwner,
+            .map(|((claim, _), alive)| {
+                let answer = match alive {
+                    Some(true) => RenewAnswer::Lease,
+                    Some(false) => RenewAnswer::Place,
+                    None => RenewAnswer::Neither,
+                };
+                answer.renewal(sent, claim.ttl())
             })
             .collect()
     }

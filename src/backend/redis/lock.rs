@@ -7,8 +7,9 @@ use tokio::time::Instant;
 
 use super::scripts::{Acquire, AcquireShared, Downgrade, Release, ReleaseShared};
 use super::{kind_code, Keys, RedisBackend, RedisTicket};
-use crate::backend::handoff::wait_for_handoff;
-use crate::backend::wire;
+use crate::backend::handoff::reply::{downgraded, granted, lease_left, queued, released};
+use crate::backend::handoff::{self, wait_for_handoff, Asking, Listener};
+use crate::backend::wire::kind_mismatch;
 use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -17,10 +18,6 @@ use crate::error::{Error, ErrorKind, Result};
 /// the client's clock lifts tokens, on Cluster and Sentinel, it lifts them at most half of this
 /// above the server's clock, so that still holds: see `next_fence` in `scripts/common.lua`.)
 pub(crate) const FENCE_TTL: Duration = Duration::from_secs(3600);
-
-fn fence_of(raw: i64) -> Result<u64> {
-    wire::fence_of("redis", raw)
-}
 
 impl RedisBackend {
     pub(super) async fn acquire_claim(
@@ -51,89 +48,7 @@ impl RedisBackend {
         wait: bool,
     ) -> Result<Attempt> {
         let keys = ticket.keys(claim, &self.inner.client_id);
-        if wait && !ticket.subscribed() {
-            // A claim subscribes before it queues, so no handoff to it is published unheard.
-            // On a channel this client already listens to that costs nothing; otherwise look
-            // first without queueing, so a free lock costs one round trip, and subscribe only
-            // if we must wait.
-            if let Some(sub) = self
-                .inner
-                .hub
-                .subscribe_if_ready(&keys.channel, &keys.owner)
-            {
-                ticket.set_sub(Some(sub));
-            } else {
-                let first = self.run_acquire(claim, ticket, keys, false).await?;
-                if matches!(first, Attempt::Granted(_)) {
-                    return Ok(first);
-                }
-                match self.inner.hub.subscribe(&keys.channel, &keys.owner).await {
-                    Ok(sub) => ticket.set_sub(Some(sub)),
-                    // The server answered and the lock is busy, but the pub/sub link is down
-                    // (a reconnect under way): the claim waits like a queued one through an
-                    // outage, trying again after a growing pause, until its own deadline.
-                    Err(e) if e.is_transient() => {
-                        let pause = ticket.sub_failed();
-                        tracing::debug!(error = %e, ?pause, "redis subscribe failed; trying again");
-                        return Ok(Attempt::Queued {
-                            recheck_at: Some(Instant::now() + pause),
-                        });
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        let attempt = self.run_acquire(claim, ticket, keys, wait).await?;
-        if matches!(attempt, Attempt::Granted(_)) {
-            ticket.set_sub(None);
-        }
-        Ok(attempt)
-    }
-
-    async fn run_acquire(
-        &self,
-        claim: &Claim,
-        ticket: &RedisTicket,
-        keys: &Keys,
-        wait: bool,
-    ) -> Result<Attempt> {
-        let acquire = Acquire {
-            keys,
-            ttl: claim.ttl(),
-            wait,
-            handoff_ttl: self.inner.handoff_ttl,
-        };
-        let inv = match Shared::of(claim.kind()) {
-            Some(shared) => self.call(&AcquireShared {
-                acquire,
-                kind: &shared.kind,
-                permits: shared.max,
-            }),
-            None => self.call(&acquire),
-        };
-        let (reply, sent): (Vec<::redis::Value>, Instant) =
-            self.inner.commands.invoke_timed("acquire", &inv).await?;
-        let (code, value, server_ms) = parse_acquire(claim, &reply)?;
-        if code == 1 {
-            return Ok(Attempt::Granted(Grant::new(
-                fence_of(value)?,
-                sent + claim.ttl(),
-            )));
-        }
-        // Queued: remember when the server's clock read `server_ms`, to place a handoff.
-        ticket.clock.pair(sent, server_ms);
-        // How long the blocking lease has left. 0 in its last millisecond: look again at once.
-        // -1 (a key without expiry, not ours): after our own TTL. -2 (nothing holds the lock,
-        // yet the claim must wait): a state nothing announces the end of, so look again after
-        // a handoff lease, never in a tight loop.
-        let wait_for = match value {
-            -1 => claim.ttl(),
-            -2 => self.inner.handoff_ttl,
-            ms => Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1)),
-        };
-        Ok(Attempt::Queued {
-            recheck_at: Some(Instant::now() + wait_for),
-        })
+        handoff::acquire(self, claim, ticket, keys, wait).await
     }
 
     pub(super) async fn wait_claim(
@@ -142,11 +57,7 @@ impl RedisBackend {
         ticket: &RedisTicket,
         recheck_at: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        let mailbox = ticket.mailbox();
-        let heard = wait_for_handoff(mailbox.as_deref(), &ticket.clock, recheck_at, || {
-            ticket.set_sub(None);
-        })
-        .await?;
+        let heard = wait_for_handoff(&ticket.handoff, recheck_at).await?;
         // A handoff must be acknowledged like any grant: `acquire` confirms it (a write of
         // ours, replicated after the handoff) and waits for the replicas.
         let heard = heard.filter(|_| self.inner.replicas_ack.is_none());
@@ -157,7 +68,7 @@ impl RedisBackend {
     }
 
     pub(super) async fn release_claim(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
-        ticket.set_sub(None);
+        ticket.handoff.set(None);
         ticket.set_holding(None);
         let keys = ticket.keys(claim, &self.inner.client_id);
         let release = Release {
@@ -176,10 +87,7 @@ impl RedisBackend {
             .commands
             .invoke_noting_doubt("release", &inv)
             .await?;
-        // An attempt whose reply was lost may have released the lock already, so a retry that
-        // finds nothing is no sign of loss: the lease was valid when the release was asked for
-        // (the layer above checks that locally).
-        Ok(held == 1 || in_doubt)
+        Ok(released(usize::from(held == 1), usize::from(in_doubt), 1))
     }
 
     pub(super) async fn downgrade_claim(
@@ -195,10 +103,86 @@ impl RedisBackend {
         });
         let ((done, fence), sent): ((i64, i64), Instant) =
             self.inner.commands.invoke_timed("downgrade", &inv).await?;
-        if done != 1 {
-            return Err(Error::lost(claim.key()));
+        downgraded("redis", claim, done == 1, sent, || Ok(fence))
+    }
+}
+
+impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
+    async fn ask(&self, wait: bool) -> Result<Attempt> {
+        let (backend, claim, keys) = (self.backend, self.claim, self.names);
+        let acquire = Acquire {
+            keys,
+            ttl: claim.ttl(),
+            wait,
+            handoff_ttl: backend.inner.handoff_ttl,
+        };
+        let inv = match Shared::of(claim.kind()) {
+            Some(shared) => backend.call(&AcquireShared {
+                acquire,
+                kind: &shared.kind,
+                permits: shared.max,
+            }),
+            None => backend.call(&acquire),
+        };
+        let (reply, sent): (Vec<::redis::Value>, Instant) =
+            backend.inner.commands.invoke_timed("acquire", &inv).await?;
+        let (code, value, server_ms) = parse_acquire(claim, &reply)?;
+        if code == 1 {
+            return Ok(Attempt::Granted(granted("redis", claim, value, sent)?));
         }
-        Ok(Grant::new(fence_of(fence)?, sent + claim.ttl()))
+        // How long the blocking lease has left. -1 (a key without expiry, not ours): after our
+        // own TTL. -2 (nothing holds the lock, yet the claim must wait): a state nothing
+        // announces the end of, so look again after a handoff lease, never in a tight loop.
+        let wait = match value {
+            -1 => claim.ttl(),
+            -2 => backend.inner.handoff_ttl,
+            ms => lease_left(ms),
+        };
+        Ok(Attempt::Queued {
+            recheck_at: Some(queued(&self.ticket.handoff.clock, sent, server_ms, wait)),
+        })
+    }
+
+    /// Subscribed already, or now on a channel this client listens to (that costs nothing).
+    fn listening(&self) -> bool {
+        let (ticket, keys) = (self.ticket, self.names);
+        if ticket.handoff.is_listening() {
+            return true;
+        }
+        let hub = &self.backend.inner.hub;
+        match hub.subscribe_if_ready(&keys.channel, &keys.owner) {
+            Some(sub) => {
+                ticket.subscribed(sub);
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn listen(&self) -> Result<Option<Attempt>> {
+        let (ticket, keys) = (self.ticket, self.names);
+        let hub = &self.backend.inner.hub;
+        match hub.subscribe(&keys.channel, &keys.owner).await {
+            Ok(sub) => {
+                ticket.subscribed(sub);
+                Ok(None)
+            }
+            // The server answered and the lock is busy, but the pub/sub link is down (a
+            // reconnect under way): the claim waits like a queued one through an outage,
+            // trying again after a growing pause, until its own deadline.
+            Err(e) if e.is_transient() => {
+                let pause = ticket.sub_failed();
+                tracing::debug!(error = %e, ?pause, "redis subscribe failed; trying again");
+                Ok(Some(Attempt::Queued {
+                    recheck_at: Some(Instant::now() + pause),
+                }))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn granted(&self) {
+        self.ticket.handoff.set(None);
     }
 }
 
@@ -231,7 +215,7 @@ fn parse_acquire(claim: &Claim, reply: &[::redis::Value]) -> Result<(i64, i64, i
     match (int(0), reply.get(1)) {
         (Some(-1), Some(family)) => {
             let family: String = ::redis::from_redis_value_ref(family).unwrap_or_default();
-            Err(wire::kind_mismatch(claim.key(), &family, claim.kind()))
+            Err(kind_mismatch(claim.key(), &family, claim.kind()))
         }
         (Some(code), _) => match (int(1), int(2)) {
             (Some(value), Some(server_ms)) => Ok((code, value, server_ms)),

@@ -5,6 +5,7 @@
 use super::lock_name;
 use super::scripts::{Renew, Renewed};
 use super::{RedisBackend, RedisTicket};
+use crate::backend::handoff::renewal::{fail_all, RenewAnswer};
 use crate::backend::{Claim, Renewal};
 use crate::error::{Error, ErrorKind};
 
@@ -51,34 +52,23 @@ impl RedisBackend {
         {
             Ok((results, sent)) if results.len() == members.len() => {
                 if let Err(err) = self.renewal_acknowledged(&members).await {
-                    return members
-                        .iter()
-                        .map(|_| Renewal::Failed(err.clone()))
-                        .collect();
+                    return fail_all(members.len(), &err);
                 }
                 members
                     .iter()
                     .zip(results)
-                    .map(|(claim, r)| match r {
-                        1 => Renewal::Extended(sent + claim.ttl()),
-                        2 => Renewal::Queued(sent + claim.ttl()),
-                        // 0: neither holder nor queued; -1: the lock's keys hold another Redis
-                        // type (overwritten behind our back), so this claim cannot own them.
-                        _ => Renewal::NotOwner,
+                    .map(|(claim, r)| {
+                        // Keys that cannot be read hold another type: this claim cannot own them.
+                        let answer = RenewAnswer::of_code(r).unwrap_or(RenewAnswer::Neither);
+                        answer.renewal(sent, claim.ttl())
                     })
                     .collect()
             }
             Ok(_) => {
                 let err = Error::new(ErrorKind::Backend, "redis renew returned a malformed reply");
-                members
-                    .iter()
-                    .map(|_| Renewal::Failed(err.clone()))
-                    .collect()
+                fail_all(members.len(), &err)
             }
-            Err(err) => members
-                .iter()
-                .map(|_| Renewal::Failed(err.clone()))
-                .collect(),
+            Err(err) => fail_all(members.len(), &err),
         }
     }
 

@@ -5,18 +5,17 @@ use std::time::Duration;
 
 use super::notify::{Holding, Subscription};
 use super::Keys;
-use crate::backend::handoff::{Mailbox, ServerClock};
+use crate::backend::handoff::{HandoffTicket, Listening, Mailbox};
 use crate::backend::Claim;
 use crate::sync::LockExt;
 
-/// What one claim keeps between calls: its keys' names, its subscription while it waits, and
-/// the pairing of local and server clocks from its last request, to place a handoff on the
-/// local clock.
+/// What one claim keeps between calls: its keys' names, and what it keeps to hear of a
+/// handoff (its subscription while it waits, and the pairing of local and server clocks from
+/// its last request, to place a handoff on the local clock).
 #[derive(Default)]
 pub struct RedisTicket {
     keys: OnceLock<Keys>,
-    sub: StdMutex<Option<Subscription>>,
-    pub(super) clock: ServerClock,
+    pub(super) handoff: HandoffTicket<Subscription>,
     /// The pause before the next try after a subscription failed on a claim that found the
     /// lock busy (doubling while it keeps failing; reset once subscribed).
     sub_pause: StdMutex<Option<Duration>>,
@@ -30,14 +29,16 @@ impl std::fmt::Debug for RedisTicket {
     }
 }
 
+impl Listening for Subscription {
+    fn mailbox(&self) -> &Arc<Mailbox> {
+        &self.mailbox
+    }
+}
+
 impl RedisTicket {
     /// The claim's keys and owner token, named at its first call (a ticket serves one claim).
     pub(super) fn keys(&self, claim: &Claim, client_id: &str) -> &Keys {
         self.keys.get_or_init(|| Keys::new(claim, client_id))
-    }
-
-    pub(super) fn subscribed(&self) -> bool {
-        self.sub.locked().is_some()
     }
 
     /// Marks the claim as holding (`Some`) or not (`None`).
@@ -56,16 +57,9 @@ impl RedisTicket {
         next
     }
 
-    pub(super) fn set_sub(&self, sub: Option<Subscription>) {
-        if sub.is_some() {
-            *self.sub_pause.locked() = None;
-        }
-        // Dropped outside the lock: dropping unregisters from the hub.
-        let old = std::mem::replace(&mut *self.sub.locked(), sub);
-        drop(old);
-    }
-
-    pub(super) fn mailbox(&self) -> Option<Arc<Mailbox>> {
-        self.sub.locked().as_ref().map(|s| s.mailbox.clone())
+    /// Subscribes the claim, which ends the pauses after failed subscriptions.
+    pub(super) fn subscribed(&self, sub: Subscription) {
+        *self.sub_pause.locked() = None;
+        self.handoff.set(Some(sub));
     }
 }

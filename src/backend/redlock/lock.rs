@@ -13,12 +13,12 @@ use super::quorum::held_until;
 use super::round::Held;
 use super::scripts::Downgrade;
 use super::{RedlockBackend, RedlockTicket};
-use crate::backend::handoff::wait::{before, earliest, next_in_line, recheck};
-use crate::backend::handoff::{Mailbox, Wake};
+use crate::backend::handoff::reply::released;
+use crate::backend::handoff::wait::{before, earliest, heard, recheck, Heard};
+use crate::backend::handoff::{self, Asking, Listener, Mailbox, Wake};
 use crate::backend::wire::fence_of;
 use crate::backend::{Attempt, Claim, Grant};
 use crate::error::{Error, Result};
-use crate::sync::LockExt;
 
 /// How long a waiter that heard of grants from a minority of nodes waits for the rest before
 /// it asks every node.
@@ -32,16 +32,7 @@ impl RedlockBackend {
         wait: bool,
     ) -> Result<Attempt> {
         let keys = Keys::new(claim, &self.inner.client_id);
-        if wait && !self.subscribed_everywhere(ticket, &keys) {
-            // Subscribe before queueing, so no handoff is published unheard; but look first
-            // without queueing, so a free lock costs one round trip.
-            let first = self.round(claim, ticket, &keys, false).await?;
-            if matches!(first, Attempt::Granted(_)) {
-                return Ok(first);
-            }
-            self.subscribe_all(ticket, &keys).await;
-        }
-        self.round(claim, ticket, &keys, wait).await
+        handoff::acquire(self, claim, ticket, &keys, wait).await
     }
 
     pub(super) async fn wait_claim(
@@ -54,17 +45,14 @@ impl RedlockBackend {
         let mailboxes: Vec<(usize, Arc<Mailbox>)> = tickets
             .iter()
             .enumerate()
-            .filter_map(|(i, nt)| {
-                let sub = nt.sub.locked();
-                sub.as_ref().map(|s| (i, s.mailbox.clone()))
-            })
+            .filter_map(|(i, nt)| Some((i, nt.mailbox()?)))
             .collect();
         if mailboxes.is_empty() {
             return recheck(recheck_at).await;
         }
         let mut deadline = recheck_at;
         // Grants announced to us so far, per node.
-        let mut heard: Vec<Held> = Vec::new();
+        let mut held: Vec<Held> = Vec::new();
         loop {
             let next = futures::future::select_all(
                 mailboxes
@@ -75,26 +63,21 @@ impl RedlockBackend {
                 return Ok(None);
             };
             let clock = &tickets[node].clock;
-            match wake {
-                Wake::Recheck => return Ok(None),
-                // A provisional lease handed out before this node answered our last request:
-                // that answer's re-check moment already covers it. (Every grant tells the
-                // first waiters in line on every node; asking again for each such message
-                // made each grant cost several rounds over every node.)
-                Wake::NextInLine(end) if clock.predates(end.server_ms) => {}
-                Wake::NextInLine(end) => {
-                    if !next_in_line(clock, end, &mut deadline) {
-                        return Ok(None);
-                    }
-                }
-                Wake::Granted(handoff) => {
-                    let Some(until) = clock.local_time(handoff.server_ms, handoff.px) else {
-                        return Ok(None);
-                    };
-                    heard.retain(|h| h.node != node);
-                    heard.push(Held {
+            // A provisional lease handed out before this node answered our last request: that
+            // answer's re-check moment already covers it. (Every grant tells the first waiters
+            // in line on every node; asking again for each such message made each grant cost
+            // several rounds over every node.)
+            if matches!(wake, Wake::NextInLine(end) if clock.predates(end.server_ms)) {
+                continue;
+            }
+            match heard(clock, wake, &mut deadline) {
+                Heard::Ask => return Ok(None),
+                Heard::Wait => {}
+                Heard::Granted { fence, until } => {
+                    held.retain(|h| h.node != node);
+                    held.push(Held {
                         node,
-                        fence: handoff.fence,
+                        fence,
                         fresh: false,
                         until,
                     });
@@ -102,10 +85,10 @@ impl RedlockBackend {
                     // released everywhere at once); if they do not, ask every node soon: the
                     // lock may have split between waiters.
                     earliest(&mut deadline, (Instant::now() + SPLIT_GRACE).min(until));
-                    if heard.len() >= self.inner.quorum {
+                    if held.len() >= self.inner.quorum {
                         let keys = Keys::new(claim, &self.inner.client_id);
                         return Ok(self
-                            .settle(claim, &keys, &heard)
+                            .settle(claim, &keys, &held)
                             .await
                             .map(|g| ticket.holds(g)));
                     }
@@ -125,9 +108,7 @@ impl RedlockBackend {
         if failed == self.inner.nodes.len() {
             return Err(self.no_quorum(0, "release"));
         }
-        // A node that could not be asked may have released already: the layer above knows
-        // locally whether the lease was still valid.
-        Ok(held + failed >= self.inner.quorum)
+        Ok(released(held, failed, self.inner.quorum))
     }
 
     pub(super) async fn downgrade_claim(
@@ -179,7 +160,7 @@ impl RedlockBackend {
             .iter()
             .zip(tickets)
             .map(|(node, nt)| async move {
-                if nt.sub.locked().is_some() || node.skipped() {
+                if nt.is_listening() || node.skipped() {
                     return;
                 }
                 let sub = match node.hub.subscribe_if_ready(&keys.channel, &keys.owner) {
@@ -192,7 +173,7 @@ impl RedlockBackend {
                     .ok()
                     .and_then(Result::ok),
                 };
-                *nt.sub.locked() = sub;
+                nt.set(sub);
             });
         join_all(calls).await;
     }
@@ -203,12 +184,36 @@ impl RedlockBackend {
         let tickets = ticket.nodes(self.inner.nodes.len());
         let mut all = true;
         for (node, nt) in self.inner.nodes.iter().zip(tickets) {
-            let mut sub = nt.sub.locked();
-            if sub.is_none() {
-                *sub = node.hub.subscribe_if_ready(&keys.channel, &keys.owner);
+            if !nt.is_listening() {
+                let sub = node.hub.subscribe_if_ready(&keys.channel, &keys.owner);
                 all &= sub.is_some() || node.skipped();
+                nt.set(sub);
             }
         }
         all
+    }
+}
+
+/// A round over every node, subscribed on each.
+impl Listener for Asking<'_, RedlockBackend, RedlockTicket, Keys> {
+    async fn ask(&self, wait: bool) -> Result<Attempt> {
+        self.backend
+            .round(self.claim, self.ticket, self.names, wait)
+            .await
+    }
+
+    fn listening(&self) -> bool {
+        self.backend.subscribed_everywhere(self.ticket, self.names)
+    }
+
+    async fn listen(&self) -> Result<Option<Attempt>> {
+        self.backend.subscribe_all(self.ticket, self.names).await;
+        Ok(None)
+    }
+
+    /// Unsubscribes on every node (the round that settled the grant did already, in
+    /// [`RedlockTicket::holds`]).
+    fn granted(&self) {
+        self.ticket.unsubscribe();
     }
 }

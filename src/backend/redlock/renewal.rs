@@ -10,6 +10,7 @@ use super::library;
 use super::quorum::held_until;
 use super::scripts::{Renew, RenewMode};
 use super::{RedlockBackend, RedlockTicket};
+use crate::backend::handoff::renewal::RenewAnswer;
 use crate::backend::redis::scripts::Renewed;
 use crate::backend::{Claim, Renewal, MIN_RENEW_CALL};
 
@@ -65,11 +66,12 @@ impl RedlockBackend {
                 let mut extended = Vec::new();
                 let (mut kept, mut refused) = (None, 0);
                 for (r, sent) in per_node.iter().flatten() {
-                    match r.get(i) {
-                        Some(1) => extended.push(*sent + claim.ttl()),
-                        Some(2) => kept = Some(*sent + claim.ttl()),
-                        Some(0) => refused += 1,
-                        _ => {}
+                    // A claim whose keys a node could not read counts for nothing there.
+                    match r.get(i).and_then(|&code| RenewAnswer::of_code(code)) {
+                        Some(RenewAnswer::Lease) => extended.push(*sent + claim.ttl()),
+                        Some(RenewAnswer::Place) => kept = Some(*sent + claim.ttl()),
+                        Some(RenewAnswer::Neither) => refused += 1,
+                        None => {}
                     }
                 }
                 if let Some(until) = held_until(extended, q) {

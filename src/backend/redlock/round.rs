@@ -12,6 +12,7 @@ use super::library;
 use super::quorum::held_until;
 use super::scripts::{Acquire, AcquireShared, Release, ReleaseShared, Settle, Yield, YieldShared};
 use super::{RedlockBackend, RedlockTicket};
+use crate::backend::handoff::reply::{lease_left, queued};
 use crate::backend::handoff::wait::earliest;
 use crate::backend::wire::{fence_of, kind_mismatch};
 use crate::backend::{Attempt, Claim, Grant};
@@ -107,17 +108,16 @@ impl RedlockBackend {
                     }
                     Ok(((_, wait_ms, server_ms), sent)) => {
                         let wait_ms = ::redis::from_redis_value_ref::<i64>(&wait_ms).unwrap_or(-2);
-                        nt.clock.pair(sent, server_ms);
                         // A lease without expiry (-1) cannot be ours to wait out: look again
-                        // within a TTL; nobody holding it (-2): within the handoff lease.
-                        let wait_for = match wait_ms {
+                        // within a TTL; nobody holding it (-2, or any other negative): within
+                        // the handoff lease.
+                        let wait = match wait_ms {
                             -1 => claim.ttl(),
-                            ms => u64::try_from(ms).map_or(self.inner.handoff_ttl, |ms| {
-                                Duration::from_millis(ms.max(1))
-                            }),
+                            ms if ms < 0 => self.inner.handoff_ttl,
+                            ms => lease_left(ms),
                         };
                         Reply::Queued {
-                            until: Instant::now() + wait_for,
+                            until: queued(&nt.clock, sent, server_ms, wait),
                         }
                     }
                     Err(e) => Reply::Failed(e),

@@ -1,13 +1,12 @@
 //! What the backend keeps about one claim between calls, per node and for the quorum.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex as StdMutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::backend::handoff::ServerClock;
+use crate::backend::handoff::HandoffTicket;
 use crate::backend::redis::notify::Subscription;
 use crate::backend::Grant;
-use crate::sync::LockExt;
 
 /// What one claim keeps between calls: its priority, whether it holds a quorum, and per node
 /// its subscription while it waits and the pairing of local and server clocks.
@@ -18,11 +17,9 @@ pub struct RedlockTicket {
     pub(super) nodes: OnceLock<Vec<NodeTicket>>,
 }
 
-#[derive(Default)]
-pub(super) struct NodeTicket {
-    pub(super) sub: StdMutex<Option<Subscription>>,
-    pub(super) clock: ServerClock,
-}
+/// What the claim keeps on one node: its subscription while it waits, and the pairing of
+/// local and node clocks.
+pub(super) type NodeTicket = HandoffTicket<Subscription>;
 
 impl std::fmt::Debug for RedlockTicket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -50,8 +47,7 @@ impl RedlockTicket {
 
     pub(super) fn unsubscribe(&self) {
         for node in self.nodes.get().into_iter().flatten() {
-            let old = node.sub.locked().take();
-            drop(old);
+            node.set(None);
         }
     }
 
