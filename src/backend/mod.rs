@@ -32,6 +32,8 @@ use crate::inspect::{ForceReleased, Inspection};
 mod erased;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod handoff;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod hub;
 #[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "postgres")]
@@ -40,6 +42,8 @@ mod postgres;
 mod redis;
 #[cfg(feature = "redlock")]
 mod redlock;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod retry;
 mod wire;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
@@ -616,6 +620,13 @@ pub use memory::{MemoryBackend, MemoryStats};
 
 #[cfg(any(feature = "redis", feature = "postgres", feature = "zookeeper"))]
 pub(crate) use self::wire::poll_some;
+
+/// Refuses to build a backend outside a Tokio runtime: it starts background tasks there.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) fn require_runtime() -> Result<()> {
+    tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+    Ok(())
+}
 
 /// How long the renewal engine gives one [`Backend::renew`] call before it abandons it and
 /// retries: a third of the shortest TTL in the batch, and at least this. A backend that asks

@@ -11,6 +11,7 @@ use super::listen::Hub;
 use super::tls::{self, Endpoint};
 use super::{schema, Inner, PgBackend, NOTIFY};
 use crate::backend::handoff::{check_handoff_ttl, DEFAULT_HANDOFF_TTL};
+use crate::backend::require_runtime;
 use crate::backend::wire;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -190,7 +191,7 @@ impl PgBackendBuilder {
         {
             listen.config.application_name(&name);
         }
-        tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+        require_runtime()?;
 
         let commands = match self.source {
             Source::Own => {

@@ -16,6 +16,7 @@ use tokio_postgres::{Client, Row};
 
 use super::tls::Endpoint;
 
+use crate::backend::retry::{self, until_answered, Backoff, Retry};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The deadline of one call, including getting a connection.
@@ -68,7 +69,7 @@ impl Own {
             return Ok(client.clone());
         }
         *slot = None;
-        let client = Arc::new(connect(&self.endpoint).await.map_err(Failure::Pg)?);
+        let client = Arc::new(connect(&self.endpoint).await.map_err(Failure::Call)?);
         *slot = Some(client.clone());
         Ok(client)
     }
@@ -87,12 +88,7 @@ pub(crate) async fn connect(
     Ok(client)
 }
 
-enum Failure {
-    Pg(tokio_postgres::Error),
-    #[cfg_attr(not(feature = "postgres-deadpool"), allow(dead_code))]
-    Pool(Error),
-    Timeout,
-}
+type Failure = retry::Failure<tokio_postgres::Error>;
 
 /// Which connection a call should use: the same for every call of one claim.
 pub(crate) fn route_of(owner: &str) -> usize {
@@ -114,45 +110,46 @@ impl Commands {
         params: &Params<'_>,
     ) -> Result<Reply> {
         let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
-        let mut pause = RETRY_MIN;
-        let mut in_doubt = false;
-        loop {
-            let sent = tokio::time::Instant::now();
-            let once = self.query_once(route, sql, params);
-            let failure = match tokio::time::timeout_at(deadline, once).await {
-                Ok(Ok(rows)) => {
-                    return Ok(Reply {
-                        rows,
-                        sent,
-                        in_doubt,
-                    })
-                }
-                Ok(Err(f)) => f,
-                Err(_) => {
+        let mut pause = Backoff::new(RETRY_MIN, RETRY_MAX);
+        let attempt = || async {
+            tokio::time::timeout_at(deadline, self.query_once(route, sql, params))
+                .await
+                .unwrap_or(Err(Failure::Timeout))
+        };
+        let policy = |failure: Failure| {
+            let (retry, in_doubt) = match &failure {
+                // The deadline passed: the call fails, and the connection it may still be
+                // waiting on is forgotten.
+                Failure::Timeout => {
                     self.reset(route);
-                    return Err(describe(what, Failure::Timeout).transient());
+                    return Retry::Fail(describe(what, failure).transient());
                 }
-            };
-            let retry = match &failure {
                 // Refused before anything ran: a fresh connection may do better.
-                Failure::Pg(e) if is_retryable_state(e) => true,
-                Failure::Pg(e) if e.code().is_some() => false,
-                Failure::Pg(_) => {
-                    in_doubt = true;
-                    true
-                }
-                Failure::Pool(_) | Failure::Timeout => true,
+                Failure::Call(e) if is_retryable_state(e) => (true, false),
+                Failure::Call(e) if e.code().is_some() => (false, false),
+                Failure::Call(_) => (true, true),
+                Failure::Pool(_) => (true, false),
             };
             if !retry {
-                return Err(describe(what, failure));
+                return Retry::Fail(describe(what, failure));
             }
             // Sent again on a fresh connection after a short pause, while the deadline allows.
-            if tokio::time::Instant::now() + pause >= deadline {
-                return Err(describe(what, failure).transient());
+            let wait = pause.current();
+            if tokio::time::Instant::now() + wait >= deadline {
+                return Retry::Fail(describe(what, failure).transient());
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(RETRY_MAX);
-        }
+            pause.grow();
+            Retry::Again {
+                pause: Some(wait),
+                in_doubt,
+            }
+        };
+        let answered = until_answered(attempt, policy).await?;
+        Ok(Reply {
+            rows: answered.value,
+            sent: answered.sent,
+            in_doubt: answered.in_doubt,
+        })
     }
 
     /// Forgets the connection a call timed out on (its reply may never come), so the next call
@@ -179,17 +176,12 @@ impl Commands {
         match self {
             Self::Own(own) => {
                 let client = own.client(route).await?;
-                client.query_typed(sql, params).await.map_err(Failure::Pg)
+                client.query_typed(sql, params).await.map_err(Failure::Call)
             }
             #[cfg(feature = "postgres-deadpool")]
             Self::Deadpool(pool) => {
-                let client = pool.get().await.map_err(|e| {
-                    Failure::Pool(
-                        Error::new(ErrorKind::Backend, "no connection from the deadpool pool")
-                            .with_source(e),
-                    )
-                })?;
-                client.query_typed(sql, params).await.map_err(Failure::Pg)
+                let client = pool.get().await.map_err(|e| Failure::pool("deadpool", e))?;
+                client.query_typed(sql, params).await.map_err(Failure::Call)
             }
         }
     }
@@ -205,14 +197,7 @@ fn is_retryable_state(e: &tokio_postgres::Error) -> bool {
 }
 
 fn describe(what: &str, failure: Failure) -> Error {
-    match failure {
-        Failure::Pg(e) => pg_error(what, e),
-        Failure::Pool(e) => e,
-        Failure::Timeout => Error::new(
-            ErrorKind::Backend,
-            format!("postgres {what} timed out after {CALL_TIMEOUT:?}"),
-        ),
-    }
+    failure.describe("postgres", what, CALL_TIMEOUT, pg_error)
 }
 
 /// Names the failures users must tell apart, and keeps the cause as the source.

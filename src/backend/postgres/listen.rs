@@ -5,46 +5,55 @@
 //! connection and no other. Waiters register a mailbox under their owner token (no I/O: the
 //! channel is always listened to); messages go to the mailbox of the owner they name.
 //!
-//! While anyone waits, the hub runs `SELECT 1` every [`PING_EVERY`]: a half-open TCP connection
-//! would otherwise swallow every grant silently. When the connection drops or a ping goes
-//! unanswered for [`PING_DEADLINE`], the hub reconnects, listens again and tells every mailbox
-//! to re-check, since notifications are not replayed.
+//! The skeleton is the shared hub's ([`hub`]): while anyone waits, the hub runs `SELECT 1`
+//! every second, since a half-open TCP connection would otherwise swallow every grant
+//! silently. When the connection drops or a ping goes unanswered for a second, the hub
+//! reconnects, listens again and tells every mailbox to re-check, since notifications are not
+//! replayed.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use tokio::sync::watch;
-use tokio_postgres::AsyncMessage;
+use tokio_postgres::{AsyncMessage, Client};
 
 use super::tls::Endpoint;
 
-use crate::backend::handoff::{parse, Mailbox, Wake};
-use crate::backend::poll_some;
+use crate::backend::hub::{
+    self, keepalive, Alive, Common, Link, Mailboxes, Served, Shared, CONNECT_WAIT,
+};
 use crate::sync::LockExt;
 
-const RECONNECT_MIN: Duration = Duration::from_millis(20);
-const RECONNECT_MAX: Duration = Duration::from_secs(2);
-/// How often the connection is checked while anyone waits on it.
-const PING_EVERY: Duration = Duration::from_secs(1);
-/// How long a ping may go unanswered before the connection is taken as dead.
-const PING_DEADLINE: Duration = Duration::from_secs(1);
-/// How long connecting and listening may take before it counts as a failure.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-struct HubInner {
-    mailboxes: StdMutex<HashMap<Arc<str>, Arc<Mailbox>>>,
-    /// Moves on every reconnect after the first connect: the LISTEN connection is always open,
-    /// so it is the first to see a server go and come back.
-    reconnects: watch::Sender<u64>,
-    /// Whether the channel is listened to right now.
-    listening: watch::Sender<bool>,
-    /// Dropped with the hub, or sent on shutdown: the task stops.
-    stop: watch::Sender<bool>,
+/// The state the hub's handles share with its task.
+pub(crate) struct HubInner {
+    mailboxes: StdMutex<Mailboxes>,
+    /// Whether the channel is listened to right now, and the reconnect counter.
+    common: Common<()>,
     /// The last probe heard on the channel (see [`Hub::hears`]).
     probe: watch::Sender<Option<String>>,
+}
+
+impl Shared for HubInner {
+    type Handle = ();
+    /// The owner.
+    type Key = Arc<str>;
+
+    fn common(&self) -> &Common<()> {
+        &self.common
+    }
+
+    fn unregister(&self, owner: &Arc<str>) {
+        self.mailboxes.locked().close(owner);
+    }
+
+    fn recheck_all(&self) {
+        self.mailboxes.locked().recheck();
+    }
+
+    fn anyone_waits(&self) -> bool {
+        !self.mailboxes.locked().is_empty()
+    }
 }
 
 /// What starts a probe's payload; a grant's payload starts with an owner token, never this.
@@ -58,43 +67,29 @@ pub(crate) struct Hub {
 }
 
 /// A registered mailbox; dropping it unregisters.
-pub(crate) struct Registration {
-    hub: Weak<HubInner>,
-    owner: Arc<str>,
-    pub(crate) mailbox: Arc<Mailbox>,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        if let Some(hub) = self.hub.upgrade() {
-            hub.mailboxes.locked().remove(&self.owner);
-        }
-    }
-}
+pub(crate) type Registration = hub::Registration<HubInner>;
 
 impl Hub {
     /// Starts the hub task on the current runtime, listening on `channel` (a plain identifier).
     /// The connection is made in the background; see [`ready`](Self::ready).
     pub(crate) fn start(endpoint: Endpoint, channel: String) -> Self {
         let inner = Arc::new(HubInner {
-            mailboxes: StdMutex::new(HashMap::new()),
-            reconnects: watch::Sender::new(0),
-            listening: watch::Sender::new(false),
-            stop: watch::Sender::new(false),
+            mailboxes: StdMutex::new(Mailboxes::default()),
+            common: Common::new(),
             probe: watch::Sender::new(None),
         });
-        let stop = inner.stop.subscribe();
-        tokio::spawn(run(endpoint, channel, Arc::downgrade(&inner), stop));
+        let link = Listen {
+            endpoint,
+            channel,
+            hub: Arc::downgrade(&inner),
+        };
+        hub::start(link, &inner);
         Self { inner }
     }
 
     /// Waits until the channel is listened to, for at most `limit`.
     pub(crate) async fn ready(&self, limit: Duration) -> bool {
-        let mut rx = self.inner.listening.subscribe();
-        let ready = tokio::time::timeout(limit, rx.wait_for(|listening| *listening))
-            .await
-            .is_ok_and(|r| r.is_ok());
-        ready
+        self.inner.common.connected(limit).await.is_some()
     }
 
     /// A probe's payload for the hub's channel: `NOTIFY`ed from another connection, the hub
@@ -116,77 +111,74 @@ impl Hub {
 
     /// A counter that moves every time the hub's connection comes back after a drop.
     pub(crate) fn reconnects(&self) -> watch::Receiver<u64> {
-        self.inner.reconnects.subscribe()
+        self.inner.common.reconnects()
     }
 
     /// Registers `owner`'s mailbox. No I/O: the channel is always listened to, and after a
     /// reconnect every registered mailbox is told to re-check.
     pub(crate) fn register(&self, owner: &str) -> Registration {
         let owner: Arc<str> = owner.into();
-        let mailbox = Arc::new(Mailbox::default());
-        self.inner
-            .mailboxes
-            .locked()
-            .insert(owner.clone(), mailbox.clone());
-        Registration {
-            hub: Arc::downgrade(&self.inner),
-            owner,
-            mailbox,
-        }
+        let mailbox = self.inner.mailboxes.locked().open(owner.clone());
+        Registration::new(&self.inner, owner, mailbox)
     }
 
     /// Stops the task and closes the connection.
     pub(crate) fn close(&self) {
-        self.inner.stop.send_replace(true);
+        self.inner.common.close();
     }
 }
 
-fn anyone_waits(inner: &HubInner) -> bool {
-    !inner.mailboxes.locked().is_empty()
-}
-
-/// Resolves when the hub is dropped or closed.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stop| *stop).await;
-}
-
-/// Waits out a reconnect back-off and doubles it; false if the hub stopped meanwhile.
-async fn pause(backoff: &mut Duration, stop: &mut watch::Receiver<bool>) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep(*backoff) => {}
-        () = stopped(stop) => return false,
-    }
-    *backoff = (*backoff * 2).min(RECONNECT_MAX);
-    true
-}
-
-async fn run(
+/// The hub's side of the LISTEN connection, driven by the shared hub task.
+struct Listen {
     endpoint: Endpoint,
     channel: String,
     hub: Weak<HubInner>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut backoff = RECONNECT_MIN;
-    let mut first = true;
-    loop {
-        let connected = tokio::select! {
-            c = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect()) => c,
-            () = stopped(&mut stop) => return,
-        };
-        let (client, mut connection) = match connected {
-            Ok(Ok(pair)) => pair,
-            failed => {
-                if let Ok(Err(e)) = failed {
-                    tracing::debug!(error = %e, "postgres listen connect failed; retrying");
+}
+
+/// The messages of a connection; they end when it drops.
+type Messages =
+    std::pin::Pin<Box<dyn Stream<Item = Result<AsyncMessage, tokio_postgres::Error>> + Send>>;
+
+/// An open connection, listening on the channel.
+struct Open {
+    client: Arc<Client>,
+    messages: Messages,
+}
+
+/// Why a connection is not listening.
+enum Failure {
+    /// Connecting failed, or took longer than [`CONNECT_WAIT`].
+    Connect,
+    /// The LISTEN failed, or took longer than [`CONNECT_WAIT`].
+    Listen,
+}
+
+impl Link for Listen {
+    type Hub = HubInner;
+    type Conn = Open;
+    type Failure = Failure;
+
+    const NAME: &'static str = "postgres listen";
+
+    fn hub(&self) -> &Weak<HubInner> {
+        &self.hub
+    }
+
+    async fn open(&mut self) -> Result<Open, Failure> {
+        let (client, mut connection) =
+            match tokio::time::timeout(CONNECT_WAIT, self.endpoint.connect()).await {
+                Ok(Ok(pair)) => pair,
+                failed => {
+                    if let Ok(Err(e)) = failed {
+                        tracing::debug!(error = %e, "postgres listen connect failed; retrying");
+                    }
+                    return Err(Failure::Connect);
                 }
-                if !pause(&mut backoff, &mut stop).await {
-                    return;
-                }
-                continue;
-            }
-        };
+            };
         let client = Arc::new(client);
-        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        let mut messages: Messages = Box::pin(futures::stream::poll_fn(move |cx| {
+            connection.poll_message(cx)
+        }));
 
         // LISTEN, driving the connection meanwhile; first mark the connection as open with the
         // client's advisory lock (`distlock.listener` in the schema), which goes with the
@@ -195,6 +187,7 @@ async fn run(
         // further than they need.
         let listen = {
             let client = client.clone();
+            let channel = &self.channel;
             let sql = format!("LISTEN {channel}");
             let mark = format!(
                 "SET lock_timeout = '2s'; \
@@ -208,7 +201,7 @@ async fn run(
                 client.batch_execute(&sql).await
             }
         };
-        let listened = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let listened = tokio::time::timeout(CONNECT_WAIT, async {
             tokio::pin!(listen);
             loop {
                 tokio::select! {
@@ -216,78 +209,49 @@ async fn run(
                     m = messages.next() => if m.is_none_or(|m| m.is_err()) { return false },
                 }
             }
-        });
-        let ok = tokio::select! {
-            ok = listened => matches!(ok, Ok(true)),
-            () = stopped(&mut stop) => return,
-        };
-        if !ok {
-            if !pause(&mut backoff, &mut stop).await {
-                return;
-            }
-            continue;
+        })
+        .await;
+        match listened {
+            Ok(true) => Ok(Open { client, messages }),
+            _ => Err(Failure::Listen),
         }
-        backoff = RECONNECT_MIN;
-        let Some(inner) = hub.upgrade() else { return };
-        inner.listening.send_replace(true);
-        if !first {
-            // Notifications sent while we were away are gone: every waiter asks the server,
-            // and holders renew now, in case the server lost their locks meanwhile.
-            for mailbox in inner.mailboxes.locked().values() {
-                mailbox.put(Wake::Recheck);
-            }
-            inner.reconnects.send_modify(|n| *n += 1);
-        }
-        first = false;
-        drop(inner);
+    }
 
-        let mut ping_at = tokio::time::Instant::now() + PING_EVERY;
-        let mut ping: Option<BoxFuture<'static, bool>> = None;
+    fn opened(&mut self, _: &HubInner, _: &Open) {}
+
+    async fn serve(&mut self, conn: Open) -> Served {
+        let Open {
+            client,
+            mut messages,
+        } = conn;
+        let alive = keepalive(&self.hub, || {
+            let client = client.clone();
+            async move { client.simple_query("SELECT 1").await.is_ok() }
+        });
+        tokio::pin!(alive);
         loop {
             tokio::select! {
-                () = tokio::time::sleep_until(ping_at), if ping.is_none() => {
-                    ping_at = tokio::time::Instant::now() + PING_EVERY;
-                    let Some(inner) = hub.upgrade() else { return };
-                    if anyone_waits(&inner) {
-                        let client = client.clone();
-                        ping = Some(Box::pin(async move {
-                            matches!(
-                                tokio::time::timeout(PING_DEADLINE, client.simple_query("SELECT 1")).await,
-                                Ok(Ok(_))
-                            )
-                        }));
-                    }
-                }
-                alive = poll_some(&mut ping), if ping.is_some() => {
-                    ping = None;
-                    if !alive {
+                alive = &mut alive => match alive {
+                    Alive::Dead => {
                         tracing::warn!("postgres listen connection did not answer a ping; reconnecting");
-                        break;
+                        return Served::Lost;
                     }
-                }
+                    Alive::HubGone => return Served::HubGone,
+                },
                 m = messages.next() => {
                     let notification = match m {
                         Some(Ok(AsyncMessage::Notification(n))) => n,
                         Some(Ok(_)) => continue,
-                        Some(Err(_)) | None => break,
+                        Some(Err(_)) | None => return Served::Lost,
                     };
-                    let Some(inner) = hub.upgrade() else { return };
+                    let Some(inner) = self.hub.upgrade() else { return Served::HubGone };
                     if let Some(token) = notification.payload().strip_prefix(PROBE) {
                         inner.probe.send_replace(Some(token.to_owned()));
                         continue;
                     }
-                    let Some((owner, wake)) = parse(notification.payload()) else { continue };
-                    let mailboxes = inner.mailboxes.locked();
-                    if let Some(mailbox) = mailboxes.get(owner) {
-                        mailbox.put(wake);
-                    }
+                    inner.mailboxes.locked().deliver(notification.payload());
                 }
-                () = stopped(&mut stop) => return,
             }
-        }
-        tracing::debug!("postgres listen connection lost; reconnecting");
-        if let Some(inner) = hub.upgrade() {
-            inner.listening.send_replace(false);
         }
     }
 }

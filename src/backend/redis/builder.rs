@@ -27,6 +27,7 @@ use super::scripts::Ping;
 use super::sentinel;
 use super::{Inner, RedisBackend};
 use crate::backend::handoff::{check_handoff_ttl, DEFAULT_HANDOFF_TTL};
+use crate::backend::require_runtime;
 use crate::backend::wire;
 use crate::error::{Error, Result};
 
@@ -342,7 +343,7 @@ impl RedisBackendBuilder {
         let client = self
             .client()
             .map_err(|e| Error::invalid_config("malformed redis url").with_source(e))?;
-        tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+        require_runtime()?;
         let commands = match std::mem::replace(&mut self.source, Source::Own) {
             Source::Own => {
                 let config = ConnectionManagerConfig::new()
@@ -411,7 +412,7 @@ impl RedisBackendBuilder {
     #[cfg(feature = "redis-sentinel")]
     async fn build_sentinel(mut self) -> Result<RedisBackend> {
         let sentinel = Arc::new(sentinel::Sentinel::from_url(&self.url)?);
-        tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+        require_runtime()?;
         sentinel.listen();
         let commands = match std::mem::replace(&mut self.source, Source::Own) {
             Source::Own => Commands::Sentinel(sentinel.clone()),
@@ -435,7 +436,7 @@ impl RedisBackendBuilder {
                 "a redis cluster url names at least one seed node",
             ));
         }
-        tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+        require_runtime()?;
         let commands =
             match std::mem::replace(&mut self.source, Source::Own) {
                 Source::Own => Commands::Cluster(cluster::connect(&seeds).await?),

@@ -12,6 +12,7 @@ use ::redis::{FromRedisValue, RedisError};
 use tokio::time::Instant;
 
 use super::script::Call;
+use crate::backend::retry::{self, until_answered, Backoff, Retry};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The deadline of one command, including getting a connection from a pool.
@@ -42,15 +43,7 @@ pub(crate) enum Commands {
     Bb8(bb8::Pool<bb8_redis::RedisConnectionManager>),
 }
 
-enum Failure {
-    Redis(RedisError),
-    #[cfg_attr(
-        not(any(feature = "redis-deadpool", feature = "redis-bb8")),
-        allow(dead_code)
-    )]
-    Pool(Error),
-    Timeout,
-}
+type Failure = retry::Failure<RedisError>;
 
 impl Commands {
     /// Runs a script, retrying connection failures.
@@ -80,13 +73,10 @@ impl Commands {
         inv: &Call<'_>,
     ) -> Result<(T, bool, Instant)> {
         let mut retries = RETRIES;
-        let mut in_doubt = false;
-        let mut pause = PASSING_PAUSE_MIN;
-        loop {
-            let sent = Instant::now();
-            let failure = match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
-                Ok(Ok(value)) => return Ok((value, in_doubt, sent)),
-                Ok(Err(f)) => f,
+        let mut not_now = Backoff::new(PASSING_PAUSE_MIN, PASSING_PAUSE_MAX);
+        let attempt = || async {
+            match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
+                Ok(reply) => reply,
                 Err(_) => {
                     // A primary that stopped answering (paused, cut off) may have been
                     // replaced: ask the sentinels again at the next call.
@@ -94,38 +84,46 @@ impl Commands {
                     if let Self::Sentinel(sentinel) = self {
                         sentinel.forget();
                     }
-                    Failure::Timeout
+                    Err(Failure::Timeout)
                 }
-            };
-            let retry = match &failure {
-                Failure::Redis(e) if e.is_connection_refusal() => true,
-                Failure::Redis(e) if e.is_io_error() || e.is_connection_dropped() => {
-                    in_doubt = true;
-                    true
-                }
-                Failure::Redis(_) => false,
-                Failure::Timeout => {
-                    in_doubt = true;
-                    true
-                }
-                Failure::Pool(_) => true,
+            }
+        };
+        let policy = |failure: Failure| {
+            let (retry, in_doubt) = match &failure {
+                Failure::Call(e) if e.is_connection_refusal() => (true, false),
+                Failure::Call(e) if e.is_io_error() || e.is_connection_dropped() => (true, true),
+                Failure::Call(_) => (false, false),
+                Failure::Timeout => (true, true),
+                Failure::Pool(_) => (true, false),
             };
             if !retry && passing(&failure) {
                 // A script stopped at a key that migrated may have written before it.
-                in_doubt |= matches!(&failure, Failure::Redis(e) if e.to_string().contains("non local key"));
-                if pause <= PASSING_PAUSE_MAX {
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                    continue;
+                let in_doubt =
+                    matches!(&failure, Failure::Call(e) if e.to_string().contains("non local key"));
+                if not_now.exhausted() {
+                    return Retry::Fail(describe(what, failure).transient());
                 }
-                return Err(describe(what, failure).transient());
+                let pause = not_now.current();
+                not_now.grow();
+                return Retry::Again {
+                    pause: Some(pause),
+                    in_doubt,
+                };
             }
             match retries.checked_sub(1) {
-                Some(left) if retry => retries = left,
-                _ if retry => return Err(describe(what, failure).transient()),
-                _ => return Err(describe(what, failure)),
+                Some(left) if retry => {
+                    retries = left;
+                    Retry::Again {
+                        pause: None,
+                        in_doubt,
+                    }
+                }
+                _ if retry => Retry::Fail(describe(what, failure).transient()),
+                _ => Retry::Fail(describe(what, failure)),
             }
-        }
+        };
+        let answered = until_answered(attempt, policy).await?;
+        Ok((answered.value, answered.in_doubt, answered.sent))
     }
 
     /// `WAIT replicas timeout` on the connection that ran the last script for `key` (the
@@ -178,55 +176,40 @@ impl Commands {
             Self::Own(conn) => inv
                 .invoke_async(&mut conn.clone())
                 .await
-                .map_err(Failure::Redis),
+                .map_err(Failure::Call),
             #[cfg(feature = "redis-cluster")]
             Self::Cluster(conn) => inv
                 .invoke_async(&mut conn.clone())
                 .await
-                .map_err(Failure::Redis),
+                .map_err(Failure::Call),
             #[cfg(feature = "redis-sentinel")]
             Self::Sentinel(sentinel) => {
-                let mut conn = sentinel.connection().await.map_err(Failure::Redis)?;
+                let mut conn = sentinel.connection().await.map_err(Failure::Call)?;
                 let reply = inv.invoke_async(&mut conn).await;
                 if let Err(e) = &reply {
                     if super::sentinel::stale(e) {
                         sentinel.forget();
                     }
                 }
-                reply.map_err(Failure::Redis)
+                reply.map_err(Failure::Call)
             }
             #[cfg(feature = "redis-deadpool")]
             Self::Deadpool(pool) => {
-                let mut conn = pool.get().await.map_err(|e| {
-                    Failure::Pool(
-                        Error::new(ErrorKind::Backend, "no connection from the deadpool pool")
-                            .with_source(e),
-                    )
-                })?;
-                inv.invoke_async(&mut conn).await.map_err(Failure::Redis)
+                let mut conn = pool.get().await.map_err(|e| Failure::pool("deadpool", e))?;
+                inv.invoke_async(&mut conn).await.map_err(Failure::Call)
             }
             #[cfg(all(feature = "redis-deadpool", feature = "redis-cluster"))]
             Self::DeadpoolCluster(pool) => {
-                let mut conn = pool.get().await.map_err(|e| {
-                    Failure::Pool(
-                        Error::new(
-                            ErrorKind::Backend,
-                            "no connection from the deadpool cluster pool",
-                        )
-                        .with_source(e),
-                    )
-                })?;
-                inv.invoke_async(&mut conn).await.map_err(Failure::Redis)
+                let mut conn = pool
+                    .get()
+                    .await
+                    .map_err(|e| Failure::pool("deadpool cluster", e))?;
+                inv.invoke_async(&mut conn).await.map_err(Failure::Call)
             }
             #[cfg(feature = "redis-bb8")]
             Self::Bb8(pool) => {
-                let mut conn = pool.get().await.map_err(|e| {
-                    Failure::Pool(
-                        Error::new(ErrorKind::Backend, "no connection from the bb8 pool")
-                            .with_source(e),
-                    )
-                })?;
-                inv.invoke_async(&mut *conn).await.map_err(Failure::Redis)
+                let mut conn = pool.get().await.map_err(|e| Failure::pool("bb8", e))?;
+                inv.invoke_async(&mut *conn).await.map_err(Failure::Call)
             }
         }
     }
@@ -237,7 +220,7 @@ impl Commands {
 /// connection follows in one call (or a script that met a key already migrated), a replica
 /// that lost its primary, a server loading its data, or a primary just turned replica. Waiters and renewals ride it out.
 fn passing(failure: &Failure) -> bool {
-    matches!(failure, Failure::Redis(e) if not_now(e))
+    matches!(failure, Failure::Call(e) if not_now(e))
 }
 
 /// The server's "not now" answers: a failover, a migration or a load under way.
@@ -303,14 +286,7 @@ fn not_own() -> RedisError {
 }
 
 fn describe(what: &str, failure: Failure) -> Error {
-    match failure {
-        Failure::Redis(e) => redis_error(what, e),
-        Failure::Pool(e) => e,
-        Failure::Timeout => Error::new(
-            ErrorKind::Backend,
-            format!("redis {what} timed out after {CALL_TIMEOUT:?}"),
-        ),
-    }
+    failure.describe("redis", what, CALL_TIMEOUT, redis_error)
 }
 
 /// Names the failures users must tell apart, and keeps the cause as the source.

@@ -39,7 +39,11 @@ pub(crate) mod scripts;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
 mod ticket;
-#[cfg(any(feature = "redis-cluster", feature = "redlock"))]
+#[cfg(any(
+    feature = "redis-cluster",
+    feature = "redis-sentinel",
+    feature = "redlock"
+))]
 mod url;
 
 use std::sync::Arc;

@@ -6,10 +6,11 @@
 //! handoff's provisional lease ends (`"<owner> <server ms> <px>"`). A channel whose last waiter
 //! left stays subscribed for [`LINGER`], so a hot lock costs no SUBSCRIBE/UNSUBSCRIBE per wait.
 //!
-//! While anyone waits, the hub PINGs the connection every [`PING_EVERY`]: a half-open TCP
-//! connection would otherwise swallow every grant silently. When the connection drops or a PING
-//! goes unanswered for [`PING_DEADLINE`], the hub reconnects, resubscribes and tells every
-//! mailbox to re-check, since messages may have been missed meanwhile.
+//! The skeleton is the shared hub's ([`hub`]): while anyone waits, the hub PINGs the connection
+//! every second, since a half-open TCP connection would otherwise swallow every grant
+//! silently. When the connection drops or a PING goes unanswered for a second, the hub
+//! reconnects, resubscribes and tells every mailbox to re-check, since messages may have been
+//! missed meanwhile.
 //!
 //! On a Redis Cluster the channels are shard channels (`SSUBSCRIBE`), over one RESP3 cluster
 //! connection that keeps a connection per shard, routes each channel to the shard serving its
@@ -19,47 +20,37 @@
 //! when the channel's slot moves to another shard.
 
 use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
-
-use std::pin::Pin;
 
 use ::redis::aio::PubSubSink;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
-use crate::backend::handoff::{parse, Mailbox, Wake};
-use crate::backend::poll_some;
+use crate::backend::hub::{
+    self, keepalive, Alive, Common, Link, Mailboxes, Registration, Served, Shared, CONNECT_WAIT,
+    RECONNECT_MIN,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::LockExt;
 
-/// How long a subscriber waits for the pub/sub connection before giving up.
-const CONNECT_WAIT: Duration = Duration::from_secs(5);
-const RECONNECT_MIN: Duration = Duration::from_millis(20);
-/// The longest pause between reconnects while nobody holds or waits. While anyone does, the
-/// hub tries every [`RECONNECT_MIN`]: the pub/sub connection is the first to see a server come
-/// back (perhaps without its data), and a holder must hear of it at once, whatever the outage.
-const RECONNECT_MAX: Duration = Duration::from_secs(2);
 /// The longest pause while anyone holds or waits and the connection was accepted, then closed
 /// before any reply: a TCP proxy whose server is down, or a server refusing clients at
 /// `maxclients`. The two cannot be told apart, so the hub neither hammers (the second) nor
 /// waits the full back-off (the first: a holder would hear of a server that came back without
-/// its data up to [`RECONNECT_MAX`] late).
+/// its data up to [`RECONNECT_MAX`](hub::RECONNECT_MAX) late).
 const RECONNECT_DROPPED_MAX: Duration = Duration::from_millis(200);
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
-/// How often the connection is checked while anyone waits on it.
-const PING_EVERY: Duration = Duration::from_secs(1);
 /// The least time between two replacements of a cluster pub/sub connection after one of its
 /// node connections dropped.
 const REBUILD_EVERY: Duration = Duration::from_secs(1);
-/// How long a PING may go unanswered before the connection is taken as dead.
-const PING_DEADLINE: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Channel {
-    mailboxes: HashMap<Arc<str>, Arc<Mailbox>>,
+    mailboxes: Mailboxes,
     subscribed: bool,
     /// Set while no mailbox uses the channel.
     idle_since: Option<tokio::time::Instant>,
@@ -79,7 +70,7 @@ pub(crate) enum Source {
 
 /// Sends (un)subscriptions and PINGs.
 #[derive(Clone)]
-enum Sink {
+pub(crate) enum Sink {
     Single(PubSubSink),
     #[cfg(feature = "redis-cluster")]
     Cluster(::redis::cluster_async::ClusterConnection),
@@ -102,19 +93,16 @@ impl Sink {
         }
     }
 
-    /// Whether the connection answers a PING within [`PING_DEADLINE`].
+    /// Whether the connection answers a PING.
     async fn ping(mut self) -> bool {
-        let ping = async {
-            match &mut self {
-                Self::Single(sink) => sink.ping::<::redis::Value>().await.is_ok(),
-                #[cfg(feature = "redis-cluster")]
-                Self::Cluster(conn) => ::redis::cmd("PING")
-                    .query_async::<::redis::Value>(conn)
-                    .await
-                    .is_ok(),
-            }
-        };
-        matches!(tokio::time::timeout(PING_DEADLINE, ping).await, Ok(true))
+        match &mut self {
+            Self::Single(sink) => sink.ping::<::redis::Value>().await.is_ok(),
+            #[cfg(feature = "redis-cluster")]
+            Self::Cluster(conn) => ::redis::cmd("PING")
+                .query_async::<::redis::Value>(conn)
+                .await
+                .is_ok(),
+        }
     }
 }
 
@@ -195,15 +183,48 @@ fn cluster_event(push: ::redis::PushInfo) -> Option<Event> {
     }
 }
 
-struct HubInner {
+/// The state the hub's handles share with its task.
+pub(crate) struct HubInner {
     channels: StdMutex<HashMap<Arc<str>, Channel>>,
-    sink: watch::Sender<Option<Sink>>,
+    common: Common<Sink>,
+    /// Channels whose last waiter left, for the task to unsubscribe after [`LINGER`].
     cmd: mpsc::UnboundedSender<Arc<str>>,
-    /// Moves on every reconnect after the first connect. The pub/sub connection is always
-    /// open, so it is the first to see a server go and come back.
-    reconnects: watch::Sender<u64>,
     /// How many claims of this backend hold a lock now (see [`Holding`]).
     holding: AtomicUsize,
+}
+
+impl Shared for HubInner {
+    type Handle = Sink;
+    /// The channel, then the owner.
+    type Key = (Arc<str>, Arc<str>);
+
+    fn common(&self) -> &Common<Sink> {
+        &self.common
+    }
+
+    fn unregister(&self, (channel, owner): &Self::Key) {
+        let mut channels = self.channels.locked();
+        if let Some(ch) = channels.get_mut(channel) {
+            ch.mailboxes.close(owner);
+            if ch.mailboxes.is_empty() {
+                // The hub task unsubscribes after `LINGER` unless it is used again meanwhile.
+                ch.idle_since = Some(tokio::time::Instant::now());
+                let _ = self.cmd.send(channel.clone());
+            }
+        }
+    }
+
+    fn recheck_all(&self) {
+        let channels = self.channels.locked();
+        channels.values().for_each(|c| c.mailboxes.recheck());
+    }
+
+    fn anyone_waits(&self) -> bool {
+        self.channels
+            .locked()
+            .values()
+            .any(|c| !c.mailboxes.is_empty())
+    }
 }
 
 /// Counts one held claim while it lives (the hub reconnects without delay while any does).
@@ -226,29 +247,7 @@ pub(crate) struct Hub {
 }
 
 /// A registered mailbox; dropping it unregisters and, for the last one, unsubscribes.
-pub(crate) struct Subscription {
-    hub: Weak<HubInner>,
-    channel: Arc<str>,
-    owner: Arc<str>,
-    pub(crate) mailbox: Arc<Mailbox>,
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        let Some(hub) = self.hub.upgrade() else {
-            return;
-        };
-        let mut channels = hub.channels.locked();
-        if let Some(ch) = channels.get_mut(&self.channel) {
-            ch.mailboxes.remove(&self.owner);
-            if ch.mailboxes.is_empty() {
-                // The hub task unsubscribes after `LINGER` unless it is used again meanwhile.
-                ch.idle_since = Some(tokio::time::Instant::now());
-                let _ = hub.cmd.send(self.channel.clone());
-            }
-        }
-    }
-}
+pub(crate) type Subscription = Registration<HubInner>;
 
 impl Hub {
     /// Starts the hub task on the current runtime. The connection is made in the background.
@@ -261,12 +260,17 @@ impl Hub {
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(HubInner {
             channels: StdMutex::new(HashMap::new()),
-            sink: watch::Sender::new(None),
+            common: Common::new(),
             cmd: cmd_tx,
-            reconnects: watch::Sender::new(0),
             holding: AtomicUsize::new(0),
         });
-        tokio::spawn(run(source, Arc::downgrade(&inner), cmd_rx));
+        let link = PubSub {
+            switched: switches(&source),
+            source,
+            hub: Arc::downgrade(&inner),
+            cmd: cmd_rx,
+        };
+        hub::start(link, &inner);
         Self { inner }
     }
 
@@ -280,7 +284,7 @@ impl Hub {
 
     /// A counter that moves every time the hub's connection comes back after a drop.
     pub(crate) fn reconnects(&self) -> watch::Receiver<u64> {
-        self.inner.reconnects.subscribe()
+        self.inner.common.reconnects()
     }
 
     /// Registers `owner`'s mailbox on `channel` if the channel is subscribed already (no I/O).
@@ -288,15 +292,13 @@ impl Hub {
         let mut channels = self.inner.channels.locked();
         let ch = channels.get_mut(channel).filter(|c| c.subscribed)?;
         let owner: Arc<str> = owner.into();
-        let mailbox = Arc::new(Mailbox::default());
-        ch.mailboxes.insert(owner.clone(), mailbox.clone());
+        let mailbox = ch.mailboxes.open(owner.clone());
         ch.idle_since = None;
-        Some(Subscription {
-            hub: Arc::downgrade(&self.inner),
-            channel: channel.into(),
-            owner,
+        Some(Registration::new(
+            &self.inner,
+            (channel.into(), owner),
             mailbox,
-        })
+        ))
     }
 
     /// Registers `owner`'s mailbox on `channel` and makes sure the channel is subscribed before
@@ -304,22 +306,21 @@ impl Hub {
     pub(crate) async fn subscribe(&self, channel: &str, owner: &str) -> Result<Subscription> {
         let channel: Arc<str> = channel.into();
         let owner: Arc<str> = owner.into();
-        let mailbox = Arc::new(Mailbox::default());
-        let subscribed = {
+        let (mailbox, subscribed) = {
             let mut channels = self.inner.channels.locked();
             let ch = channels.entry(channel.clone()).or_default();
-            ch.mailboxes.insert(owner.clone(), mailbox.clone());
+            let mailbox = ch.mailboxes.open(owner.clone());
             ch.idle_since = None;
-            ch.subscribed
+            (mailbox, ch.subscribed)
         };
-        let sub = Subscription {
-            hub: Arc::downgrade(&self.inner),
-            channel: channel.clone(),
-            owner,
-            mailbox,
-        };
+        let sub = Registration::new(&self.inner, (channel.clone(), owner), mailbox);
         if !subscribed {
-            let mut sink = self.sink().await?;
+            let mut sink = self
+                .inner
+                .common
+                .connected(CONNECT_WAIT)
+                .await
+                .ok_or_else(unreachable_err)?;
             sink.subscribe(&channel)
                 .await
                 .map_err(|e| super::commands::redis_error("subscribe", e))?;
@@ -329,15 +330,6 @@ impl Hub {
             }
         }
         Ok(sub)
-    }
-
-    async fn sink(&self) -> Result<Sink> {
-        let mut rx = self.inner.sink.subscribe();
-        let ready = tokio::time::timeout(CONNECT_WAIT, rx.wait_for(Option::is_some)).await;
-        match ready {
-            Ok(Ok(sink)) => sink.clone().ok_or_else(unreachable_err),
-            _ => Err(unreachable_err()),
-        }
     }
 }
 
@@ -349,48 +341,11 @@ fn unreachable_err() -> Error {
     .transient()
 }
 
-/// Tells every mailbox to re-check: messages may have been missed.
-fn recheck_all(inner: &HubInner) {
-    let channels = inner.channels.locked();
-    for c in channels.values() {
-        c.mailboxes.values().for_each(|m| m.put(Wake::Recheck));
-    }
-}
-
 /// Whether a connection failed because no server answered at all (refused, or no answer in
 /// time): only then is it tried again at once. A server that answers and refuses (too many
 /// clients, credentials, TLS) waits the back-off.
 fn out_of_reach(e: &::redis::RedisError) -> bool {
     e.is_connection_refusal() || e.is_timeout()
-}
-
-/// The pause before the next connection attempt after `err`: `backoff`, unless anyone holds
-/// or waits: then the shortest if the server was out of reach, and at most
-/// [`RECONNECT_DROPPED_MAX`] if the connection was accepted and closed.
-fn pause(hub: &Weak<HubInner>, backoff: Duration, err: &::redis::RedisError) -> Duration {
-    let dropped = err.is_connection_dropped();
-    if !out_of_reach(err) && !dropped {
-        return backoff;
-    }
-    match hub.upgrade() {
-        Some(inner) if inner.holding.load(Ordering::Relaxed) > 0 || anyone_waits(&inner) => {
-            if out_of_reach(err) {
-                RECONNECT_MIN
-            } else {
-                backoff.min(RECONNECT_DROPPED_MAX)
-            }
-        }
-        _ => backoff,
-    }
-}
-
-/// Whether any waiter has a mailbox (only then is the connection worth checking).
-fn anyone_waits(inner: &HubInner) -> bool {
-    inner
-        .channels
-        .locked()
-        .values()
-        .any(|c| !c.mailboxes.is_empty())
 }
 
 /// For a Sentinel source, a receiver that changes when the sentinels announce a new primary.
@@ -402,131 +357,164 @@ fn switches(source: &Source) -> Option<watch::Receiver<u64>> {
     }
 }
 
-async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiver<Arc<str>>) {
-    let mut switched = switches(&source);
-    let mut backoff = RECONNECT_MIN;
-    let mut first = true;
-    loop {
-        let connected = tokio::select! {
-            r = tokio::time::timeout(CONNECT_WAIT, connect(&source)) => r.unwrap_or_else(|_| {
-                Err(::redis::RedisError::from((
-                    ::redis::ErrorKind::Io,
-                    "pub/sub connect timed out",
-                )))
-            }),
-            c = cmd.recv() => {
-                if c.is_none() { return; }
-                continue;
-            }
-        };
-        let (mut sink, mut events) = match connected {
-            Ok(c) => c,
-            Err(err) => {
-                tracing::debug!(error = %err, "redis pub/sub connect failed; retrying");
-                // Only a server out of reach is tried again at once; one that answers and
-                // refuses (credentials, TLS) waits the back-off.
-                tokio::time::sleep(pause(&hub, backoff, &err)).await;
-                backoff = (backoff * 2).min(RECONNECT_MAX);
-                if hub.strong_count() == 0 {
-                    return;
+/// The hub's side of the pub/sub connection, driven by the shared hub task.
+struct PubSub {
+    source: Source,
+    hub: Weak<HubInner>,
+    cmd: mpsc::UnboundedReceiver<Arc<str>>,
+    /// For a Sentinel source, moves when the sentinels name a new primary; `None` once the
+    /// sentinel listener is gone.
+    switched: Option<watch::Receiver<u64>>,
+}
+
+/// An open pub/sub connection, subscribed to every channel in use.
+struct Open {
+    sink: Sink,
+    events: Events,
+    /// The channels subscribed when it opened.
+    subscribed: Vec<Arc<str>>,
+}
+
+impl Link for PubSub {
+    type Hub = HubInner;
+    type Conn = Open;
+    type Failure = ::redis::RedisError;
+
+    const NAME: &'static str = "redis pub/sub";
+
+    fn hub(&self) -> &Weak<HubInner> {
+        &self.hub
+    }
+
+    async fn open(&mut self) -> ::redis::RedisResult<Open> {
+        let connected = loop {
+            tokio::select! {
+                r = tokio::time::timeout(CONNECT_WAIT, connect(&self.source)) => break r.unwrap_or_else(|_| {
+                    Err(::redis::RedisError::from((
+                        ::redis::ErrorKind::Io,
+                        "pub/sub connect timed out",
+                    )))
+                }),
+                // A waiter left meanwhile: the attempt starts again.
+                c = self.cmd.recv() => {
+                    if c.is_none() {
+                        return hub::gone().await;
+                    }
                 }
-                continue;
             }
         };
-        let Some(inner) = hub.upgrade() else { return };
-        // Resubscribe what is in use, then let every waiter re-check what it may have missed.
+        let (mut sink, events) = connected.inspect_err(|err| {
+            tracing::debug!(error = %err, "redis pub/sub connect failed; retrying");
+        })?;
+        let Some(inner) = self.hub.upgrade() else {
+            return hub::gone().await;
+        };
+        // Resubscribe what is in use; the hub then lets every waiter re-check what it may have
+        // missed.
         let wanted: Vec<Arc<str>> = {
             let mut channels = inner.channels.locked();
             channels.values_mut().for_each(|c| c.subscribed = false);
             channels.keys().cloned().collect()
         };
-        let mut refused = None;
         for ch in &wanted {
-            if let Err(e) = sink.subscribe(ch).await {
-                refused = Some(e);
-                break;
+            if let Err(err) = sink.subscribe(ch).await {
+                // Refused (a user who lost the channel permission): the next connection waits
+                // its turn like a failed connect, or this loop would open a connection per
+                // round trip. A shard out of reach (a Cluster primary gone, its replica not
+                // promoted yet) is tried again at once while anyone holds or waits.
+                tracing::debug!(error = %err, "redis pub/sub subscribe failed after connecting; retrying");
+                return Err(err);
             }
         }
-        if let Some(err) = refused {
-            // Refused (a user who lost the channel permission): the next connection waits
-            // its turn like a failed connect, or this loop would open a connection per round
-            // trip. A shard out of reach (a Cluster primary gone, its replica not promoted
-            // yet) is tried again at once while anyone holds or waits.
-            drop(inner);
-            tracing::debug!(error = %err, "redis pub/sub subscribe failed after connecting; retrying");
-            tokio::time::sleep(pause(&hub, backoff, &err)).await;
-            backoff = (backoff * 2).min(RECONNECT_MAX);
-            continue;
+        Ok(Open {
+            sink,
+            events,
+            subscribed: wanted,
+        })
+    }
+
+    /// `backoff`, unless anyone holds or waits: the pub/sub connection is the first to see a
+    /// server come back (perhaps without its data), and a holder must hear of it at once,
+    /// whatever the outage. Then a server out of reach is tried again at once, and a
+    /// connection accepted and closed after at most [`RECONNECT_DROPPED_MAX`]. A server that
+    /// answers and refuses (credentials, TLS) waits the back-off.
+    fn pause(&self, backoff: Duration, err: &::redis::RedisError) -> Duration {
+        let dropped = err.is_connection_dropped();
+        if !out_of_reach(err) && !dropped {
+            return backoff;
         }
-        backoff = RECONNECT_MIN;
-        {
-            let mut channels = inner.channels.locked();
-            for ch in &wanted {
-                if let Some(c) = channels.get_mut(ch) {
-                    c.subscribed = true;
+        match self.hub.upgrade() {
+            Some(inner) if inner.holding.load(Ordering::Relaxed) > 0 || inner.anyone_waits() => {
+                if out_of_reach(err) {
+                    RECONNECT_MIN
+                } else {
+                    backoff.min(RECONNECT_DROPPED_MAX)
                 }
             }
+            _ => backoff,
         }
-        if !first {
-            recheck_all(&inner);
-        }
-        if !first {
-            // Holders: renew now, in case the server lost their locks while we were away.
-            inner.reconnects.send_modify(|n| *n += 1);
-        }
-        first = false;
-        inner.sink.send_replace(Some(sink.clone()));
-        drop(inner);
+    }
 
+    fn opened(&mut self, inner: &HubInner, conn: &Open) -> Sink {
+        let mut channels = inner.channels.locked();
+        for ch in &conn.subscribed {
+            if let Some(c) = channels.get_mut(ch) {
+                c.subscribed = true;
+            }
+        }
+        conn.sink.clone()
+    }
+
+    async fn serve(&mut self, conn: Open) -> Served {
+        let Open {
+            mut sink,
+            mut events,
+            ..
+        } = conn;
+        let hub = self.hub.clone();
+        let pinger = sink.clone();
+        let alive = keepalive(&hub, || pinger.clone().ping());
+        tokio::pin!(alive);
         // Channels to look at once their linger time is up, in order.
         let mut idle: VecDeque<(tokio::time::Instant, Arc<str>)> = VecDeque::new();
         // When to replace a cluster connection one of whose node connections dropped.
         let connected_at = tokio::time::Instant::now();
         let mut rebuild_at: Option<tokio::time::Instant> = None;
-        let mut ping_at = tokio::time::Instant::now() + PING_EVERY;
-        let mut ping: Option<futures::future::BoxFuture<'static, bool>> = None;
         loop {
             let next_idle = idle.front().map(|(at, _)| *at);
             tokio::select! {
-                () = tokio::time::sleep_until(ping_at), if ping.is_none() => {
-                    ping_at = tokio::time::Instant::now() + PING_EVERY;
-                    let Some(inner) = hub.upgrade() else { return };
-                    if anyone_waits(&inner) {
-                        ping = Some(Box::pin(sink.clone().ping()));
-                    }
-                }
-                alive = poll_some(&mut ping), if ping.is_some() => {
-                    ping = None;
-                    if !alive {
+                alive = &mut alive => match alive {
+                    Alive::Dead => {
                         tracing::warn!("redis pub/sub connection did not answer PING; reconnecting");
-                        break;
+                        return Served::Lost;
                     }
-                }
+                    Alive::HubGone => return Served::HubGone,
+                },
                 moved = async {
-                    match switched.as_mut() {
+                    match self.switched.as_mut() {
                         Some(rx) => rx.changed().await.is_ok(),
                         None => std::future::pending().await,
                     }
                 } => {
                     if !moved {
-                        switched = None;
+                        self.switched = None;
                         continue;
                     }
                     // The sentinels named a new primary: holders renew there now (the command
                     // connection was dropped), and this connection moves there too.
                     tracing::debug!("redis sentinel switched primaries; moving the pub/sub connection");
                     if let Some(inner) = hub.upgrade() {
-                        inner.reconnects.send_modify(|n| *n += 1);
+                        inner.common.reconnected();
                     }
-                    break;
+                    return Served::Lost;
                 }
                 () = tokio::time::sleep_until(rebuild_at.unwrap_or_else(tokio::time::Instant::now)), if rebuild_at.is_some() => {
                     tracing::debug!("replacing the redis cluster pub/sub connection after a node dropped");
-                    break;
+                    return Served::Lost;
                 }
                 () = tokio::time::sleep_until(next_idle.unwrap_or_else(tokio::time::Instant::now)), if next_idle.is_some() => {
                     let Some((_, channel)) = idle.pop_front() else { continue };
-                    let Some(inner) = hub.upgrade() else { return };
+                    let Some(inner) = hub.upgrade() else { return Served::HubGone };
                     let expired = |inner: &HubInner| {
                         let mut channels = inner.channels.locked();
                         let done = channels.get(&channel).is_some_and(|c| {
@@ -551,20 +539,19 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                     }
                 }
                 event = events.next() => {
-                    let Some(event) = event else { break };
-                    let Some(inner) = hub.upgrade() else { return };
+                    let Some(event) = event else { return Served::Lost };
+                    let Some(inner) = hub.upgrade() else { return Served::HubGone };
                     match event {
                         Event::Message { channel, payload } => {
-                            let Some((owner, wake)) = parse(&payload) else { continue };
                             let channels = inner.channels.locked();
-                            if let Some(mailbox) = channels.get(channel.as_str()).and_then(|c| c.mailboxes.get(owner)) {
-                                mailbox.put(wake);
+                            if let Some(c) = channels.get(channel.as_str()) {
+                                c.mailboxes.deliver(&payload);
                             }
                         }
                         Event::Dropped => {
                             tracing::debug!("a redis cluster pub/sub connection dropped; waiters re-check");
-                            recheck_all(&inner);
-                            inner.reconnects.send_modify(|n| *n += 1);
+                            inner.recheck_all();
+                            inner.common.reconnected();
                             // The cluster connection reconnects a dropped node at the same
                             // address, and moves its subscriptions only then or on a slot
                             // refresh: a primary killed for good would keep them, unheard,
@@ -581,22 +568,17 @@ async fn run(source: Source, hub: Weak<HubInner>, mut cmd: mpsc::UnboundedReceiv
                                 let _ = sink.subscribe(&channel).await;
                                 let channels = inner.channels.locked();
                                 if let Some(c) = channels.get(channel.as_str()) {
-                                    c.mailboxes.values().for_each(|m| m.put(Wake::Recheck));
+                                    c.mailboxes.recheck();
                                 }
                             }
                         }
                     }
                 }
-                c = cmd.recv() => {
-                    let Some(channel) = c else { return };
+                c = self.cmd.recv() => {
+                    let Some(channel) = c else { return Served::HubGone };
                     idle.push_back((tokio::time::Instant::now() + LINGER, channel));
                 }
             }
-        }
-        // The connection dropped.
-        tracing::debug!("redis pub/sub connection lost; reconnecting");
-        if let Some(inner) = hub.upgrade() {
-            inner.sink.send_replace(None);
         }
     }
 }

@@ -20,6 +20,8 @@ use ::redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServ
 use ::redis::{AsyncConnectionConfig, IntoConnectionInfo, RedisResult};
 
 use super::commands::CALL_TIMEOUT;
+use super::url::{multi_node, MultiNode};
+use crate::backend::retry::Backoff;
 use crate::error::{Error, Result};
 use crate::sync::LockExt;
 
@@ -52,14 +54,9 @@ impl Sentinel {
     /// primary's.
     pub(crate) fn from_url(url: &str) -> Result<Self> {
         let bad = |why: &str| Error::invalid_config(format_args!("redis sentinel url: {why}"));
-        let rest = url
-            .strip_prefix(SCHEME)
-            .ok_or_else(|| bad("must start with `redis+sentinel://`"))?;
-        let (auth, rest) = match rest.rsplit_once('@') {
-            Some((auth, rest)) => (Some(auth), rest),
-            None => (None, rest),
-        };
-        let (hosts, path) = rest.split_once('/').ok_or_else(|| bad("names no master"))?;
+        let MultiNode { auth, hosts, path } =
+            multi_node(url, SCHEME).ok_or_else(|| bad("must start with `redis+sentinel://`"))?;
+        let path = path.ok_or_else(|| bad("names no master"))?;
         let (master, db) = match path.split_once('/') {
             Some((master, db)) => (master, Some(db)),
             None => (path, None),
@@ -68,8 +65,7 @@ impl Sentinel {
             return Err(bad("names no master"));
         }
         let sentinels: Vec<::redis::ConnectionInfo> = hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
+            .iter()
             .map(|h| format!("redis://{h}/").into_connection_info())
             .collect::<RedisResult<_>>()
             .map_err(|e| bad("malformed sentinel address").with_source(e))?;
@@ -169,7 +165,7 @@ impl Sentinel {
 /// have missed a switch, so it drops the command connection then too (the next call asks the
 /// sentinels: one round trip).
 async fn listen_for_switches(sentinel: Weak<Sentinel>) {
-    let mut pause = LISTEN_RETRY_MIN;
+    let mut pause = Backoff::new(LISTEN_RETRY_MIN, LISTEN_RETRY_MAX);
     let mut next = 0usize;
     loop {
         let Some(info) = sentinel.upgrade().and_then(|s| {
@@ -187,12 +183,12 @@ async fn listen_for_switches(sentinel: Weak<Sentinel>) {
         let pubsub = match tokio::time::timeout(CALL_TIMEOUT, subscribed).await {
             Ok(Ok(pubsub)) => pubsub,
             _ => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(LISTEN_RETRY_MAX);
+                tokio::time::sleep(pause.current()).await;
+                pause.grow();
                 continue;
             }
         };
-        pause = LISTEN_RETRY_MIN;
+        pause.reset();
         match sentinel.upgrade() {
             Some(s) => s.forget(),
             None => return,

@@ -13,6 +13,7 @@ use super::quorum::quorum;
 use super::{Inner, RedlockBackend, RedlockNode};
 use crate::backend::handoff::{check_handoff_ttl, DEFAULT_HANDOFF_TTL};
 use crate::backend::redis::scripts::Ping;
+use crate::backend::require_runtime;
 use crate::backend::wire::client_id;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -202,7 +203,7 @@ impl RedlockBackendBuilder {
             ));
         }
         check_handoff_ttl(self.handoff_ttl)?;
-        tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
+        require_runtime()?;
         let q = quorum(self.nodes.len());
         let downs = Downs::new(self.nodes.len(), q);
         let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len());

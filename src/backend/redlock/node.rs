@@ -18,6 +18,7 @@ use crate::backend::redis::commands::{redis_error, Commands, CALL_TIMEOUT};
 use crate::backend::redis::notify::Hub;
 use crate::backend::redis::script::{Call, Functions};
 use crate::backend::redis::scripts::Ping;
+use crate::backend::retry::Backoff;
 use crate::error::{Error, ErrorKind, Result};
 
 /// One node of a Redlock set, as given to [`RedlockBackend::builder`](super::RedlockBackend::builder):
@@ -270,7 +271,7 @@ impl Node {
         let link = Arc::downgrade(&self.link);
         let mut hub_back = Some(self.hub.reconnects());
         tokio::spawn(async move {
-            let mut pause = PROBE_MIN;
+            let mut pause = Backoff::new(PROBE_MIN, PROBE_MAX);
             loop {
                 let back = async {
                     match hub_back.as_mut() {
@@ -285,7 +286,7 @@ impl Node {
                     }
                 };
                 tokio::select! {
-                    () = tokio::time::sleep(pause) => {}
+                    () = tokio::time::sleep(pause.current()) => {}
                     () = back => {}
                 }
                 let Some(link) = link.upgrade() else { return };
@@ -304,7 +305,7 @@ impl Node {
                     link.mark_up();
                     return;
                 }
-                pause = (pause * 2).min(PROBE_MAX);
+                pause.grow();
             }
         });
     }
