@@ -54,6 +54,7 @@ impl Mailboxes {
         self.0.remove(owner);
     }
 
+    /// Whether no claim waits here.
     pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -88,6 +89,7 @@ pub(crate) struct Common<H> {
 }
 
 impl<H: Clone> Common<H> {
+    /// Not connected yet, no reconnect so far, not stopped.
     pub(crate) fn new() -> Self {
         Self {
             reconnects: watch::Sender::new(0),
@@ -130,6 +132,7 @@ pub(crate) trait Shared: Send + Sync + 'static {
     /// What a registration is filed under.
     type Key: Send + Sync + 'static;
 
+    /// What every hub shares with its task.
     fn common(&self) -> &Common<Self::Handle>;
 
     /// Removes the mailbox filed under `key`.
@@ -189,6 +192,7 @@ pub(crate) trait Link: Send + 'static {
     /// How logs name the connection (`redis pub/sub`, `postgres listen`).
     const NAME: &'static str;
 
+    /// The hub's shared state, gone once its last handle is dropped.
     fn hub(&self) -> &Weak<Self::Hub>;
 
     /// Opens the connection and listens to every channel in use.
@@ -209,7 +213,7 @@ pub(crate) trait Link: Send + 'static {
 
 /// A hub's task: opens `link`'s connection, serves it, and opens it again when it is lost,
 /// until the hub is closed or dropped (`stop`).
-pub(crate) async fn run<L: Link>(mut link: L, mut stop: watch::Receiver<bool>) {
+async fn run<L: Link>(mut link: L, mut stop: watch::Receiver<bool>) {
     let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
     let mut again = false;
     loop {
@@ -301,5 +305,128 @@ where
         if waits && !matches!(tokio::time::timeout(PING_DEADLINE, ping()).await, Ok(true)) {
             return Alive::Dead;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex as StdMutex;
+
+    use tokio::sync::mpsc;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::sync::LockExt;
+
+    struct State {
+        mailboxes: StdMutex<Mailboxes>,
+        common: Common<u32>,
+    }
+
+    impl Shared for State {
+        type Handle = u32;
+        type Key = Arc<str>;
+
+        fn common(&self) -> &Common<u32> {
+            &self.common
+        }
+
+        fn unregister(&self, owner: &Arc<str>) {
+            self.mailboxes.locked().close(owner);
+        }
+
+        fn recheck_all(&self) {
+            self.mailboxes.locked().recheck();
+        }
+
+        fn anyone_waits(&self) -> bool {
+            !self.mailboxes.locked().is_empty()
+        }
+    }
+
+    /// A connection that opens after `failures` failed attempts, numbers its openings, and is
+    /// lost whenever `lose` says so.
+    struct Fake {
+        hub: Weak<State>,
+        failures: usize,
+        opened: u32,
+        lose: mpsc::UnboundedReceiver<()>,
+    }
+
+    impl Link for Fake {
+        type Hub = State;
+        type Conn = u32;
+        type Failure = ();
+
+        const NAME: &'static str = "test";
+
+        fn hub(&self) -> &Weak<State> {
+            &self.hub
+        }
+
+        async fn open(&mut self) -> Result<u32, ()> {
+            if self.failures > 0 {
+                self.failures -= 1;
+                return Err(());
+            }
+            self.opened += 1;
+            Ok(self.opened)
+        }
+
+        fn opened(&mut self, _: &State, conn: &u32) -> u32 {
+            *conn
+        }
+
+        async fn serve(&mut self, _: u32) -> Served {
+            match self.lose.recv().await {
+                Some(()) => Served::Lost,
+                None => gone().await,
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reconnects_after_a_growing_pause_and_rechecks_only_after_a_reconnect() {
+        let state = Arc::new(State {
+            mailboxes: StdMutex::new(Mailboxes::default()),
+            common: Common::new(),
+        });
+        let owner: Arc<str> = "owner".into();
+        let mailbox = state.mailboxes.locked().open(owner.clone());
+        let registration = Registration::new(&state, owner, mailbox.clone());
+        let (lose, lost) = mpsc::unbounded_channel();
+        let link = Fake {
+            hub: Arc::downgrade(&state),
+            failures: 2,
+            opened: 0,
+            lose: lost,
+        };
+        let mut reconnects = state.common.reconnects();
+        let began = Instant::now();
+        start(link, &state);
+
+        // Two failures: 20 ms, then 40 ms.
+        assert_eq!(state.common.connected(CONNECT_WAIT).await, Some(1));
+        assert_eq!(began.elapsed(), Duration::from_millis(60));
+        // The first connect is no reconnect: nothing to re-check.
+        assert_eq!(*reconnects.borrow_and_update(), 0);
+        let quiet = tokio::time::timeout(Duration::from_millis(10), mailbox.recv()).await;
+        assert!(quiet.is_err(), "a first connect wakes nobody");
+
+        lose.send(()).expect("the task serves");
+        reconnects.changed().await.expect("the hub lives");
+        assert_eq!(*reconnects.borrow_and_update(), 1);
+        assert_eq!(mailbox.recv().await, Wake::Recheck);
+        assert_eq!(state.common.connected(CONNECT_WAIT).await, Some(2));
+
+        // Delivery goes by owner; a dropped registration is no longer delivered to.
+        state.mailboxes.locked().deliver("owner 7 1000 2000");
+        assert!(matches!(mailbox.recv().await, Wake::Granted(_)));
+        drop(registration);
+        assert!(!state.anyone_waits());
+
+        state.common.close();
+        tokio::task::yield_now().await;
+        assert!(lose.send(()).is_err(), "the task ended on close");
     }
 }
