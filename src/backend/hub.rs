@@ -318,29 +318,32 @@ mod tests {
     use super::*;
     use crate::sync::LockExt;
 
+    /// One waiting claim at most.
     struct State {
-        mailboxes: StdMutex<Mailboxes>,
+        waiting: StdMutex<Option<Arc<Mailbox>>>,
         common: Common<u32>,
     }
 
     impl Shared for State {
         type Handle = u32;
-        type Key = Arc<str>;
+        type Key = ();
 
         fn common(&self) -> &Common<u32> {
             &self.common
         }
 
-        fn unregister(&self, owner: &Arc<str>) {
-            self.mailboxes.locked().close(owner);
+        fn unregister(&self, (): &()) {
+            self.waiting.locked().take();
         }
 
         fn recheck_all(&self) {
-            self.mailboxes.locked().recheck();
+            if let Some(mailbox) = self.waiting.locked().as_ref() {
+                mailbox.put(Wake::Recheck);
+            }
         }
 
         fn anyone_waits(&self) -> bool {
-            !self.mailboxes.locked().is_empty()
+            self.waiting.locked().is_some()
         }
     }
 
@@ -388,12 +391,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn reconnects_after_a_growing_pause_and_rechecks_only_after_a_reconnect() {
         let state = Arc::new(State {
-            mailboxes: StdMutex::new(Mailboxes::default()),
+            waiting: StdMutex::new(None),
             common: Common::new(),
         });
-        let owner: Arc<str> = "owner".into();
-        let mailbox = state.mailboxes.locked().open(owner.clone());
-        let registration = Registration::new(&state, owner, mailbox.clone());
+        let mailbox = Arc::new(Mailbox::default());
+        *state.waiting.locked() = Some(mailbox.clone());
+        let registration = Registration::new(&state, (), mailbox.clone());
         let (lose, lost) = mpsc::unbounded_channel();
         let link = Fake {
             hub: Arc::downgrade(&state),
@@ -419,14 +422,29 @@ mod tests {
         assert_eq!(mailbox.recv().await, Wake::Recheck);
         assert_eq!(state.common.connected(CONNECT_WAIT).await, Some(2));
 
-        // Delivery goes by owner; a dropped registration is no longer delivered to.
-        state.mailboxes.locked().deliver("owner 7 1000 2000");
-        assert!(matches!(mailbox.recv().await, Wake::Granted(_)));
+        // A dropped registration is filed no more.
         drop(registration);
         assert!(!state.anyone_waits());
 
         state.common.close();
         tokio::task::yield_now().await;
         assert!(lose.send(()).is_err(), "the task ended on close");
+    }
+
+    #[tokio::test]
+    async fn a_message_reaches_the_owner_it_names_and_no_other() {
+        let mut mailboxes = Mailboxes::default();
+        let ours = mailboxes.open("ours".into());
+        let theirs = mailboxes.open("theirs".into());
+        mailboxes.deliver("ours 7 1000 2000");
+        mailboxes.deliver("nobody 8 1000 2000");
+        mailboxes.deliver("not a message");
+        assert!(matches!(ours.recv().await, Wake::Granted(h) if h.fence == 7));
+        let quiet = tokio::time::timeout(Duration::from_millis(10), theirs.recv()).await;
+        assert!(quiet.is_err(), "a message for another owner");
+        mailboxes.close("ours");
+        mailboxes.recheck();
+        assert_eq!(theirs.recv().await, Wake::Recheck);
+        assert!(!mailboxes.is_empty());
     }
 }

@@ -57,15 +57,7 @@ impl Backoff {
 pub(crate) enum Failure<E> {
     /// The service's client failed, or the server refused.
     Call(E),
-    /// The application's pool lent no connection.
-    #[cfg_attr(
-        not(any(
-            feature = "redis-deadpool",
-            feature = "redis-bb8",
-            feature = "postgres-deadpool"
-        )),
-        allow(dead_code)
-    )]
+    /// The application's pool lent no connection (see [`pool`](Self::pool)).
     Pool(Error),
     /// No answer in time.
     Timeout,
