@@ -618,9 +618,6 @@ pub use self::zookeeper::{
 #[cfg(feature = "memory")]
 pub use memory::{MemoryBackend, MemoryStats};
 
-#[cfg(any(feature = "redis", feature = "postgres", feature = "zookeeper"))]
-pub(crate) use self::wire::poll_some;
-
 /// Refuses to build a backend outside a Tokio runtime: it starts background tasks there.
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) fn require_runtime() -> Result<()> {

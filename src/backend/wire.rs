@@ -8,7 +8,6 @@
 #![cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 
 use std::fmt::Display;
-use std::future::Future;
 
 use super::{Family, LockKind};
 use crate::error::{Error, ErrorKind, Result};
@@ -61,15 +60,6 @@ pub(crate) fn mismatch(key: &str, seen: impl Display, asked: LockKind) -> Error 
         "`{key}` is {seen} on the server, asked for as {}",
         asked.family()
     ))
-}
-
-/// Awaits the future in `slot`, or forever if there is none (a `select!` branch for a watch or
-/// a ping that may not be running).
-pub(crate) async fn poll_some<F: Future + Unpin>(slot: &mut Option<F>) -> F::Output {
-    match slot {
-        Some(f) => f.await,
-        None => std::future::pending().await,
-    }
 }
 
 #[cfg(test)]

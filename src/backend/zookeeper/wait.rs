@@ -47,7 +47,7 @@ impl Inner {
         let mut waiting = waiting;
         loop {
             tokio::select! {
-                _ = crate::backend::poll_some(&mut waiting.ahead) => {
+                _ = poll_some(&mut waiting.ahead) => {
                     // The node ahead of our predecessor went (while the predecessor may still
                     // hold): if the predecessor heads the queue now, its deletion alone will
                     // make us the holder.
@@ -146,5 +146,14 @@ pub(super) async fn watch_ahead(
     match recipe::ahead_of(kind, kids, predecessor) {
         Some(ahead) => up.zk.watch(&format!("{queue}/{ahead}")).await.map(Some),
         None => Ok(None),
+    }
+}
+
+/// Awaits the future in `slot`, or forever if there is none (a `select!` branch for a watch
+/// that may not be set).
+async fn poll_some<F: std::future::Future + Unpin>(slot: &mut Option<F>) -> F::Output {
+    match slot {
+        Some(f) => f.await,
+        None => std::future::pending().await,
     }
 }
