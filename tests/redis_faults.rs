@@ -640,49 +640,14 @@ async fn a_server_refusing_connections_is_not_hammered() {
     .await;
     let held = c.mutex("k").lock().await.unwrap();
     let mut admin = connection(&server.url()).await;
-    let stat = |info: String, name: &str| -> u64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_default()
-    };
     // Room for this admin connection only; every other connection is closed.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxclients")
-        .arg(1)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("SKIPME")
-        .arg("yes")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let killed = refuse_new_clients(&mut admin).await;
     assert!(killed >= 2, "the client's connections were not closed");
-    let stats: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let before = stat(stats, "rejected_connections:");
+    let before = rejected_connections(&mut admin).await;
     sleep(Duration::from_secs(3)).await;
-    let stats: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let rejected = stat(stats, "rejected_connections:") - before;
+    let rejected = rejected_connections(&mut admin).await - before;
     println!("{rejected} connections refused in 3 s");
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxclients")
-        .arg("10000")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    take_clients_again(&mut admin).await;
     assert!(
         rejected < 30,
         "{rejected} connections in 3 s to a server refusing them"
@@ -877,38 +842,13 @@ async fn refused_per_second_at_maxclients(ttl: Duration) -> f64 {
         until_queued(&url, ns, &format!("k{i}"), 1).await;
     }
     let mut admin = connection(&url).await;
-    let rejected = |info: String| -> u64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix("rejected_connections:"))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_default()
-    };
-    let config = |k: &'static str, v: &'static str| {
-        let mut cmd = redis::cmd("CONFIG");
-        cmd.arg("SET").arg(k).arg(v);
-        cmd
-    };
-    let _: () = config("maxclients", "1")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let _: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("SKIPME")
-        .arg("yes")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let info = || redis::cmd("INFO").arg("stats").clone();
-    let before = rejected(info().query_async(&mut admin).await.unwrap());
+    refuse_new_clients(&mut admin).await;
+    let before = rejected_connections(&mut admin).await;
     let started = Instant::now();
     sleep(Duration::from_secs(3)).await;
-    let refused = rejected(info().query_async(&mut admin).await.unwrap()) - before;
+    let refused = rejected_connections(&mut admin).await - before;
     let per_s = refused as f64 / started.elapsed().as_secs_f64();
-    let _: () = config("maxclients", "10000")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    take_clients_again(&mut admin).await;
     for g in guards {
         let _ = g.release().await;
     }
@@ -936,4 +876,50 @@ async fn many_clients_with_short_leases_do_not_hammer_a_server_refusing_clients(
         per_s < 200.0,
         "{per_s:.0} connections a second from 20 clients"
     );
+}
+
+type Admin = redis::aio::MultiplexedConnection;
+
+/// Makes the server refuse every new connection (`maxclients` 1: room for `admin` only) and
+/// closes every other connection; returns how many it closed.
+async fn refuse_new_clients(admin: &mut Admin) -> i64 {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg(1)
+        .query_async(admin)
+        .await
+        .unwrap();
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(admin)
+        .await
+        .unwrap()
+}
+
+/// The server takes clients again.
+async fn take_clients_again(admin: &mut Admin) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg(10000)
+        .query_async(admin)
+        .await
+        .unwrap();
+}
+
+/// How many connections the server has refused so far (`INFO stats`).
+async fn rejected_connections(admin: &mut Admin) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(admin)
+        .await
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("rejected_connections:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_default()
 }
