@@ -7,7 +7,7 @@
 //! <px>"`). Each waiting claim has a [`Mailbox`] that keeps the strongest wake-up not yet read,
 //! and a [`ServerClock`] that places server times on the local clock, no later than they are;
 //! the two make its [`HandoffTicket`]. A claim listens before it queues and stops once granted
-//! ([`acquire`]), and the servers' answers to it are read the same way everywhere ([`reply`],
+//! ([`acquire`](mod@acquire)), and the servers' answers to it are read the same way everywhere ([`reply`],
 //! [`renewal`]).
 
 mod acquire;
