@@ -9,7 +9,9 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{shared_postgres, shared_redis, shared_zookeeper};
+use support::server::postgres::shared_postgres;
+use support::server::redis::shared_redis;
+use support::server::zookeeper::shared_zookeeper;
 
 const BUSY: i32 = 75;
 const LOST: i32 = 125;

@@ -89,14 +89,14 @@ async fn an_unreachable_server_is_transient_on_every_backend() {
 #[tokio::test]
 async fn a_refusal_that_will_not_pass_is_not_transient() {
     // Wrong credentials on a live Redis.
-    let server = support::shared_redis();
+    let server = support::server::redis::shared_redis();
     let url = server.url().replace("redis://", "redis://nobody:wrong@");
     let err = RedisBackend::connect(&url).await.unwrap_err();
     assert!(err.is_backend() && !err.is_transient(), "{:?}", chain(&err));
     assert!(err.to_string().contains("authentication"), "{err}");
 
     // A database that does not exist on a live PostgreSQL.
-    let pg = support::shared_postgres().url();
+    let pg = support::server::postgres::shared_postgres().url();
     let (base, _) = pg.rsplit_once('/').unwrap();
     let err = PgBackend::connect(&format!("{base}/no_such_database"))
         .await
@@ -116,7 +116,7 @@ async fn a_refusal_that_will_not_pass_is_not_transient() {
 #[cfg(all(feature = "redis-tls", feature = "postgres"))]
 #[tokio::test]
 async fn a_refused_certificate_or_a_poolers_refusal_is_not_transient() {
-    let tls = support::TlsRedis::start();
+    let tls = support::server::redis::TlsRedis::start();
     let no_ca = RedisBackend::connect(&tls.url()).await.unwrap_err();
     assert!(
         no_ca.is_backend() && !no_ca.is_transient(),
@@ -132,7 +132,10 @@ async fn a_refused_certificate_or_a_poolers_refusal_is_not_transient() {
         .unwrap_err();
     assert!(!wrong_name.is_transient(), "{:?}", chain(&wrong_name));
 
-    let bouncer = support::PgBouncer::start(support::shared_postgres(), 2);
+    let bouncer = support::server::pgbouncer::PgBouncer::start(
+        support::server::postgres::shared_postgres(),
+        2,
+    );
     let url = bouncer.url();
     let (base, _) = url.rsplit_once('/').unwrap();
     let err = PgBackend::connect(&format!("{base}/no_such_database"))

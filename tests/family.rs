@@ -210,7 +210,7 @@ mod redis_backend {
     use distlock::backend::RedisBackend;
     use support::contract::torture_family;
     use support::redis::{until_only_fences, until_queued};
-    use support::shared_redis;
+    use support::server::redis::shared_redis;
 
     async fn client(ns: &str) -> LockClient {
         let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();

@@ -75,7 +75,7 @@ async fn annotated_calls_serialize_across_tasks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn annotated_calls_serialize_across_redis_clients() {
     let ns = test_namespace!();
-    let url = support::shared_redis().url();
+    let url = support::server::redis::shared_redis().url();
     let mut clients = Vec::new();
     for _ in 0..4 {
         let backend = distlock::backend::RedisBackend::connect(&url)
@@ -90,7 +90,7 @@ async fn annotated_calls_serialize_across_redis_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn annotated_calls_serialize_across_zookeeper_clients() {
     let ns = test_namespace!();
-    let connect = support::shared_zookeeper().connect_string();
+    let connect = support::server::zookeeper::shared_zookeeper().connect_string();
     let mut clients = Vec::new();
     for _ in 0..4 {
         let backend = distlock::backend::ZkBackend::connect(&connect)
@@ -195,7 +195,7 @@ async fn long_job(client: &LockClient, n: u32, finished: &AtomicBool) -> Result<
 #[tokio::test]
 async fn on_lost_abort_cancels_the_body_when_the_lease_is_deleted() {
     let ns = test_namespace!();
-    let url = support::shared_redis().url();
+    let url = support::server::redis::shared_redis().url();
     let backend = distlock::backend::RedisBackend::connect(&url)
         .await
         .unwrap();

@@ -16,7 +16,7 @@ use support::family::{
     rw_fifo, semaphore_bound, semaphore_head_is_not_overtaken,
 };
 use support::pg::{claims_in, connection, terminate, until_queued};
-use support::shared_postgres;
+use support::server::postgres::shared_postgres;
 use tokio::time::{sleep, timeout, Instant};
 
 async fn client_at(url: &str, ns: &str, ttl: Duration) -> LockClient {
@@ -475,7 +475,7 @@ async fn statement_connections_swapped_between_calls_still_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_pgbouncer_in_transaction_mode() {
     let ns = test_namespace!();
-    let bouncer = support::PgBouncer::start(shared_postgres(), 2);
+    let bouncer = support::server::pgbouncer::PgBouncer::start(shared_postgres(), 2);
     let mut cs = Vec::new();
     for _ in 0..6 {
         let backend = PgBackend::builder(bouncer.url())
@@ -497,7 +497,7 @@ async fn through_pgbouncer_in_transaction_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listen_connection_through_a_transaction_pooler_is_refused() {
     let ns = test_namespace!();
-    let bouncer = support::PgBouncer::start(shared_postgres(), 2);
+    let bouncer = support::server::pgbouncer::PgBouncer::start(shared_postgres(), 2);
     let refused = PgBackend::builder(bouncer.url()).build().await;
     let err = refused.expect_err("a LISTEN through a transaction pooler was accepted");
     assert!(err.is_invalid_config(), "{err}");
@@ -541,7 +541,7 @@ async fn a_listen_connection_through_a_transaction_pooler_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_through_a_deadpool_pool() {
     let ns = test_namespace!();
-    let bouncer = support::PgBouncer::start(shared_postgres(), 2);
+    let bouncer = support::server::pgbouncer::PgBouncer::start(shared_postgres(), 2);
     let mut cs = Vec::new();
     for _ in 0..4 {
         let mut cfg = deadpool_postgres::Config::new();
@@ -573,7 +573,7 @@ async fn statements_through_a_deadpool_pool() {
 async fn tls_as_sslmode_says() {
     let ca = support::tls::TestCa::new();
     let (cert, key) = ca.issue("localhost", "DNS:localhost");
-    let server = support::PgServer::start_tls(&cert, &key);
+    let server = support::server::postgres::PgServer::start_tls(&cert, &key);
     connection(&server.url())
         .await
         .batch_execute("CREATE DATABASE locks")

@@ -15,7 +15,7 @@ use support::counting::Counting;
 use support::faults::{self, grant_elsewhere, stays_lost};
 use support::pg::{client, until_queued};
 use support::proxy::{Proxy, Which};
-use support::{shared_postgres, PgServer};
+use support::server::postgres::{shared_postgres, PgServer};
 use tokio::time::{sleep, timeout, Instant};
 
 fn via(proxy: &Proxy) -> String {

@@ -15,7 +15,7 @@ use distlock::LockClient;
 use futures::StreamExt;
 use support::contract::{contend, torture, Overlap};
 use support::redis::{connection as raw, keys_in, libraries, library_of, queue_len, until_queued};
-use support::{shared_redis, RedisServer};
+use support::server::redis::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
 
 async fn client_at(url: &str, ns: &str) -> LockClient {
@@ -760,7 +760,7 @@ async fn an_unreachable_server_is_a_clear_error_not_a_hang() {
 #[tokio::test]
 async fn rediss_urls_speak_tls_and_check_the_certificate() {
     let ns = test_namespace!();
-    let tls = support::TlsRedis::start();
+    let tls = support::server::redis::TlsRedis::start();
     let backend = RedisBackend::builder(tls.url())
         .tls_root_certificate(tls.ca.clone())
         .build()

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use distlock::LockClient;
 use futures::future::{join_all, BoxFuture};
-use support::cluster::shared_cluster;
 use support::contract::{contend, torture, torture_family};
 use support::family::{self, kinds_do_not_mix, rw_exclusion, rw_fifo, semaphore_bound};
+use support::server::cluster::shared_cluster;
 use tokio::time::{sleep, timeout};
 
 /// A reader-writer plan: `true` is a writer.

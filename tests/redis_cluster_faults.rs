@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use distlock::LockClient;
-use support::cluster::RedisCluster;
 use support::contract::contend;
 use support::failover::{client_for, held_across_a_failover};
+use support::server::cluster::RedisCluster;
 use tokio::time::{sleep, timeout};
 
 const TTL: Duration = Duration::from_secs(3);

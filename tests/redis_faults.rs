@@ -12,7 +12,7 @@ use std::time::Duration;
 use support::faults::{self, grant_elsewhere, stays_lost};
 use support::proxy::{Proxy, Which};
 use support::redis::{client, connection, until_queued};
-use support::shared_redis;
+use support::server::redis::shared_redis;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 fn via(proxy: &Proxy) -> String {
@@ -245,7 +245,7 @@ async fn a_release_whose_reply_was_lost_is_not_reported_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restart_without_data_the_old_holder_is_told_at_once() {
     let ns = "restart";
-    let mut server = support::RedisServer::start();
+    let mut server = support::server::redis::RedisServer::start();
     let ttl = Duration::from_secs(3);
     let holder = client(&server.url(), ns, ttl, Duration::from_millis(300), true).await;
     let waiter = client(&server.url(), ns, ttl, Duration::from_millis(300), true).await;
@@ -430,7 +430,7 @@ async fn believed_after_a_restart(outage: Duration) -> Duration {
 /// proxy, which accepts connections and closes them while the server is down.
 async fn believed_after_a_restart_via(outage: Duration, proxied: bool) -> Duration {
     let ns = "restart-outage";
-    let mut server = support::RedisServer::start();
+    let mut server = support::server::redis::RedisServer::start();
     let ttl = Duration::from_secs(30);
     let proxy = Proxy::start(server.port());
     let holder_url = if proxied { via(&proxy) } else { server.url() };
@@ -629,7 +629,7 @@ async fn a_grant_seen_by_a_queue_renewal_is_taken_without_a_renewal_storm() {
 /// saturated server).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_refusing_connections_is_not_hammered() {
-    let server = support::RedisServer::start();
+    let server = support::server::redis::RedisServer::start();
     let c = client(
         &server.url(),
         "maxclients",

@@ -10,7 +10,8 @@ use std::time::Duration;
 use distlock::backend::RedisBackend;
 use distlock::LockClient;
 use support::contract::contend;
-use support::{query_port, RedisServer};
+use support::query_port;
+use support::server::redis::RedisServer;
 use tokio::time::{sleep, timeout, Instant};
 
 fn pair() -> (RedisServer, RedisServer) {

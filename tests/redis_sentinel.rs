@@ -10,7 +10,7 @@ use std::time::Duration;
 use distlock::LockClient;
 use support::contract::{contend, torture};
 use support::failover::{client_for, held_across_a_failover};
-use support::sentinel::SentinelSetup;
+use support::server::sentinel::SentinelSetup;
 use tokio::time::{sleep, timeout, Instant};
 
 async fn client(setup: &SentinelSetup, ns: &str, ttl: Duration) -> LockClient {
@@ -133,7 +133,7 @@ async fn a_paused_primary_leaves_no_two_holders() {
         }
     });
     sleep(Duration::from_secs(1)).await;
-    support::RedisServer::signal(pid, "CONT");
+    support::server::redis::RedisServer::signal(pid, "CONT");
     // Past the holder's replicated lease on the new primary, and past the old primary's
     // demotion, unless the holder kept its lease on the new primary.
     let lost_at = timeout(Duration::from_secs(14), held.lost())
@@ -215,7 +215,7 @@ async fn tokens_increase_across_a_lossy_failover_to_a_replica_whose_clock_is_beh
     // Cut the replica off: paused, and its link dropped on the primary's side, so nothing
     // written from now on reaches it (a paused replica's socket would still buffer it).
     let replica_pid = tokio::task::block_in_place(|| setup.replica.pid());
-    support::RedisServer::signal(replica_pid, "STOP");
+    support::server::redis::RedisServer::signal(replica_pid, "STOP");
     let dropped: i64 = tokio::task::block_in_place(|| {
         support::query_port(
             setup.primary.port(),
@@ -237,7 +237,7 @@ async fn tokens_increase_across_a_lossy_failover_to_a_replica_whose_clock_is_beh
     let started = Instant::now();
     tokio::task::block_in_place(|| {
         setup.primary.kill();
-        support::RedisServer::signal(replica_pid, "CONT");
+        support::server::redis::RedisServer::signal(replica_pid, "CONT");
         setup.until_replica_promoted();
     });
     let failover = started.elapsed();

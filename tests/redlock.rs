@@ -13,7 +13,7 @@ use distlock::LockClient;
 use futures::future::BoxFuture;
 use support::contract::{contend, take_write, torture, torture_with};
 use support::family::{rw_exclusion, rw_fifo};
-use support::redlock::shared_nodes;
+use support::server::redlock::shared_nodes;
 use tokio::time::{sleep, timeout, Instant};
 
 async fn clients(ns: &str, n: usize) -> Vec<LockClient> {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::contract::contend;
-use support::redlock::{client_on, client_tuned, Nodes};
+use support::server::redlock::{client_on, client_tuned, Nodes};
 use tokio::time::{sleep, timeout, Instant};
 
 /// The most an acquisition may take when some nodes do not answer: the node timeout (300 ms in

@@ -7,7 +7,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use support::{RedisServer, ZkServer};
+use support::server::redis::RedisServer;
+use support::server::zookeeper::ZkServer;
 
 /// Sends one RESP command and reads one reply line.
 fn resp(stream: &mut TcpStream, args: &[&str]) -> String {

@@ -192,7 +192,7 @@ async fn memory_under_trace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_under_trace() {
     let ns = test_namespace!();
-    let url = support::shared_redis().url();
+    let url = support::server::redis::shared_redis().url();
     let (probe_url, probe_ns) = (url.clone(), ns.clone());
     let queued = move |n| -> BoxFuture<'static, ()> {
         let (url, ns) = (probe_url.clone(), probe_ns.clone());
@@ -227,7 +227,7 @@ async fn redlock_under_trace() {
     let queued = move |n| -> BoxFuture<'static, ()> {
         let ns = probe_ns.clone();
         Box::pin(async move {
-            support::redlock::shared_nodes()
+            support::server::redlock::shared_nodes()
                 .until_queued(&ns, "down", n)
                 .await;
         })
@@ -237,7 +237,7 @@ async fn redlock_under_trace() {
         Box::pin(async move {
             let mut out = Vec::new();
             for _ in 0..n {
-                out.push(support::redlock::shared_nodes().client(&ns).await);
+                out.push(support::server::redlock::shared_nodes().client(&ns).await);
             }
             out
         })
@@ -257,7 +257,7 @@ async fn redlock_under_trace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_under_trace() {
     let ns = test_namespace!();
-    let connect = support::shared_zookeeper().connect_string();
+    let connect = support::server::zookeeper::shared_zookeeper().connect_string();
     let queued = support::zk::queued(&connect, &ns, "down");
     let clients: Clients = Box::new(move |n| {
         let (connect, ns) = (connect.clone(), ns.clone());
@@ -271,7 +271,7 @@ async fn zookeeper_under_trace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_under_trace() {
     let ns = test_namespace!();
-    let url = support::shared_postgres().url();
+    let url = support::server::postgres::shared_postgres().url();
     let (probe_url, probe_ns) = (url.clone(), ns.clone());
     let queued = move |n: usize| -> BoxFuture<'static, ()> {
         let (url, ns) = (probe_url.clone(), probe_ns.clone());

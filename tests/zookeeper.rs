@@ -12,8 +12,8 @@ use distlock::LockClient;
 use support::contract::{contend, partition_then_handover, spawn_timed_lock, torture};
 use support::curator::Curator;
 use support::proxy::Proxy;
+use support::server::zookeeper::{shared_zookeeper, ZkServer};
 use support::zk::{assert_no_znodes, children, client_at, raw, raw_as, until_contenders};
-use support::{shared_zookeeper, ZkServer};
 use tokio::time::{sleep, timeout};
 
 const SESSION: Duration = Duration::from_secs(4);

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use distlock::LockClient;
 use support::contract::{contend, granted, torture, torture_family};
-use support::ensemble::{shared_ensemble, ZkEnsemble};
 use support::family::{rw_exclusion, rw_fifo, semaphore_bound};
 use support::proxy::Proxy;
+use support::server::ensemble::{shared_ensemble, ZkEnsemble};
 use support::zk::{assert_no_znodes, client_at, clients_at, queued, raw, until_contenders};
 use tokio::time::{sleep, Instant};
 use zookeeper_client::{Acls, CreateMode};

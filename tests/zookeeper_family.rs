@@ -15,7 +15,7 @@ use support::family::{
     inspect_sees_the_family, kinds_do_not_mix, rw_exclusion, rw_fifo, semaphore_bound,
     semaphore_head_is_not_overtaken,
 };
-use support::shared_zookeeper;
+use support::server::zookeeper::shared_zookeeper;
 use support::zk::{assert_no_znodes, children, clients_at, queued, raw, until_contenders};
 use tokio::time::{sleep, timeout};
 
@@ -352,7 +352,7 @@ async fn curator_semaphore_mutex_excludes_a_one_permit_semaphore() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_admission_head_watches_the_leases() {
     let ns = test_namespace!();
-    let server = support::ZkServer::start();
+    let server = support::server::zookeeper::ZkServer::start();
     let zk = raw(&server.connect_string()).await;
     let c = clients_at(&server.connect_string(), &ns, SESSION, 5).await;
     let held = c[0].semaphore("sem", 1).acquire().await.unwrap();

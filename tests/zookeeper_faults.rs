@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use distlock::LockClient;
 use support::contract::{partition_then_handover, spawn_timed_lock};
-use support::ensemble::ZkEnsemble;
 use support::proxy::Proxy;
+use support::server::ensemble::ZkEnsemble;
+use support::server::zookeeper::{shared_zookeeper, ZkServer};
 use support::zk::{backend, client_at as client, raw, until_contenders};
-use support::{shared_zookeeper, ZkServer};
 use tokio::time::{sleep, timeout, Instant};
 
 /// Item 3: the server grants a shorter session than asked for; the holder's lease must follow

@@ -80,7 +80,7 @@ pub async fn client(url: &str, ns: &str, ttl: Duration, handoff: Duration) -> di
 /// The shared fault scenarios' view of the binary's shared PostgreSQL.
 pub fn service() -> super::faults::Service {
     super::faults::Service {
-        port: super::shared_postgres().port(),
+        port: super::server::postgres::shared_postgres().port(),
         url_for: |port| format!("postgres://postgres@127.0.0.1:{port}/postgres"),
         connect: |url, ns, ttl, handoff| {
             Box::pin(async move { client(&url, &ns, ttl, handoff).await })
@@ -88,12 +88,21 @@ pub fn service() -> super::faults::Service {
         until_queued: |ns, key, n| {
             Box::pin(async move {
                 let n = i64::try_from(n).unwrap();
-                until_queued(&super::shared_postgres().url(), &ns, &key, n).await;
+                until_queued(
+                    &super::server::postgres::shared_postgres().url(),
+                    &ns,
+                    &key,
+                    n,
+                )
+                .await;
             })
         },
         left_in: |ns| {
             Box::pin(async move {
-                usize::try_from(claims_in(&super::shared_postgres().url(), &ns).await).unwrap()
+                usize::try_from(
+                    claims_in(&super::server::postgres::shared_postgres().url(), &ns).await,
+                )
+                .unwrap()
             })
         },
     }

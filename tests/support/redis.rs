@@ -98,17 +98,19 @@ pub async fn client(
 /// The shared fault scenarios' view of the binary's shared `redis-server`.
 pub fn service() -> super::faults::Service {
     super::faults::Service {
-        port: super::shared_redis().port(),
+        port: super::server::redis::shared_redis().port(),
         url_for: |port| format!("redis://127.0.0.1:{port}/"),
         connect: |url, ns, ttl, handoff| {
             Box::pin(async move { client(&url, &ns, ttl, handoff, true).await })
         },
         until_queued: |ns, key, n| {
-            Box::pin(async move { until_queued(&super::shared_redis().url(), &ns, &key, n).await })
+            Box::pin(async move {
+                until_queued(&super::server::redis::shared_redis().url(), &ns, &key, n).await
+            })
         },
         left_in: |ns| {
             Box::pin(async move {
-                keys_in(&super::shared_redis().url(), &ns)
+                keys_in(&super::server::redis::shared_redis().url(), &ns)
                     .await
                     .iter()
                     .filter(|k| !k.ends_with(":fence"))

@@ -8,8 +8,10 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::proxy::Proxy;
-use super::{ask_all, free_port, read_log, zk_command_with, Supervised, ZK_LOGS};
+use super::zookeeper::{zk_command_with, ZK_LOGS};
+use crate::support::free_port;
+use crate::support::process::{ask_all, read_log, Supervised};
+use crate::support::proxy::Proxy;
 
 const MEMBERS: usize = 3;
 const READY_TIMEOUT: Duration = Duration::from_secs(60);

@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{free_port, require_binary, RedisServer};
+use super::redis::RedisServer;
+use crate::support::{free_port, require_binary};
 
 /// How long a node may wait for a silent peer before it counts as failing (kept short so a
 /// killed primary's replica takes over within a couple of seconds).
@@ -26,7 +27,7 @@ pub struct NodeLine {
     pub slots: Vec<(u16, u16)>,
 }
 
-use super::query_port as query;
+use crate::support::query_port as query;
 
 impl RedisCluster {
     /// Starts six nodes and joins them into a cluster; returns once every slot is served and

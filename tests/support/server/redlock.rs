@@ -7,8 +7,8 @@ use std::time::Duration;
 use distlock::backend::RedlockBackend;
 use distlock::LockClient;
 
-use super::proxy::Proxy;
-use super::RedisServer;
+use super::redis::RedisServer;
+use crate::support::proxy::Proxy;
 
 /// `n` independent nodes, each behind its own proxy (faults are aimed at one node's proxy).
 pub struct Nodes {
@@ -51,7 +51,7 @@ impl Nodes {
     pub async fn leftovers(&self, ns: &str) -> Vec<String> {
         let mut left = Vec::new();
         for s in &self.servers {
-            for key in super::redis::keys_in(&s.url(), ns).await {
+            for key in crate::support::redis::keys_in(&s.url(), ns).await {
                 if !key.ends_with(":fence") && key != format!("{ns}:born") {
                     left.push(format!("{}: {key}", s.port()));
                 }
@@ -78,7 +78,7 @@ impl Nodes {
 
     /// How many claims wait on `key` on node `i`.
     pub async fn queued(&self, i: usize, ns: &str, key: &str) -> usize {
-        let mut conn = super::redis::connection(&self.servers[i].url()).await;
+        let mut conn = crate::support::redis::connection(&self.servers[i].url()).await;
         redis::cmd("ZCARD")
             .arg(format!("{ns}:{{{key}}}:rq"))
             .query_async(&mut conn)

@@ -3,8 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::clock::ClockShim;
-use super::{launch, query_port, require_binary, RedisServer, Supervised};
+use super::redis::RedisServer;
+use crate::support::clock::ClockShim;
+use crate::support::process::{launch, Supervised};
+use crate::support::{query_port, require_binary};
 
 /// The master name the sentinels monitor.
 pub const MASTER: &str = "distlock";

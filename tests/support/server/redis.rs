@@ -1,0 +1,183 @@
+//! A `redis-server` on a free loopback port (plain or also serving TLS), and one shared by
+//! every test of a binary.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::support::process::{ask, launch_env, read_log, respawn_env, Supervised};
+use crate::support::{free_port, require_binary, tls};
+
+/// A `redis-server` on a free loopback port.
+pub struct RedisServer {
+    process: Supervised,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+    /// Extra environment variables the server runs with (and runs with again on a restart).
+    env: Vec<(String, String)>,
+}
+
+fn redis_args(port: u16, dir: &Path, extra: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--port".into(),
+        port.to_string(),
+        "--bind".into(),
+        "127.0.0.1".into(),
+        "--save".into(),
+        String::new(),
+        "--appendonly".into(),
+        "no".into(),
+        "--daemonize".into(),
+        "no".into(),
+        "--dir".into(),
+        dir.display().to_string(),
+        "--logfile".into(),
+        dir.join("redis.log").display().to_string(),
+    ];
+    args.extend(extra.iter().cloned());
+    args
+}
+
+fn redis_ready(port: u16) -> bool {
+    ask(port, b"PING\r\n").is_ok_and(|reply| reply.starts_with("+PONG"))
+}
+
+impl RedisServer {
+    /// Starts a server and waits until it answers PING. Panics with the server's log if it does
+    /// not, and with the install hint if `redis-server` is missing.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_with_env(extra, &[])
+    }
+
+    /// Like [`start_with`](Self::start_with), with extra environment variables for the server
+    /// (an `LD_PRELOAD`, say: see [`clock::ClockShim`]).
+    pub fn start_with_env(extra: &[&str], env: &[(String, String)]) -> Self {
+        let bin = require_binary("redis-server");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (process, port, dir) = launch_env(
+            "redis-server",
+            &["redis.log", "stdout.log", "stdout.err"],
+            env,
+            |port, dir| (bin.clone(), redis_args(port, dir, &extra)),
+            redis_ready,
+        );
+        Self {
+            process,
+            port,
+            dir,
+            extra,
+            env: env.to_vec(),
+        }
+    }
+
+    /// Kills the server (SIGKILL: no persistence, every key is gone) and starts a new one on
+    /// the same port once `down` has run.
+    pub fn restart_after(&mut self, down: impl FnOnce()) {
+        self.process.stop();
+        down();
+        let bin = require_binary("redis-server");
+        let args = redis_args(self.port, self.dir.path(), &self.extra);
+        self.process = respawn_env(
+            "redis-server",
+            &bin,
+            &args,
+            &self.env,
+            self.port,
+            self.dir.path(),
+            &["redis.log", "stdout.log", "stdout.err"],
+            redis_ready,
+        );
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's process id, from `INFO server`.
+    #[cfg(feature = "redis")]
+    pub fn pid(&self) -> u32 {
+        let info: String =
+            crate::support::query_port(self.port, ::redis::cmd("INFO").arg("server"))
+                .expect("INFO server");
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|p| p.trim().parse().ok())
+            .expect("a process_id in INFO server")
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the server process `pid`.
+    pub fn signal(pid: u32, signal: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} {pid} failed");
+    }
+
+    /// SIGKILLs the server (every key it held is gone with it); it stays down.
+    pub fn kill(&mut self) {
+        self.process.stop();
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's log, for failure messages.
+    pub fn log(&self) -> String {
+        read_log(self.dir.path(), &["redis.log", "stdout.log", "stdout.err"])
+    }
+}
+
+/// A `redis-server` that also serves TLS, with certificates from a throwaway CA.
+pub struct TlsRedis {
+    pub server: RedisServer,
+    pub tls_port: u16,
+    /// The CA certificate (PEM) that signed the server's certificate for 127.0.0.1.
+    pub ca: Vec<u8>,
+    _certs: tls::TestCa,
+}
+
+impl TlsRedis {
+    pub fn start() -> Self {
+        let ca = tls::TestCa::new();
+        let (cert, key) = ca.issue("server", "IP:127.0.0.1");
+        let tls_port = free_port();
+        let path = |p: &Path| p.display().to_string();
+        let server = RedisServer::start_with(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &path(&cert),
+            "--tls-key-file",
+            &path(&key),
+            "--tls-ca-cert-file",
+            &path(&ca.pem_path()),
+            "--tls-auth-clients",
+            "no",
+        ]);
+        Self {
+            server,
+            tls_port,
+            ca: ca.pem(),
+            _certs: ca,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.tls_port)
+    }
+}
+
+/// One `redis-server` for every test in this binary; tests keep apart by namespace.
+pub fn shared_redis() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
