@@ -524,3 +524,11 @@ async fn force_release_drops_every_holder_and_hands_on() {
     .await;
     assert_eq!(backend.stats().keys, 0, "{:?}", backend.stats());
 }
+
+/// Cancellation torture on the paused clock (the suite runs it on real threads, on every
+/// backend): see `support/cancellation.rs`.
+#[tokio::test(start_paused = true)]
+async fn cancelled_lock_futures_leave_nothing_behind_paused_clock() {
+    let env = support::server::memory::env(test_namespace!()).await;
+    support::cancellation::torture(&env, 3, 6, 600, Duration::from_millis(1)).await;
+}

@@ -1,8 +1,10 @@
-//! What the integration tests share: the real test servers (`server/`), the processes they run
-//! in (`process.rs`), the behaviour checks every backend runs (`contract.rs`, `family.rs`), and
-//! probes and fault tools for one backend at a time.
+//! What the integration tests share: one fixture per real test server (`server/`), the
+//! processes they run in (`process.rs`), the behaviour suite every backend runs (`suite.rs`,
+//! over the checks in `contract.rs`, `family.rs` and `cancellation.rs`), and probes and fault
+//! tools for one backend at a time.
 #![allow(dead_code)]
 
+pub mod cancellation;
 #[cfg(feature = "redis")]
 pub mod clock;
 pub mod contract;
@@ -20,6 +22,7 @@ pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod server;
+pub mod suite;
 pub mod tls;
 #[cfg(feature = "zookeeper")]
 pub mod zk;

@@ -382,3 +382,80 @@ pub fn shared_cluster() -> &'static RedisCluster {
     static CLUSTER: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
     CLUSTER.get_or_init(RedisCluster::start)
 }
+
+/// How many claims wait on `key` of `ns`: the length of its queue on the primary serving it.
+pub async fn queued_on(ns: &str, key: &str) -> usize {
+    let cluster = shared_cluster();
+    let port = cluster.nodes[cluster.primary_for(key, 0)].port();
+    let mut conn = crate::support::redis::connection(&format!("redis://127.0.0.1:{port}/")).await;
+    redis::cmd("LLEN")
+        .arg(format!("{ns}:{{{key}}}:q"))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or(0)
+}
+
+/// Waits until `n` claims wait on `key` of `ns` on the shared cluster.
+pub async fn until_queued(ns: &str, key: &str, n: usize) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while queued_on(ns, key).await != n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("expected {n} queued on `{key}`"));
+}
+
+/// A client of the shared cluster, through `redis+cluster://`, with a lease of 3 s.
+pub async fn client(ns: &str) -> distlock::LockClient {
+    client_with(ns, Duration::from_secs(3)).await
+}
+
+/// A client of the shared cluster with a lease of `ttl`.
+pub async fn client_with(ns: &str, ttl: Duration) -> distlock::LockClient {
+    distlock::LockClient::builder_for(&shared_cluster().url())
+        .await
+        .unwrap()
+        .namespace(ns)
+        .ttl(ttl)
+        .build()
+        .unwrap()
+}
+
+/// The suite's fixture: the binary's shared cluster.
+struct Cluster;
+
+impl super::Server for Cluster {
+    fn client(
+        &self,
+        ns: &str,
+        ttl: Option<Duration>,
+    ) -> futures::future::BoxFuture<'static, distlock::LockClient> {
+        let ns = ns.to_owned();
+        Box::pin(async move { client_with(&ns, ttl.unwrap_or(Duration::from_secs(3))).await })
+    }
+
+    fn until_queued(
+        &self,
+        ns: &str,
+        key: &str,
+        n: usize,
+    ) -> futures::future::BoxFuture<'static, ()> {
+        let (ns, key) = (ns.to_owned(), key.to_owned());
+        Box::pin(async move { until_queued(&ns, &key, n).await })
+    }
+
+    /// Only fencing counters, on every node, within 10 s.
+    fn assert_clean(&self, ns: &str) -> futures::future::BoxFuture<'static, ()> {
+        let ns = ns.to_owned();
+        Box::pin(async move { tokio::task::block_in_place(|| shared_cluster().until_clean(&ns)) })
+    }
+}
+
+/// A test's namespace on the binary's shared cluster.
+pub async fn env(ns: String) -> super::Env {
+    let probe = distlock::backend::RedisBackend::connect(&shared_cluster().url())
+        .await
+        .unwrap();
+    super::Env::new("redis_cluster", ns, super::Supports::of(&probe), Cluster)
+}

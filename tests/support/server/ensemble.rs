@@ -234,3 +234,14 @@ pub fn shared_ensemble() -> &'static ZkEnsemble {
     static ENSEMBLE: OnceLock<ZkEnsemble> = OnceLock::new();
     ENSEMBLE.get_or_init(|| ZkEnsemble::start(4))
 }
+
+/// A test's namespace on the binary's shared ensemble, its clients spread over the members.
+#[cfg(feature = "zookeeper")]
+pub async fn env(ns: String) -> super::Env {
+    super::zookeeper::env_on(
+        "zookeeper_ensemble",
+        || shared_ensemble().connect_string(),
+        ns,
+    )
+    .await
+}

@@ -1,8 +1,11 @@
-//! The real test servers, one module each: each starts its server on free loopback ports (one
-//! shared by every test of a binary, or a test's own).
+//! One fixture per test server: each module starts its real server (one shared by every test
+//! of a binary, or a test's own) and hands out [`Env`]s, a fresh key namespace per test, with
+//! clients on their own connections as separate processes would have them. The behaviour suite
+//! (`support/suite.rs`) runs on an `Env` alone; a backend's own tests use the servers directly.
 //!
 //! | module | server | topology |
 //! |---|---|---|
+//! | `memory` | none: a `MemoryBackend` per test | in-process |
 //! | `redis` | one `redis-server` | single node |
 //! | `cluster` | six `redis-server`s | Redis Cluster, three primaries with a replica each |
 //! | `sentinel` | a primary, a replica, three sentinels | Redis Sentinel |
@@ -15,6 +18,7 @@
 #[cfg(feature = "redis-cluster")]
 pub mod cluster;
 pub mod ensemble;
+pub mod memory;
 pub mod pgbouncer;
 pub mod postgres;
 pub mod redis;
@@ -23,3 +27,124 @@ pub mod redlock;
 #[cfg(feature = "redis-sentinel")]
 pub mod sentinel;
 pub mod zookeeper;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::backend::{Backend, LockKind};
+use distlock::LockClient;
+use futures::future::BoxFuture;
+
+/// What the behaviour suite needs of one backend on one topology.
+pub trait Server: Send + Sync + 'static {
+    /// A client of namespace `ns` with its own connections; `ttl`, if given, is the lease its
+    /// locks get (on ZooKeeper: the session it asks for), else the fixture's own.
+    fn client(&self, ns: &str, ttl: Option<Duration>) -> BoxFuture<'static, LockClient>;
+
+    /// Waits until `n` claims wait (hold nothing) on `key` of `ns`.
+    fn until_queued(&self, ns: &str, key: &str, n: usize) -> BoxFuture<'static, ()>;
+
+    /// Fails the test if anything of `ns` is left on the server (fencing counters, which carry
+    /// a TTL, aside), once the releases the clients sent in the background have landed.
+    fn assert_clean(&self, ns: &str) -> BoxFuture<'static, ()>;
+}
+
+/// Which kinds of claim a backend holds, as its own [`Backend::supports`] says: the rule by
+/// which the library refuses a primitive (`Unsupported`, before any I/O), and by which the
+/// suite runs or skips a case.
+#[derive(Clone, Copy, Debug)]
+pub struct Supports {
+    pub rw: bool,
+    pub semaphore: bool,
+}
+
+impl Supports {
+    pub fn of(backend: &impl Backend) -> Self {
+        Self {
+            rw: backend.supports(LockKind::Read) && backend.supports(LockKind::Write),
+            semaphore: backend.supports(LockKind::Permits { count: 1, max: 1 }),
+        }
+    }
+}
+
+/// One test's view of a backend: its server, a namespace no other test uses, what the backend
+/// supports.
+pub struct Env {
+    /// The backend and topology, as the test names say (`redis_cluster`, ...).
+    pub name: &'static str,
+    pub ns: String,
+    pub supports: Supports,
+    /// Whether the server records a semaphore's number of permits (ZooKeeper, like Curator,
+    /// does not).
+    pub records_max: bool,
+    server: Arc<dyn Server>,
+}
+
+impl Env {
+    pub fn new(name: &'static str, ns: String, supports: Supports, server: impl Server) -> Self {
+        Self {
+            name,
+            ns,
+            supports,
+            records_max: true,
+            server: Arc::new(server),
+        }
+    }
+
+    /// The same backend, recording no semaphore sizes.
+    pub fn without_recorded_max(mut self) -> Self {
+        self.records_max = false;
+        self
+    }
+
+    pub async fn client(&self) -> LockClient {
+        self.server.client(&self.ns, None).await
+    }
+
+    /// A client whose locks get `ttl` (the fixture's lease if `None`).
+    pub async fn client_with_ttl(&self, ttl: Option<Duration>) -> LockClient {
+        self.server.client(&self.ns, ttl).await
+    }
+
+    pub async fn clients(&self, n: usize) -> Vec<LockClient> {
+        self.clients_with_ttl(n, None).await
+    }
+
+    pub async fn clients_with_ttl(&self, n: usize, ttl: Option<Duration>) -> Vec<LockClient> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(self.client_with_ttl(ttl).await);
+        }
+        out
+    }
+
+    /// `N` clients, as an array.
+    pub async fn client_array<const N: usize>(&self) -> [LockClient; N] {
+        match self.clients(N).await.try_into() {
+            Ok(clients) => clients,
+            Err(_) => unreachable!("asked for {N} clients"),
+        }
+    }
+
+    /// A client of another namespace (`<ns>.<suffix>`) on the same server.
+    pub async fn client_elsewhere(&self, suffix: &str, ttl: Option<Duration>) -> LockClient {
+        self.server
+            .client(&format!("{}.{suffix}", self.ns), ttl)
+            .await
+    }
+
+    /// Waits until `n` claims wait on `key`.
+    pub async fn until_queued(&self, key: &str, n: usize) {
+        self.server.until_queued(&self.ns, key, n).await;
+    }
+
+    /// The family checks' probe on `key`.
+    pub fn queued(&self, key: &str) -> impl Fn(usize) -> BoxFuture<'static, ()> + Sync {
+        let (server, ns, key) = (self.server.clone(), self.ns.clone(), key.to_owned());
+        move |n| server.until_queued(&ns, &key, n)
+    }
+
+    pub async fn assert_clean(&self) {
+        self.server.assert_clean(&self.ns).await;
+    }
+}

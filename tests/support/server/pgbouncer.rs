@@ -1,4 +1,5 @@
-//! PgBouncer in transaction mode in front of a PostgreSQL server.
+//! PgBouncer in transaction mode in front of the PostgreSQL server, one shared by every test of
+//! a binary, and the behaviour suite's fixture through it.
 
 use crate::support::process::{launch, respawn, Supervised};
 use crate::support::require_binary_in;
@@ -85,4 +86,18 @@ impl PgBouncer {
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
+}
+
+/// One pooler, two server connections, before the binary's shared PostgreSQL, for every test
+/// of a binary that only reads it (no restarts); tests keep apart by namespace.
+pub fn shared_pgbouncer() -> &'static PgBouncer {
+    static BOUNCER: std::sync::OnceLock<PgBouncer> = std::sync::OnceLock::new();
+    BOUNCER.get_or_init(|| PgBouncer::start(super::postgres::shared_postgres(), 2))
+}
+
+/// A test's namespace through the shared pooler (statements through it, LISTEN straight to
+/// the server, where a transaction pooler cannot carry it).
+#[cfg(feature = "postgres")]
+pub async fn env(ns: String) -> super::Env {
+    super::postgres::env_via("pgbouncer", Some(|| shared_pgbouncer().url()), ns).await
 }

@@ -1,5 +1,5 @@
-//! A PostgreSQL server on a free loopback port, in a fresh cluster, and one shared by every
-//! test of a binary.
+//! A PostgreSQL server on a free loopback port, in a fresh cluster, one shared by every test of
+//! a binary, and the behaviour suite's fixture on it.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -246,3 +246,91 @@ pub fn shared_postgres() -> &'static PgServer {
     static SERVER: OnceLock<PgServer> = OnceLock::new();
     SERVER.get_or_init(PgServer::start)
 }
+
+/// The suite's fixture: the binary's shared server, reached directly or through the shared
+/// PgBouncer (`super::pgbouncer`).
+#[cfg(feature = "postgres")]
+mod fixture {
+    use std::time::Duration;
+
+    use distlock::backend::PgBackend;
+    use distlock::LockClient;
+    use futures::future::BoxFuture;
+    use tokio::time::{sleep, Instant};
+
+    use super::shared_postgres;
+    use crate::support::pg::{claims_in, until_queued};
+    use crate::support::server::{Env, Server, Supports};
+
+    /// A lock's lease unless a test says otherwise.
+    pub const TTL: Duration = Duration::from_secs(10);
+
+    /// Where statements go: the server itself (`None`), or a pooler before it (its URL), with
+    /// waiters LISTENing on the server.
+    pub struct Postgres(pub Option<fn() -> String>);
+
+    impl Server for Postgres {
+        fn client(&self, ns: &str, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
+            let (pooler, ns) = (self.0.map(|url| url()), ns.to_owned());
+            Box::pin(async move {
+                let server = shared_postgres().url();
+                let builder = match pooler {
+                    None => PgBackend::builder(server),
+                    Some(pooler) => PgBackend::builder(pooler).listen_url(server),
+                };
+                let backend = builder
+                    .handoff_ttl(Duration::from_secs(2))
+                    .build()
+                    .await
+                    .unwrap();
+                LockClient::builder(backend)
+                    .namespace(ns)
+                    .ttl(ttl.unwrap_or(TTL))
+                    .build()
+                    .unwrap()
+            })
+        }
+
+        fn until_queued(&self, ns: &str, key: &str, n: usize) -> BoxFuture<'static, ()> {
+            let (ns, key) = (ns.to_owned(), key.to_owned());
+            Box::pin(async move {
+                let n = i64::try_from(n).unwrap();
+                until_queued(&shared_postgres().url(), &ns, &key, n).await;
+            })
+        }
+
+        /// No claim row of the namespace, live or not, within 300 ms (a release dropped in a
+        /// cancelled future lands in the background).
+        fn assert_clean(&self, ns: &str) -> BoxFuture<'static, ()> {
+            let ns = ns.to_owned();
+            Box::pin(async move {
+                let url = shared_postgres().url();
+                let deadline = Instant::now() + Duration::from_millis(300);
+                loop {
+                    let left = claims_in(&url, &ns).await;
+                    if left == 0 {
+                        return;
+                    }
+                    assert!(Instant::now() < deadline, "{left} claims left in {ns}");
+                    sleep(Duration::from_millis(20)).await;
+                }
+            })
+        }
+    }
+
+    /// An `Env` whose statements go through the pooler at `pooler()`, or straight to the
+    /// server.
+    pub async fn env_via(name: &'static str, pooler: Option<fn() -> String>, ns: String) -> Env {
+        let probe = PgBackend::connect(&shared_postgres().url()).await.unwrap();
+        Env::new(name, ns, Supports::of(&probe), Postgres(pooler))
+    }
+
+    /// A test's namespace on the binary's shared PostgreSQL.
+    pub async fn env(ns: String) -> Env {
+        env_via("postgres", None, ns).await
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[allow(unused_imports)] // each test binary uses what it needs
+pub use fixture::{env, env_via, TTL};

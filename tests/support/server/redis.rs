@@ -1,5 +1,5 @@
-//! A `redis-server` on a free loopback port (plain or also serving TLS), and one shared by
-//! every test of a binary.
+//! A `redis-server` on a free loopback port (plain or also serving TLS), one shared by every
+//! test of a binary, and the behaviour suite's fixture on it.
 
 use std::path::Path;
 use std::process::Command;
@@ -181,3 +181,66 @@ pub fn shared_redis() -> &'static RedisServer {
     static SERVER: OnceLock<RedisServer> = OnceLock::new();
     SERVER.get_or_init(RedisServer::start)
 }
+
+/// The suite's fixture: the binary's shared server.
+#[cfg(feature = "redis")]
+mod fixture {
+    use std::time::Duration;
+
+    use distlock::backend::RedisBackend;
+    use distlock::LockClient;
+    use futures::future::BoxFuture;
+
+    use super::shared_redis;
+    use crate::support::redis::{connection, until_only_fences, until_queued};
+    use crate::support::server::{Env, Server, Supports};
+
+    struct Redis;
+
+    impl Server for Redis {
+        fn client(&self, ns: &str, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
+            let ns = ns.to_owned();
+            Box::pin(async move {
+                let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();
+                let mut builder = LockClient::builder(backend).namespace(ns);
+                if let Some(ttl) = ttl {
+                    builder = builder.ttl(ttl);
+                }
+                builder.build().unwrap()
+            })
+        }
+
+        fn until_queued(&self, ns: &str, key: &str, n: usize) -> BoxFuture<'static, ()> {
+            let (ns, key) = (ns.to_owned(), key.to_owned());
+            Box::pin(async move { until_queued(&shared_redis().url(), &ns, &key, n).await })
+        }
+
+        /// Only fencing counters, each with a TTL.
+        fn assert_clean(&self, ns: &str) -> BoxFuture<'static, ()> {
+            let ns = ns.to_owned();
+            Box::pin(async move {
+                let url = shared_redis().url();
+                until_only_fences(&url, &ns).await;
+                let mut conn = connection(&url).await;
+                for key in crate::support::redis::keys_in(&url, &ns).await {
+                    let pttl: i64 = redis::cmd("PTTL")
+                        .arg(&key)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    assert!(pttl > 0, "{key} has no TTL");
+                }
+            })
+        }
+    }
+
+    /// A test's namespace on the binary's shared `redis-server`.
+    pub async fn env(ns: String) -> Env {
+        let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();
+        Env::new("redis", ns, Supports::of(&backend), Redis)
+    }
+}
+
+#[cfg(feature = "redis")]
+#[allow(unused_imports)] // each test binary uses what it needs
+pub use fixture::env;

@@ -144,3 +144,47 @@ pub fn shared_nodes() -> &'static Nodes {
     static NODES: OnceLock<Nodes> = OnceLock::new();
     NODES.get_or_init(|| Nodes::start(5))
 }
+
+/// The suite's fixture: the binary's shared nodes, through their proxies (no fault set).
+struct Redlock;
+
+impl super::Server for Redlock {
+    /// A lease of 2 s unless a test says otherwise; no rejoin delay (the nodes are fresh).
+    fn client(
+        &self,
+        ns: &str,
+        ttl: Option<Duration>,
+    ) -> futures::future::BoxFuture<'static, LockClient> {
+        let ns = ns.to_owned();
+        Box::pin(async move {
+            let ttl = ttl.unwrap_or(Duration::from_secs(2));
+            shared_nodes().client_with(&ns, ttl, Duration::ZERO).await
+        })
+    }
+
+    /// On a majority of the nodes.
+    fn until_queued(
+        &self,
+        ns: &str,
+        key: &str,
+        n: usize,
+    ) -> futures::future::BoxFuture<'static, ()> {
+        let (ns, key) = (ns.to_owned(), key.to_owned());
+        Box::pin(async move { shared_nodes().until_queued(&ns, &key, n).await })
+    }
+
+    /// Nothing but counters and the nodes' marks on any node, within 10 s.
+    fn assert_clean(&self, ns: &str) -> futures::future::BoxFuture<'static, ()> {
+        let ns = ns.to_owned();
+        Box::pin(async move { shared_nodes().until_clean(&ns).await })
+    }
+}
+
+/// A test's namespace on the binary's shared five nodes.
+pub async fn env(ns: String) -> super::Env {
+    let probe = RedlockBackend::builder(shared_nodes().urls())
+        .build()
+        .await
+        .unwrap();
+    super::Env::new("redlock", ns, super::Supports::of(&probe), Redlock)
+}

@@ -178,3 +178,75 @@ impl SentinelSetup {
         }
     }
 }
+
+/// One primary, replica and three sentinels for every test of a binary that does not fail the
+/// primary over; tests keep apart by namespace.
+pub fn shared_sentinel() -> &'static SentinelSetup {
+    static SETUP: std::sync::OnceLock<SentinelSetup> = std::sync::OnceLock::new();
+    SETUP.get_or_init(SentinelSetup::start)
+}
+
+/// The suite's fixture: the binary's shared setup, reached through the sentinels.
+struct Sentinel;
+
+impl super::Server for Sentinel {
+    /// A lease of 2 s unless a test says otherwise.
+    fn client(
+        &self,
+        ns: &str,
+        ttl: Option<Duration>,
+    ) -> futures::future::BoxFuture<'static, distlock::LockClient> {
+        let ns = ns.to_owned();
+        Box::pin(async move {
+            let ttl = ttl.unwrap_or(Duration::from_secs(2));
+            crate::support::failover::client_for(&shared_sentinel().url(), &ns, ttl).await
+        })
+    }
+
+    /// The queue's length on the primary.
+    fn until_queued(
+        &self,
+        ns: &str,
+        key: &str,
+        n: usize,
+    ) -> futures::future::BoxFuture<'static, ()> {
+        let (ns, key) = (ns.to_owned(), key.to_owned());
+        Box::pin(async move {
+            crate::support::redis::until_queued(&shared_sentinel().primary.url(), &ns, &key, n)
+                .await;
+        })
+    }
+
+    /// Only fencing counters on the primary, within 10 s.
+    fn assert_clean(&self, ns: &str) -> futures::future::BoxFuture<'static, ()> {
+        let ns = ns.to_owned();
+        Box::pin(async move {
+            let url = shared_sentinel().primary.url();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let left: Vec<String> = crate::support::redis::keys_in(&url, &ns)
+                    .await
+                    .into_iter()
+                    .filter(|k| !k.ends_with(":fence"))
+                    .collect();
+                if left.is_empty() {
+                    return;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "keys left behind: {left:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    }
+}
+
+/// A test's namespace on the binary's shared Sentinel setup.
+pub async fn env(ns: String) -> super::Env {
+    let setup = tokio::task::block_in_place(shared_sentinel);
+    let probe = distlock::backend::RedisBackend::connect(&setup.url())
+        .await
+        .unwrap();
+    super::Env::new("redis_sentinel", ns, super::Supports::of(&probe), Sentinel)
+}

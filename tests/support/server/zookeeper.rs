@@ -1,4 +1,5 @@
-//! A standalone ZooKeeper on a free loopback port, and one shared by every test of a binary.
+//! A standalone ZooKeeper on a free loopback port, one shared by every test of a binary, and
+//! the behaviour suite's fixture on it.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -167,3 +168,59 @@ pub fn shared_zookeeper() -> &'static ZkServer {
     static SERVER: OnceLock<ZkServer> = OnceLock::new();
     SERVER.get_or_init(ZkServer::start)
 }
+
+/// The suite's fixture: clients with their own sessions on a connect string (the binary's
+/// shared server, or the shared ensemble's members).
+#[cfg(feature = "zookeeper")]
+mod fixture {
+    use std::time::Duration;
+
+    use distlock::LockClient;
+    use futures::future::BoxFuture;
+
+    use super::shared_zookeeper;
+    use crate::support::server::{Env, Server, Supports};
+    use crate::support::zk::{assert_no_znodes, backend, client_at, queued, raw};
+
+    /// The session a client asks for unless a test says otherwise.
+    pub const SESSION: Duration = Duration::from_secs(4);
+
+    /// The connect string of a shared server or ensemble (started on first use).
+    pub struct ZooKeeper(pub fn() -> String);
+
+    impl Server for ZooKeeper {
+        /// Its TTL is the session the server granted.
+        fn client(&self, ns: &str, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
+            let (connect, ns) = ((self.0)(), ns.to_owned());
+            Box::pin(async move { client_at(&connect, &ns, ttl.unwrap_or(SESSION)).await })
+        }
+
+        fn until_queued(&self, ns: &str, key: &str, n: usize) -> BoxFuture<'static, ()> {
+            queued(&(self.0)(), ns, key)(n)
+        }
+
+        /// No znode under the namespace, once idle lock nodes' lingering deletes are done.
+        fn assert_clean(&self, ns: &str) -> BoxFuture<'static, ()> {
+            let (connect, ns) = ((self.0)(), ns.to_owned());
+            Box::pin(async move { assert_no_znodes(&raw(&connect).await, &ns).await })
+        }
+    }
+
+    /// An `Env` on the server or ensemble `connect` names.
+    pub async fn env_on(name: &'static str, connect: fn() -> String, ns: String) -> Env {
+        let probe = backend(&connect(), SESSION).await;
+        let supports = Supports::of(&probe);
+        // Its session closes with the client.
+        LockClient::builder(probe).build().unwrap().shutdown().await;
+        Env::new(name, ns, supports, ZooKeeper(connect)).without_recorded_max()
+    }
+
+    /// A test's namespace on the binary's shared ZooKeeper.
+    pub async fn env(ns: String) -> Env {
+        env_on("zookeeper", || shared_zookeeper().connect_string(), ns).await
+    }
+}
+
+#[cfg(feature = "zookeeper")]
+#[allow(unused_imports)] // each test binary uses what it needs
+pub use fixture::{env, env_on, SESSION};
