@@ -1,5 +1,7 @@
-//! The lock contract on the in-process backend. Each contender gets its own `LockClient` (its
-//! own renewal task), as separate processes would.
+//! The in-process backend's own tests: the contract on the paused clock, blocking calls and
+//! runtimes, and what its statistics show. Each contender gets its own `LockClient` (its own
+//! renewal task), as separate processes would. The behaviour suite every backend runs is in
+//! `tests/matrix.rs` (`memory::`).
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -9,8 +11,6 @@ use distlock::{ErrorKind, LockClient};
 use tokio::time::{sleep, timeout};
 
 mod support;
-
-use support::contract::contend;
 
 fn client(backend: &MemoryBackend) -> LockClient {
     LockClient::builder(backend.clone()).build().unwrap()
@@ -34,19 +34,6 @@ async fn until_waiters(backend: &MemoryBackend, n: usize) {
     })
     .await
     .unwrap_or_else(|_| panic!("expected {n} waiters, have {:?}", backend.stats()));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mutual_exclusion_and_increasing_fences_under_contention() {
-    let backend = MemoryBackend::new();
-    let clients = (0..16).map(|_| client(&backend)).collect();
-    contend(clients, "hot", 50, Duration::from_micros(200)).await;
-    assert_eq!(
-        backend.stats().keys,
-        0,
-        "state left behind: {:?}",
-        backend.stats()
-    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -367,17 +354,6 @@ async fn a_short_lease_taken_while_renewal_sleeps_on_a_long_one_is_renewed() {
     c.shutdown().await;
 }
 
-#[tokio::test]
-async fn lease_control_fixed_extended_and_shorter_leases() {
-    let backend = MemoryBackend::new();
-    let ttl = Duration::from_millis(600);
-    let (a, b) = (
-        client_with(&backend, ttl, true),
-        client_with(&backend, ttl, true),
-    );
-    support::contract::lease_control(&a, &b, ttl).await;
-}
-
 /// Synchronous code locks with the blocking forms: a client built outside any runtime runs
 /// them on its own, renews the lease while the thread holds it, and two threads exclude each
 /// other in order.
@@ -497,32 +473,95 @@ async fn blocking_calls_on_a_multi_thread_runtime_block_in_place() {
     assert!(token > 0);
 }
 
-/// The operator's unlock: every holder (mutex, readers, permits) dropped and marked lost, the
-/// waiter granted at once with a greater token; another namespace untouched; bad keys refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_release_drops_every_holder_and_hands_on() {
+#[tokio::test(start_paused = true)]
+async fn a_writer_behind_an_expired_reader_gets_in_at_its_deadline() {
     let backend = MemoryBackend::new();
-    let ttl = Duration::from_millis(900);
-    let (a, b, op) = (
-        client_with(&backend, ttl, true),
-        client_with(&backend, ttl, true),
-        client_with(&backend, ttl, true),
-    );
-    let outsider = LockClient::builder(backend.clone())
-        .namespace("elsewhere")
-        .ttl(ttl)
+    let stale = LockClient::builder(backend.clone())
+        .ttl(Duration::from_millis(300))
+        .auto_renew(false)
         .build()
         .unwrap();
-    support::contract::force_release(
-        &a,
-        &b,
-        &op,
-        &outsider,
-        ttl,
-        support::contract::ForceFamilies::ALL,
-    )
-    .await;
-    assert_eq!(backend.stats().keys, 0, "{:?}", backend.stats());
+    let writer = LockClient::builder(backend.clone()).build().unwrap();
+    let reader = stale.rw_lock("k").read().await.unwrap();
+    let started = tokio::time::Instant::now();
+    let w = writer.rw_lock("k").write().await.unwrap();
+    assert!(
+        reader.is_lost(),
+        "the reader must know before the writer is in"
+    );
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
+    assert!(w.fencing_token() > reader.fencing_token());
+}
+
+#[tokio::test]
+async fn bad_family_input_is_a_clear_error_before_any_io() {
+    let client = LockClient::memory();
+    let err = client.semaphore("s", 0).acquire().await.unwrap_err();
+    assert!(err.is_invalid_config(), "{err:?}");
+    let err = client.semaphore("s", 2).acquire_many(3).await.unwrap_err();
+    assert!(err.is_invalid_config(), "{err:?}");
+    let err = client
+        .semaphore("s", 2)
+        .try_acquire_many(0)
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_config(), "{err:?}");
+    let err = client.rw_lock("").read().await.unwrap_err();
+    assert!(err.is_invalid_key(), "{err:?}");
+    let err = client.multi_lock(["a"]).read("a").lock().await.unwrap_err();
+    assert!(err.is_kind_mismatch(), "{err:?}");
+    let err = client
+        .multi_lock(Vec::<String>::new())
+        .lock()
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_config(), "{err:?}");
+    // The same key twice is taken once, the stronger way.
+    let g = client
+        .multi_lock(Vec::<String>::new())
+        .read("x")
+        .write("x")
+        .lock()
+        .await
+        .unwrap();
+    assert_eq!(g.keys(), ["x"]);
+    assert!(client
+        .rw_lock("x")
+        .try_read()
+        .await
+        .unwrap_err()
+        .is_would_block());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_locks_over_overlapping_keys_never_deadlock() {
+    let backend = MemoryBackend::new();
+    let clients: Vec<LockClient> = (0..4).map(|_| client(&backend)).collect();
+    let mut tasks = Vec::new();
+    for (i, c) in clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            // Opposite orders, overlapping sets.
+            let keys: Vec<&str> = match i % 4 {
+                0 => vec!["a", "b", "c"],
+                1 => vec!["c", "b", "a"],
+                2 => vec!["b", "c"],
+                _ => vec!["c", "a"],
+            };
+            for _ in 0..50 {
+                let g = c.multi_lock(keys.clone()).lock().await.unwrap();
+                tokio::task::yield_now().await;
+                drop(g);
+            }
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(30), t)
+            .await
+            .expect("multi-locks deadlocked")
+            .unwrap();
+    }
+    sleep(Duration::from_millis(50)).await;
+    assert_eq!(backend.stats().keys, 0);
 }
 
 /// Cancellation torture on the paused clock (the suite runs it on real threads, on every

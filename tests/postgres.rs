@@ -1,6 +1,8 @@
-//! The lock contract and the lock family against a real PostgreSQL (one per test binary, a
-//! namespace per test). Contenders use separate `LockClient`s, with their own connections, as
-//! separate processes would.
+//! PostgreSQL's own tests against a real server (one per test binary, a namespace per test):
+//! its schema, URLs and TLS, notifications, connections killed or pooled (PgBouncer, deadpool).
+//! Contenders use separate `LockClient`s, with their own connections, as separate processes
+//! would. The behaviour suite every backend runs is in `tests/matrix.rs` (`postgres::`, and
+//! `pgbouncer::` through a pooler).
 #![cfg(feature = "postgres")]
 
 mod support;
@@ -9,12 +11,7 @@ use std::time::Duration;
 
 use distlock::backend::PgBackend;
 use distlock::LockClient;
-use futures::future::BoxFuture;
-use support::contract::{contend, granted, torture, torture_family};
-use support::family::{
-    downgrade_keeps_queued_writers_out, inspect_sees_the_family, kinds_do_not_mix, rw_exclusion,
-    rw_fifo, semaphore_bound, semaphore_head_is_not_overtaken,
-};
+use support::contract::{contend, granted};
 use support::pg::{claims_in, connection, terminate, until_queued};
 use support::server::postgres::shared_postgres;
 use tokio::time::{sleep, timeout, Instant};
@@ -25,50 +22,6 @@ async fn client_at(url: &str, ns: &str, ttl: Duration) -> LockClient {
 
 async fn client(ns: &str) -> LockClient {
     client_at(&shared_postgres().url(), ns, Duration::from_secs(10)).await
-}
-
-async fn clients(ns: &str, n: usize) -> Vec<LockClient> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        out.push(client(ns).await);
-    }
-    out
-}
-
-/// Waits until `n` claims are queued on `key` in `ns`.
-fn queued_on(ns: &str, key: &str) -> impl Fn(usize) -> BoxFuture<'static, ()> + Sync {
-    let (ns, key) = (ns.to_owned(), key.to_owned());
-    move |n| {
-        let (ns, key) = (ns.clone(), key.clone());
-        Box::pin(async move {
-            until_queued(
-                &shared_postgres().url(),
-                &ns,
-                &key,
-                i64::try_from(n).unwrap(),
-            )
-            .await;
-        })
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutual_exclusion_and_increasing_fences() {
-    let ns = test_namespace!();
-    contend(clients(&ns, 8).await, "hot", 25, Duration::from_micros(300)).await;
-    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
-}
-
-/// 32 clients queue on one key: served in arrival order, with strictly increasing fencing
-/// tokens.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_are_served_in_arrival_order() {
-    support::faults::waiters_served_in_arrival_order(
-        &support::pg::service(),
-        &test_namespace!(),
-        32,
-    )
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,88 +85,6 @@ async fn renewal_keeps_a_lease_and_its_absence_loses_it() {
     let err = guard.release().await.unwrap_err();
     assert!(err.is_lost(), "{err:?}");
     next.release().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_lock_futures_leave_nothing_behind() {
-    let ns = test_namespace!();
-    torture(
-        clients(&ns, 2).await,
-        clients(&ns, 4).await,
-        "torture",
-        40,
-        120,
-        Duration::from_micros(20),
-    )
-    .await;
-    sleep(Duration::from_millis(300)).await;
-    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_family_futures_leave_nothing_behind() {
-    let ns = test_namespace!();
-    torture_family(|n| clients(&ns, n), 30, 100).await;
-    sleep(Duration::from_millis(300)).await;
-    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
-}
-
-/// A PLAN of readers (`false`) and writers (`true`).
-const PLAN: [bool; 8] = [false, false, true, false, false, true, true, false];
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rw_exclusion_and_tokens() {
-    let ns = test_namespace!();
-    rw_exclusion(clients(&ns, 6).await, "rw", 20, 4).await;
-    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rw_fifo_with_readers_together() {
-    let ns = test_namespace!();
-    rw_fifo(
-        clients(&ns, PLAN.len() + 1).await,
-        "rw",
-        &PLAN,
-        &queued_on(&ns, "rw"),
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semaphore_never_exceeds_its_permits() {
-    let ns = test_namespace!();
-    semaphore_bound(clients(&ns, 6).await, "sem", 3, 20).await;
-    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semaphore_head_waits_first() {
-    let ns = test_namespace!();
-    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
-    semaphore_head_is_not_overtaken(c, "sem", &queued_on(&ns, "sem")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn downgrade_keeps_writers_out() {
-    let ns = test_namespace!();
-    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
-    downgrade_keeps_queued_writers_out(c, "rw", &queued_on(&ns, "rw")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kinds_do_not_mix_on_a_key() {
-    let ns = test_namespace!();
-    let c: [LockClient; 2] = clients(&ns, 2).await.try_into().unwrap();
-    kinds_do_not_mix(c, "k", true).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inspect_sees_holders_and_waiters() {
-    let ns = test_namespace!();
-    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
-    let (rw, sem) = (queued_on(&ns, "k:rw"), queued_on(&ns, "k:sem"));
-    inspect_sees_the_family(c, "k", true, &rw, &sem).await;
 }
 
 /// A grant goes to the one client it names: each client listens on its own channel, so a
@@ -470,25 +341,6 @@ async fn statement_connections_swapped_between_calls_still_work() {
     other.shutdown().await;
 }
 
-/// Through PgBouncer in transaction mode (two server connections for every client): the
-/// contract holds, with waiters woken over a LISTEN connection straight to the server.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn through_pgbouncer_in_transaction_mode() {
-    let ns = test_namespace!();
-    let bouncer = support::server::pgbouncer::PgBouncer::start(shared_postgres(), 2);
-    let mut cs = Vec::new();
-    for _ in 0..6 {
-        let backend = PgBackend::builder(bouncer.url())
-            .listen_url(shared_postgres().url())
-            .build()
-            .await
-            .unwrap();
-        cs.push(LockClient::builder(backend).namespace(&ns).build().unwrap());
-    }
-    contend(cs, "pooled", 15, Duration::from_micros(300)).await;
-    assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
-}
-
 /// Issue 27, item 7: a LISTEN through PgBouncer in transaction mode succeeds, yet hears no
 /// notification (the server connection that listens goes back to the pool), so every waiter
 /// would be served only at its own re-check. Building such a backend is refused, naming
@@ -497,7 +349,7 @@ async fn through_pgbouncer_in_transaction_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listen_connection_through_a_transaction_pooler_is_refused() {
     let ns = test_namespace!();
-    let bouncer = support::server::pgbouncer::PgBouncer::start(shared_postgres(), 2);
+    let bouncer = support::server::pgbouncer::shared_pgbouncer();
     let refused = PgBackend::builder(bouncer.url()).build().await;
     let err = refused.expect_err("a LISTEN through a transaction pooler was accepted");
     assert!(err.is_invalid_config(), "{err}");
@@ -541,7 +393,7 @@ async fn a_listen_connection_through_a_transaction_pooler_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_through_a_deadpool_pool() {
     let ns = test_namespace!();
-    let bouncer = support::server::pgbouncer::PgBouncer::start(shared_postgres(), 2);
+    let bouncer = support::server::pgbouncer::shared_pgbouncer();
     let mut cs = Vec::new();
     for _ in 0..4 {
         let mut cfg = deadpool_postgres::Config::new();
@@ -684,45 +536,4 @@ async fn sslmode_in_every_libpq_spelling_is_honoured() {
         .get(0);
     assert!(seen >= 1, "the quoted application name changed on the way");
     drop(backend);
-}
-
-/// Lease control (`lease_left`, a fixed lease, `extend` longer and shorter) as the server sees it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_control_fixed_extended_and_shorter_leases() {
-    let ns = test_namespace!();
-    let ttl = Duration::from_millis(800);
-    let url = shared_postgres().url();
-    let (a, b) = (
-        client_at(&url, &ns, ttl).await,
-        client_at(&url, &ns, ttl).await,
-    );
-    support::contract::lease_control(&a, &b, ttl).await;
-}
-
-/// The operator's unlock (issue 30): `distlock.release` for every holder of a mutex, a
-/// read-write lock and a semaphore in one statement; the waiter granted at once with a greater
-/// token, the dropped guards told at their next renewal; another namespace untouched.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_release_drops_every_holder_and_hands_on() {
-    let ns = test_namespace!();
-    let ttl = Duration::from_millis(900);
-    let url = shared_postgres().url();
-    let (a, b, op) = (
-        client_at(&url, &ns, ttl).await,
-        client_at(&url, &ns, ttl).await,
-        client_at(&url, &ns, ttl).await,
-    );
-    let outsider = client_at(&url, &format!("{ns}.other"), ttl).await;
-    support::contract::force_release(
-        &a,
-        &b,
-        &op,
-        &outsider,
-        ttl,
-        support::contract::ForceFamilies::ALL,
-    )
-    .await;
-    for c in [a, b, op, outsider] {
-        c.shutdown().await;
-    }
 }

@@ -1,6 +1,8 @@
-//! The lock contract against a real `redis-server` (one per test binary, a namespace per test).
-//! Contenders use separate `LockClient`s, with their own connections, as separate processes
-//! would.
+//! Redis' own tests against a real `redis-server` (one per test binary, a namespace per test):
+//! its messages and hints, ACL users, the function library and EVALSHA, pools, TLS, restarts,
+//! and read-write locks and semaphores whose holders are killed or cut off. Contenders use
+//! separate `LockClient`s, with their own connections, as separate processes would. The
+//! behaviour suite every backend runs is in `tests/matrix.rs` (`redis::`).
 #![cfg(feature = "redis")]
 
 mod support;
@@ -13,7 +15,7 @@ use std::time::Duration;
 use distlock::backend::RedisBackend;
 use distlock::LockClient;
 use futures::StreamExt;
-use support::contract::{contend, torture, Overlap};
+use support::contract::Overlap;
 use support::redis::{connection as raw, keys_in, libraries, library_of, queue_len, until_queued};
 use support::server::redis::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
@@ -35,33 +37,6 @@ async fn client_ttl(ns: &str, ttl: Duration) -> LockClient {
         .ttl(ttl)
         .build()
         .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutual_exclusion_and_increasing_fences() {
-    let ns = test_namespace!();
-    let mut clients = Vec::new();
-    for _ in 0..8 {
-        clients.push(client(&ns).await);
-    }
-    contend(clients, "hot", 25, Duration::from_micros(300)).await;
-    let left = keys_in(&shared_redis().url(), &ns).await;
-    assert!(
-        left.iter().all(|k| k.ends_with(":fence")),
-        "keys left: {left:?}"
-    );
-}
-
-/// 64 clients (a fleet's replicas, each with its own connections) queue on one key: served in
-/// arrival order, with strictly increasing fencing tokens, and nothing is left.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_are_served_in_arrival_order() {
-    support::faults::waiters_served_in_arrival_order(
-        &support::redis::service(),
-        &test_namespace!(),
-        64,
-    )
-    .await;
 }
 
 /// Everything published in namespace `ns`, as the server sends it (channel, payload), until
@@ -679,41 +654,6 @@ async fn waiters_resume_after_redis_restarts() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_lock_futures_leave_no_keys() {
-    let ns = test_namespace!();
-    let url = shared_redis().url();
-    let mut holders = Vec::new();
-    for _ in 0..2 {
-        holders.push(client(&ns).await);
-    }
-    let mut cancellers = Vec::new();
-    for _ in 0..4 {
-        cancellers.push(client(&ns).await);
-    }
-    torture(
-        holders,
-        cancellers,
-        "torture",
-        40,
-        120,
-        Duration::from_micros(3),
-    )
-    .await;
-    // Nothing is left but the fencing counter, which carries a TTL.
-    let left = keys_in(&url, &ns).await;
-    let mut conn = raw(&url).await;
-    for key in &left {
-        assert!(key.ends_with(":fence"), "keys left: {left:?}");
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!(pttl > 0, "{key} has no TTL");
-    }
-}
-
 #[tokio::test]
 async fn bad_keys_and_foreign_values_are_clear_errors() {
     let ns = test_namespace!();
@@ -891,15 +831,6 @@ async fn a_refused_resubscribe_backs_off() {
     waiter.shutdown().await;
 }
 
-/// Lease control (`lease_left`, a fixed lease, `extend` longer and shorter) as the server sees it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_control_fixed_extended_and_shorter_leases() {
-    let ns = test_namespace!();
-    let ttl = Duration::from_millis(800);
-    let (a, b) = (client_ttl(&ns, ttl).await, client_ttl(&ns, ttl).await);
-    support::contract::lease_control(&a, &b, ttl).await;
-}
-
 /// A service's synchronous code (a `spawn_blocking` job) locks with the blocking form on the
 /// runtime the client was built in: the lease is renewed while the job holds it, and a
 /// contender elsewhere is kept out.
@@ -928,43 +859,6 @@ async fn a_blocking_lock_from_a_blocking_task_is_renewed() {
         .expect("the blocking holder's release never came")
         .unwrap();
     g.release().await.unwrap();
-}
-
-/// The operator's unlock (issue 30): every holder of a mutex, a read-write lock and a
-/// semaphore dropped by one script, the waiter granted at once with a greater token, the
-/// dropped guards told at their next renewal; another namespace untouched.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_release_drops_every_holder_and_hands_on() {
-    let ns = test_namespace!();
-    let ttl = Duration::from_millis(900);
-    let make = |ns: String| async move {
-        let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();
-        LockClient::builder(backend)
-            .namespace(&ns)
-            .ttl(ttl)
-            .build()
-            .unwrap()
-    };
-    let (a, b, op) = (
-        make(ns.clone()).await,
-        make(ns.clone()).await,
-        make(ns.clone()).await,
-    );
-    let outsider = make(format!("{ns}.other")).await;
-    support::contract::force_release(
-        &a,
-        &b,
-        &op,
-        &outsider,
-        ttl,
-        support::contract::ForceFamilies::ALL,
-    )
-    .await;
-    let left = keys_in(&shared_redis().url(), &ns).await;
-    assert!(left.iter().all(|k| k.ends_with(":fence")), "left: {left:?}");
-    for c in [a, b, op, outsider] {
-        c.shutdown().await;
-    }
 }
 
 /// Issue 30: `force_release` while the holder is paused (its connections blackholed, as a
@@ -1030,5 +924,164 @@ async fn force_release_of_a_paused_holder_fences_it_out() {
     next.release().await.unwrap();
     for c in [paused, waiter_client, op] {
         c.shutdown().await;
+    }
+}
+
+/// Read-write locks and semaphores on Redis: holders killed or cut off.
+mod family {
+    use super::*;
+    use support::redis::until_only_fences;
+
+    fn queued(
+        ns: &str,
+        key: &str,
+    ) -> impl Fn(usize) -> futures::future::BoxFuture<'static, ()> + Sync {
+        let (ns, key) = (ns.to_owned(), key.to_owned());
+        move |n| {
+            let (ns, key) = (ns.clone(), key.clone());
+            Box::pin(async move { until_queued(&shared_redis().url(), &ns, &key, n).await })
+        }
+    }
+
+    async fn assert_only_fences(ns: &str) {
+        until_only_fences(&shared_redis().url(), ns).await;
+    }
+
+    const CHILD_ENV: &str = "DISTLOCK_TEST_FAMILY_CHILD";
+    const CHILD_TTL: Duration = Duration::from_millis(1500);
+
+    /// The child process of the SIGKILL tests: takes `k` as `what` says, reports, holds.
+    async fn child(spec: &str) -> ! {
+        let mut parts = spec.split(' ');
+        let (url, ns, what) = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        );
+        let backend = RedisBackend::connect(url).await.unwrap();
+        let c = LockClient::builder(backend)
+            .namespace(ns)
+            .ttl(CHILD_TTL)
+            .build()
+            .unwrap();
+        let fence = match what {
+            "read" => {
+                let g = c.rw_lock("k").read().await.unwrap();
+                let f = g.fencing_token();
+                std::mem::forget(g);
+                f
+            }
+            _ => {
+                let p = c.semaphore("k", 2).acquire_many(2).await.unwrap();
+                let f = p.fencing_token();
+                std::mem::forget(p);
+                f
+            }
+        };
+        support::holder::report_and_hold(fence).await
+    }
+
+    /// The child holds `k` (as `what`), `waiter` queues behind it, the child is SIGKILLed: the
+    /// waiter is granted within the child's TTL (its lease was renewed up to the kill).
+    async fn killed_holder_frees_within_its_ttl<G: Send + 'static>(
+        test: &str,
+        what: &str,
+        ns: &str,
+        waiter: impl std::future::Future<Output = distlock::Result<G>> + Send + 'static,
+    ) -> (G, u64) {
+        let (child, child_fence) = support::holder::spawn(
+            test,
+            CHILD_ENV,
+            format!("{} {ns} {what}", shared_redis().url()),
+        )
+        .await;
+        let waiter = tokio::spawn(waiter);
+        queued(ns, "k")(1).await;
+        // Past the child's first renewals, so the lease was refreshed before it died.
+        sleep(CHILD_TTL).await;
+        let (guard, waited) = support::holder::kill_and_await(child, waiter, CHILD_TTL * 3).await;
+        assert!(
+            waited <= CHILD_TTL + Duration::from_millis(50),
+            "granted {waited:?} after the kill, TTL {CHILD_TTL:?}"
+        );
+        (guard, child_fence)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_behind_a_killed_reader_gets_in_within_its_ttl() {
+        if let Ok(spec) = std::env::var(CHILD_ENV) {
+            child(&spec).await;
+        }
+        let ns = test_namespace!();
+        let c = client(&ns).await;
+        let (w, child_fence) = killed_holder_frees_within_its_ttl(
+            "family::a_writer_behind_a_killed_reader_gets_in_within_its_ttl",
+            "read",
+            &ns,
+            c.rw_lock("k").write(),
+        )
+        .await;
+        assert!(w.fencing_token() > child_fence);
+        w.release().await.unwrap();
+        c.shutdown().await;
+        assert_only_fences(&ns).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn permits_of_a_killed_holder_come_back() {
+        if let Ok(spec) = std::env::var(CHILD_ENV) {
+            child(&spec).await;
+        }
+        let ns = test_namespace!();
+        let c = client(&ns).await;
+        let (p, child_fence) = killed_holder_frees_within_its_ttl(
+            "family::permits_of_a_killed_holder_come_back",
+            "permits",
+            &ns,
+            c.semaphore("k", 2).acquire_many(2),
+        )
+        .await;
+        assert_eq!(p.count(), 2);
+        assert!(p.fencing_token() > child_fence);
+        p.release().await.unwrap();
+        c.shutdown().await;
+        assert_only_fences(&ns).await;
+    }
+
+    /// A reader cut off from Redis (its renewals go nowhere) is told it lost the lock before
+    /// the writer queued behind it is granted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paused_reader_is_told_before_the_writer_gets_in() {
+        let ns = test_namespace!();
+        let proxy = support::proxy::Proxy::start(shared_redis().port());
+        let ttl = Duration::from_millis(900);
+        let behind = LockClient::builder(
+            RedisBackend::connect(&format!("redis://127.0.0.1:{}/", proxy.port()))
+                .await
+                .unwrap(),
+        )
+        .namespace(&ns)
+        .ttl(ttl)
+        .build()
+        .unwrap();
+        let writer = client(&ns).await;
+        let r = behind.rw_lock("k").read().await.unwrap();
+        let w = support::contract::spawn_timed(writer.rw_lock("k").write());
+        queued(&ns, "k")(1).await;
+        let (w, lost, granted) = support::contract::partition_then_handover(
+            || proxy.blackhole(),
+            &r,
+            w,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(lost <= ttl, "{lost:?}");
+        assert!(granted <= ttl + Duration::from_millis(100), "{granted:?}");
+        assert!(w.fencing_token() > r.fencing_token());
+        proxy.heal();
+        w.release().await.unwrap();
+        drop(r);
+        writer.shutdown().await;
+        behind.shutdown().await;
     }
 }

@@ -1,6 +1,7 @@
-//! The lock contract on a real Redis Cluster (three primaries with a replica each, shared by
-//! this binary, a namespace per test): scripts routed by slot, grants announced on sharded
-//! pub/sub, renewals batched per slot, keys spread over every shard.
+//! Redis Cluster's own tests (three primaries with a replica each, shared by this binary, a
+//! namespace per test): scripts routed by slot, grants announced on sharded pub/sub, renewals
+//! batched per slot, keys spread over every shard. The behaviour suite every backend runs is in
+//! `tests/matrix.rs` (`redis_cluster::`), on a cluster of its own.
 #![cfg(feature = "redis-cluster")]
 
 mod support;
@@ -9,24 +10,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use distlock::LockClient;
-use futures::future::{join_all, BoxFuture};
-use support::contract::{contend, torture, torture_family};
-use support::family::{self, kinds_do_not_mix, rw_exclusion, rw_fifo, semaphore_bound};
-use support::server::cluster::shared_cluster;
+use futures::future::join_all;
+use support::contract::contend;
+use support::server::cluster::{client, shared_cluster, until_queued};
 use tokio::time::{sleep, timeout};
-
-/// A reader-writer plan: `true` is a writer.
-const PLAN: [bool; 8] = [false, false, true, false, false, true, true, false];
-
-async fn client(ns: &str) -> LockClient {
-    LockClient::builder_for(&shared_cluster().url())
-        .await
-        .unwrap()
-        .namespace(ns)
-        .ttl(Duration::from_secs(3))
-        .build()
-        .unwrap()
-}
 
 async fn clients(ns: &str, n: usize) -> Vec<LockClient> {
     let mut out = Vec::new();
@@ -92,34 +79,6 @@ async fn every_primary_holds_the_function_library_and_gets_it_back() {
     cluster.until_clean(&ns);
 }
 
-/// How many claims wait on `key`: the length of its queue on the primary serving it.
-async fn queued_on(ns: &str, key: &str) -> usize {
-    let cluster = shared_cluster();
-    let port = cluster.nodes[cluster.primary_for(key, 0)].port();
-    let mut conn = support::redis::connection(&format!("redis://127.0.0.1:{port}/")).await;
-    redis::cmd("LLEN")
-        .arg(format!("{ns}:{{{key}}}:q"))
-        .query_async(&mut conn)
-        .await
-        .unwrap_or(0)
-}
-
-fn queued(ns: &str, key: &str) -> impl Fn(usize) -> BoxFuture<'static, ()> + Sync {
-    let (ns, key) = (ns.to_owned(), key.to_owned());
-    move |n| {
-        let (ns, key) = (ns.clone(), key.clone());
-        Box::pin(async move {
-            timeout(Duration::from_secs(10), async {
-                while queued_on(&ns, &key).await != n {
-                    sleep(Duration::from_millis(2)).await;
-                }
-            })
-            .await
-            .unwrap_or_else(|_| panic!("expected {n} queued on `{key}`"));
-        })
-    }
-}
-
 /// Contention on three keys at once, one on each shard: exclusive, tokens increasing per key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_on_every_shard() {
@@ -153,7 +112,7 @@ async fn waiters_are_served_in_order_over_sharded_pub_sub() {
             g.release().await.unwrap();
             c.shutdown().await;
         }));
-        queued(&ns, key)(i + 1).await;
+        until_queued(&ns, key, i + 1).await;
     }
     let cluster = shared_cluster();
     let port = cluster.nodes[cluster.primary_for(key, 0)].port();
@@ -189,28 +148,6 @@ async fn waiters_are_served_in_order_over_sharded_pub_sub() {
     cluster.until_clean(&ns);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_acquisitions_leave_nothing_behind() {
-    let ns = test_namespace!();
-    torture(
-        clients(&ns, 3).await,
-        clients(&ns, 3).await,
-        "torture",
-        25,
-        80,
-        Duration::from_micros(50),
-    )
-    .await;
-    shared_cluster().until_clean(&ns);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_family_futures_leave_nothing_behind() {
-    let ns = test_namespace!();
-    torture_family(|n| clients(&ns, n), 15, 60).await;
-    shared_cluster().until_clean(&ns);
-}
-
 /// Many locks over every slot range held through several TTLs: renewal, one script call per
 /// slot, keeps every one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,61 +178,6 @@ async fn renewal_per_slot_keeps_locks_on_every_shard() {
     drop(guards);
     c.shutdown().await;
     other.shutdown().await;
-    shared_cluster().until_clean(&ns);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rw_exclusion_and_tokens() {
-    let ns = test_namespace!();
-    rw_exclusion(clients(&ns, 6).await, "rw", 15, 4).await;
-    shared_cluster().until_clean(&ns);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rw_fifo_with_readers_together() {
-    let ns = test_namespace!();
-    let c = clients(&ns, PLAN.len() + 1).await;
-    rw_fifo(c, "rw", &PLAN, &queued(&ns, "rw")).await;
-    shared_cluster().until_clean(&ns);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semaphore_never_exceeds_its_permits() {
-    let ns = test_namespace!();
-    semaphore_bound(clients(&ns, 6).await, "sem", 3, 15).await;
-    shared_cluster().until_clean(&ns);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semaphore_head_is_not_overtaken() {
-    let ns = test_namespace!();
-    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
-    family::semaphore_head_is_not_overtaken(c, "sem", &queued(&ns, "sem")).await;
-    shared_cluster().until_clean(&ns);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn downgrade_keeps_queued_writers_out() {
-    let ns = test_namespace!();
-    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
-    family::downgrade_keeps_queued_writers_out(c, "rw", &queued(&ns, "rw")).await;
-    shared_cluster().until_clean(&ns);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inspect_sees_the_family() {
-    let ns = test_namespace!();
-    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
-    let (q_rw, q_sem) = (queued(&ns, "k:rw"), queued(&ns, "k:sem"));
-    family::inspect_sees_the_family(c, "k", true, &q_rw, &q_sem).await;
-    shared_cluster().until_clean(&ns);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kinds_do_not_mix_on_a_cluster() {
-    let ns = test_namespace!();
-    let c: [LockClient; 2] = clients(&ns, 2).await.try_into().unwrap();
-    kinds_do_not_mix(c, "k", true).await;
     shared_cluster().until_clean(&ns);
 }
 

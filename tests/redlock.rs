@@ -1,18 +1,18 @@
-//! The lock contract on Redlock over five real, independent `redis-server` nodes (shared by
-//! this binary, a namespace per test). Contenders use separate `LockClient`s, with their own
-//! connections, as separate processes would.
+//! Redlock's own tests over five real, independent `redis-server` nodes (shared by this binary,
+//! a namespace per test): what it refuses, how its kinds mix, pooled nodes, inspection merged
+//! over the nodes, URLs and settings. Contenders use separate `LockClient`s, with their own
+//! connections, as separate processes would. The behaviour suite every backend runs is in
+//! `tests/matrix.rs` (`redlock::`; semaphores under `redlock::skipped::`).
 #![cfg(feature = "redlock")]
 
 mod support;
 
-use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use distlock::backend::RedlockBackend;
 use distlock::LockClient;
-use futures::future::BoxFuture;
-use support::contract::{contend, take_write, torture, torture_with};
-use support::family::{rw_exclusion, rw_fifo};
+use support::contract::contend;
+use support::family::rw_exclusion;
 use support::server::redlock::shared_nodes;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -22,66 +22,6 @@ async fn clients(ns: &str, n: usize) -> Vec<LockClient> {
         out.push(shared_nodes().client(ns).await);
     }
     out
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutual_exclusion_and_increasing_fences() {
-    let ns = test_namespace!();
-    contend(clients(&ns, 6).await, "hot", 20, Duration::from_micros(300)).await;
-    shared_nodes().until_clean(&ns).await;
-}
-
-/// Waiters queued one after another are served in that order, each with a larger token.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_are_served_in_arrival_order() {
-    let ns = test_namespace!();
-    let nodes = shared_nodes();
-    let holder = nodes.client(&ns).await;
-    let first = holder.mutex("fifo").lock().await.unwrap();
-    let order = Arc::new(StdMutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..12 {
-        let client = nodes.client(&ns).await;
-        let order = order.clone();
-        tasks.push(tokio::spawn(async move {
-            let guard = client.mutex("fifo").lock().await.unwrap();
-            order.lock().unwrap().push((i, guard.fencing_token()));
-            guard.release().await.unwrap();
-            client.shutdown().await;
-        }));
-        nodes.until_queued(&ns, "fifo", i + 1).await;
-    }
-    let token = first.fencing_token();
-    first.release().await.unwrap();
-    for t in tasks {
-        timeout(Duration::from_secs(30), t).await.unwrap().unwrap();
-    }
-    let order = order.lock().unwrap().clone();
-    let served: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
-    assert_eq!(served, (0..12).collect::<Vec<_>>(), "served out of order");
-    let mut last = token;
-    for (_, f) in order {
-        assert!(f > last, "token {f} not above {last}");
-        last = f;
-    }
-    holder.shutdown().await;
-    nodes.until_clean(&ns).await;
-}
-
-/// Lock futures dropped at every await point leave no queue entry or grant on any node.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_acquisitions_leave_nothing_behind() {
-    let ns = test_namespace!();
-    torture(
-        clients(&ns, 3).await,
-        clients(&ns, 3).await,
-        "torture",
-        15,
-        60,
-        Duration::from_micros(50),
-    )
-    .await;
-    shared_nodes().until_clean(&ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,58 +79,6 @@ async fn semaphores_are_refused_before_any_io() {
     // A multi-lock is mutexes: it works.
     let both = c.multi_lock(["x", "y"]).lock().await.unwrap();
     both.release().await.unwrap();
-    shared_nodes().until_clean(&ns).await;
-}
-
-/// A reader-writer plan: `true` is a writer.
-const PLAN: [bool; 8] = [false, false, true, false, false, true, true, false];
-
-fn queued(ns: &str, key: &str) -> impl Fn(usize) -> BoxFuture<'static, ()> + Sync {
-    let (ns, key) = (ns.to_owned(), key.to_owned());
-    move |n| {
-        let (ns, key) = (ns.clone(), key.clone());
-        Box::pin(async move { shared_nodes().until_queued(&ns, &key, n).await })
-    }
-}
-
-/// Readers together, writers alone, over a majority of nodes; write tokens increase.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rw_exclusion_and_tokens() {
-    let ns = test_namespace!();
-    rw_exclusion(clients(&ns, 6).await, "rw", 15, 4).await;
-    shared_nodes().until_clean(&ns).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rw_fifo_with_readers_together() {
-    let ns = test_namespace!();
-    let c = clients(&ns, PLAN.len() + 1).await;
-    rw_fifo(c, "rw", &PLAN, &queued(&ns, "rw")).await;
-    shared_nodes().until_clean(&ns).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn downgrade_keeps_queued_writers_out() {
-    let ns = test_namespace!();
-    let c: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
-    support::family::downgrade_keeps_queued_writers_out(c, "rw", &queued(&ns, "rw")).await;
-    shared_nodes().until_clean(&ns).await;
-}
-
-/// Write and read futures dropped at every await point leave nothing on any node.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_rw_acquisitions_leave_nothing_behind() {
-    let ns = test_namespace!();
-    torture_with(
-        take_write(),
-        clients(&ns, 3).await,
-        clients(&ns, 3).await,
-        "rw-torture",
-        10,
-        60,
-        Duration::from_micros(50),
-    )
-    .await;
     shared_nodes().until_clean(&ns).await;
 }
 
@@ -419,58 +307,6 @@ async fn a_redlock_url_names_every_node() {
     nodes.until_clean(&ns).await;
 }
 
-/// Lease control (`lease_left`, a fixed lease, `extend` longer and shorter) as a quorum of
-/// nodes sees it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_control_fixed_extended_and_shorter_leases() {
-    let ns = test_namespace!();
-    let ttl = Duration::from_millis(800);
-    let nodes = shared_nodes();
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    support::contract::lease_control(&a, &b, ttl).await;
-}
-
-/// The operator's unlock (issue 30) on every node: the holders of a mutex and a read-write
-/// lock dropped from each, the waiter granted at once with a token above theirs (every node's
-/// counter stays at or above the tokens settled there), the dropped guards told at their next
-/// renewal; another namespace untouched. (Redlock has no semaphores.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_release_drops_every_holder_and_hands_on() {
-    let ns = test_namespace!();
-    let ttl = Duration::from_millis(900);
-    let nodes = shared_nodes();
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let op = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let outsider = nodes
-        .client_with(&format!("{ns}.other"), ttl, Duration::ZERO)
-        .await;
-    support::contract::force_release(
-        &a,
-        &b,
-        &op,
-        &outsider,
-        ttl,
-        support::contract::ForceFamilies {
-            rw: true,
-            semaphore: false,
-        },
-    )
-    .await;
-    // Redlock refuses semaphores before any I/O.
-    let err = op
-        .semaphore("force-sem", 2)
-        .try_acquire()
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), distlock::ErrorKind::Unsupported, "{err}");
-    for c in [a, b, op, outsider] {
-        c.shutdown().await;
-    }
-    nodes.until_clean(&ns).await;
-}
-
 /// Each node keeps the scripts as one function library, loaded when the backend first reaches
 /// it; a node that lost it (restarted without its data, flushed: deleted here on two nodes of
 /// three) gets it again at the next call, and every script (acquire, settle, renewal,
@@ -478,7 +314,7 @@ async fn force_release_drops_every_holder_and_hands_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_node_holds_the_function_library_and_gets_it_back() {
     let ns = test_namespace!();
-    let nodes = support::redlock::Nodes::start(3);
+    let nodes = support::server::redlock::Nodes::start(3);
     let c = nodes
         .client_with(&ns, Duration::from_millis(600), Duration::ZERO)
         .await;
@@ -531,7 +367,7 @@ async fn every_node_holds_the_function_library_and_gets_it_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_that_refuse_functions_get_the_scripts_by_evalsha() {
     let ns = test_namespace!();
-    let nodes = support::redlock::Nodes::start(3);
+    let nodes = support::server::redlock::Nodes::start(3);
     let mut urls = Vec::new();
     for server in &nodes.servers {
         let _: () = redis::cmd("ACL")
@@ -555,7 +391,7 @@ async fn nodes_that_refuse_functions_get_the_scripts_by_evalsha() {
         let mut out = Vec::new();
         for _ in 0..3 {
             out.push(
-                support::redlock::client_on(
+                support::server::redlock::client_on(
                     urls.clone(),
                     &ns,
                     Duration::from_secs(2),

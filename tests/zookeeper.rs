@@ -1,5 +1,9 @@
-//! The lock contract against a real ZooKeeper (one per test binary, a namespace per test).
+//! ZooKeeper's own tests against a real server (one per test binary, a namespace per test):
+//! its node layout and watches, sessions, ACLs and chroots, faults of the link, and interop
+//! with Curator 5's `InterProcessMutex`, `InterProcessReadWriteLock`,
+//! `InterProcessSemaphoreV2` and `InterProcessSemaphoreMutex` in a Java child process.
 //! Contenders use separate `LockClient`s with their own sessions, as separate processes would.
+//! The behaviour suite every backend runs is in `tests/matrix.rs` (`zookeeper::`).
 #![cfg(feature = "zookeeper")]
 
 mod support;
@@ -9,11 +13,13 @@ use std::time::Duration;
 
 use distlock::backend::{ZkAcl, ZkBackend};
 use distlock::LockClient;
-use support::contract::{contend, partition_then_handover, spawn_timed_lock, torture};
+use support::contract::{granted, partition_then_handover, spawn_timed_lock};
 use support::curator::Curator;
 use support::proxy::Proxy;
 use support::server::zookeeper::{shared_zookeeper, ZkServer};
-use support::zk::{assert_no_znodes, children, client_at, raw, raw_as, until_contenders};
+use support::zk::{
+    assert_no_znodes, children, client_at, clients_at, raw, raw_as, until_contenders,
+};
 use tokio::time::{sleep, timeout};
 
 const SESSION: Duration = Duration::from_secs(4);
@@ -22,41 +28,16 @@ async fn client(ns: &str) -> LockClient {
     client_at(&shared_zookeeper().connect_string(), ns, SESSION).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutual_exclusion_and_increasing_fences() {
-    let ns = test_namespace!();
-    let mut clients = Vec::new();
-    for _ in 0..6 {
-        clients.push(client(&ns).await);
-    }
-    contend(clients, "hot", 20, Duration::from_micros(300)).await;
-    let zk = raw(&shared_zookeeper().connect_string()).await;
-    assert_no_znodes(&zk, &ns).await;
+fn connect() -> String {
+    shared_zookeeper().connect_string()
 }
 
-#[tokio::test]
-async fn waiters_are_served_in_arrival_order() {
-    let ns = test_namespace!();
-    let zk = raw(&shared_zookeeper().connect_string()).await;
-    let path = format!("/{ns}/fifo");
-    let holder = client(&ns).await.mutex("fifo").lock().await.unwrap();
-    let order = Arc::new(StdMutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..6 {
-        let mutex = client(&ns).await.mutex("fifo");
-        let order = order.clone();
-        tasks.push(tokio::spawn(async move {
-            let guard = mutex.lock().await.unwrap();
-            order.lock().unwrap().push(i);
-            guard.release().await.unwrap();
-        }));
-        until_contenders(&zk, &path, i + 2).await;
-    }
-    holder.release().await.unwrap();
-    for t in tasks {
-        timeout(Duration::from_secs(10), t).await.unwrap().unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
+async fn clients(ns: &str, n: usize) -> Vec<LockClient> {
+    clients_at(&connect(), ns, SESSION, n).await
+}
+
+async fn assert_clean(ns: &str) {
+    assert_no_znodes(&raw(&connect()).await, ns).await;
 }
 
 /// A waiter third in line also watches the node two ahead of it. When that node goes without
@@ -461,30 +442,6 @@ async fn waiters_resume_after_zookeeper_restarts() {
     assert_no_znodes(&zk, &ns).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_lock_futures_leave_no_znodes() {
-    let ns = test_namespace!();
-    let mut holders = Vec::new();
-    for _ in 0..2 {
-        holders.push(client(&ns).await);
-    }
-    let mut cancellers = Vec::new();
-    for _ in 0..4 {
-        cancellers.push(client(&ns).await);
-    }
-    torture(
-        holders,
-        cancellers,
-        "torture",
-        30,
-        80,
-        Duration::from_micros(4),
-    )
-    .await;
-    let zk = raw(&shared_zookeeper().connect_string()).await;
-    assert_no_znodes(&zk, &ns).await;
-}
-
 /// Blocking calls to the Java child, off the async workers.
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
@@ -723,38 +680,6 @@ async fn a_guard_extends_only_to_its_session_timeout() {
     g.release().await.unwrap();
 }
 
-/// The operator's unlock (issue 30): the nodes carrying every holder's grant (a mutex's, the
-/// readers', a semaphore's leases) deleted; the waiter's watch fires and it is granted at once
-/// with a greater token (a newer czxid); the dropped guards find their nodes gone; another
-/// namespace untouched; a path trick refused before any I/O.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_release_drops_every_holder_and_hands_on() {
-    let ns = test_namespace!();
-    let connect = shared_zookeeper().connect_string();
-    let (a, b, op) = (
-        client_at(&connect, &ns, SESSION).await,
-        client_at(&connect, &ns, SESSION).await,
-        client_at(&connect, &ns, SESSION).await,
-    );
-    let outsider = client_at(&connect, &format!("{ns}.other"), SESSION).await;
-    for bad in ["..", "a/../b", "/abs", "a//b"] {
-        let err = op.force_release(bad).await.unwrap_err();
-        assert!(err.is_invalid_key(), "{bad:?}: {err}");
-    }
-    support::contract::force_release(
-        &a,
-        &b,
-        &op,
-        &outsider,
-        a.ttl(),
-        support::contract::ForceFamilies::ALL,
-    )
-    .await;
-    for c in [a, b, op, outsider] {
-        c.shutdown().await;
-    }
-}
-
 /// The operator's unlock drops a semaphore holder whose session also heads the admission
 /// queue (another task of the same service waits for more permits): before, its leases were
 /// taken for the waiting head's, nothing was removed, the holder never heard, and the waiter
@@ -810,4 +735,305 @@ async fn force_release_racing_a_downgrade_drops_the_read_hold() {
         survived.is_empty(),
         "holds that outlived the unlock (round, lost, holders): {survived:?}"
     );
+}
+
+/// The operator's unlock refuses path tricks before any I/O (the unlock itself is in the
+/// suite, `tests/matrix.rs`).
+#[tokio::test]
+async fn force_release_refuses_path_tricks_before_any_io() {
+    let ns = test_namespace!();
+    let op = client(&ns).await;
+    for bad in ["..", "a/../b", "/abs", "a//b"] {
+        let err = op.force_release(bad).await.unwrap_err();
+        assert!(err.is_invalid_key(), "{bad:?}: {err}");
+    }
+    op.shutdown().await;
+}
+
+/// The names Curator's recipes would write: protected, with its lock names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_are_laid_out_as_curator_lays_them_out() {
+    let ns = test_namespace!();
+    let zk = raw(&connect()).await;
+    let [a, b]: [LockClient; 2] = clients(&ns, 2).await.try_into().unwrap();
+    let w = a.rw_lock("rw").write().await.unwrap();
+    let r = tokio::spawn({
+        let rw = b.rw_lock("rw");
+        async move { rw.read().await }
+    });
+    until_contenders(&zk, &format!("/{ns}/rw"), 2).await;
+    let mut kids = children(&zk, &format!("/{ns}/rw")).await;
+    kids.sort_by_key(|k| k[k.len() - 10..].to_owned());
+    assert!(
+        kids[0].starts_with("_c_") && kids[0][39..].starts_with("-__WRIT__"),
+        "{kids:?}"
+    );
+    assert!(kids[1][39..].starts_with("-__READ__"), "{kids:?}");
+    // The downgrade: a plain read node with the write node's sequence, the write node gone.
+    let seq = kids[0][kids[0].len() - 10..].to_owned();
+    let down = w.downgrade().await.unwrap();
+    let r = timeout(Duration::from_secs(5), r)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let kids = children(&zk, &format!("/{ns}/rw")).await;
+    assert_eq!(kids.len(), 2, "{kids:?}");
+    assert!(
+        kids.iter()
+            .any(|k| k.ends_with(&format!("-__READ__{seq}")) && k.starts_with("_c_")),
+        "{kids:?}"
+    );
+    drop((down, r));
+
+    let p = a.semaphore("sem", 3).acquire_many(2).await.unwrap();
+    let leases = children(&zk, &format!("/{ns}/sem/leases")).await;
+    assert_eq!(leases.len(), 2, "{leases:?}");
+    for l in &leases {
+        assert!(
+            l.starts_with("_c_") && l[39..].starts_with("-lease-"),
+            "{l}"
+        );
+    }
+    // The admission node went with the grant.
+    assert!(children(&zk, &format!("/{ns}/sem/locks")).await.is_empty());
+    p.release().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+    assert_clean(&ns).await;
+}
+
+/// Java and Rust readers and writers queue in one FIFO order on one path: readers queued
+/// together hold together, a writer waits for every reader ahead of it, and no one jumps the
+/// queue, whichever language holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_rust_readers_and_writers_share_one_queue() {
+    let ns = test_namespace!();
+    let path = format!("/{ns}/rw");
+    let zk = raw(&connect()).await;
+    let [a, b, c]: [LockClient; 3] = clients(&ns, 3).await.try_into().unwrap();
+    let mut java = blocking(|| Curator::start_family(&connect(), &path, "rw"));
+
+    // Rust writes; a Java reader, a Rust reader, then a Java... writer queue behind.
+    let w = a.rw_lock("rw").write().await.unwrap();
+    assert_eq!(blocking(|| java.ask("tryread 200")), "BUSY");
+    blocking(|| java.send("read"));
+    until_contenders(&zk, &path, 2).await;
+    let rust_reader = tokio::spawn({
+        let rw = b.rw_lock("rw");
+        async move { rw.read().await }
+    });
+    until_contenders(&zk, &path, 3).await;
+    let rust_writer = tokio::spawn({
+        let rw = c.rw_lock("rw");
+        async move { rw.write().await }
+    });
+    until_contenders(&zk, &path, 4).await;
+    assert_eq!(blocking(|| java.reply(Duration::from_millis(300))), None);
+    w.release().await.unwrap();
+    // Both readers in together, the writer behind them out.
+    assert_eq!(
+        blocking(|| java.reply(Duration::from_secs(10))).as_deref(),
+        Some("GOT")
+    );
+    let r = granted(rust_reader, Duration::from_secs(10), "the Rust reader").await;
+    sleep(Duration::from_millis(200)).await;
+    assert!(!rust_writer.is_finished(), "a writer got in with readers");
+    r.release().await.unwrap();
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        !rust_writer.is_finished(),
+        "a Rust writer got in while a Java reader held"
+    );
+    assert_eq!(blocking(|| java.ask("unread")), "RELEASED");
+    let w = granted(rust_writer, Duration::from_secs(10), "the Rust writer").await;
+
+    // Now the Java writer waits behind the Rust writer, and a Rust reader behind it.
+    assert_eq!(blocking(|| java.ask("trywrite 200")), "BUSY");
+    blocking(|| java.send("write"));
+    until_contenders(&zk, &path, 2).await;
+    let rust_reader = tokio::spawn({
+        let rw = b.rw_lock("rw");
+        async move { rw.read().await }
+    });
+    until_contenders(&zk, &path, 3).await;
+    w.release().await.unwrap();
+    assert_eq!(
+        blocking(|| java.reply(Duration::from_secs(10))).as_deref(),
+        Some("GOT")
+    );
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        !rust_reader.is_finished(),
+        "a Rust reader got in while a Java writer held"
+    );
+    assert_eq!(blocking(|| java.ask("unwrite")), "RELEASED");
+    drop(granted(rust_reader, Duration::from_secs(10), "the Rust reader").await);
+    assert_eq!(blocking(|| java.ask("quit")), "BYE");
+    for c in [a, b, c] {
+        c.shutdown().await;
+    }
+    assert_clean(&ns).await;
+}
+
+/// A Rust downgrade does not let a queued Java writer in; the layout Curator 5.5 writes for a
+/// Java downgrade does not let a queued Rust writer in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrades_keep_the_other_languages_writers_out() {
+    let ns = test_namespace!();
+    let path = format!("/{ns}/rw");
+    let zk = raw(&connect()).await;
+    let [a, b]: [LockClient; 2] = clients(&ns, 2).await.try_into().unwrap();
+    let mut java = blocking(|| Curator::start_family(&connect(), &path, "rw"));
+
+    let w = a.rw_lock("rw").write().await.unwrap();
+    blocking(|| java.send("write"));
+    until_contenders(&zk, &path, 2).await;
+    let r = w.downgrade().await.unwrap();
+    assert_eq!(
+        blocking(|| java.reply(Duration::from_millis(500))),
+        None,
+        "a Java writer got in past a Rust downgrade"
+    );
+    r.release().await.unwrap();
+    assert_eq!(
+        blocking(|| java.reply(Duration::from_secs(10))).as_deref(),
+        Some("GOT")
+    );
+
+    let rust_writer = tokio::spawn({
+        let rw = b.rw_lock("rw");
+        async move { rw.write().await }
+    });
+    until_contenders(&zk, &path, 2).await;
+    assert_eq!(blocking(|| java.ask("downgrade55")), "DOWNGRADED");
+    sleep(Duration::from_millis(500)).await;
+    assert!(
+        !rust_writer.is_finished(),
+        "a Rust writer got in past a Java downgrade"
+    );
+    assert_eq!(blocking(|| java.ask("undowngrade")), "RELEASED");
+    drop(granted(rust_writer, Duration::from_secs(10), "the Rust writer").await);
+    assert_eq!(blocking(|| java.ask("quit")), "BYE");
+    a.shutdown().await;
+    b.shutdown().await;
+    assert_clean(&ns).await;
+}
+
+/// Java `InterProcessSemaphoreV2(path, 3)` and Rust `semaphore(k, 3)` never hold more than
+/// three leases together, and a waiter of either language is let in when the other releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_rust_semaphores_share_the_permits() {
+    let ns = test_namespace!();
+    let path = format!("/{ns}/sem");
+    let zk = raw(&connect()).await;
+    let [a, b]: [LockClient; 2] = clients(&ns, 2).await.try_into().unwrap();
+    let mut java = blocking(|| Curator::start_family(&connect(), &path, "sem 3"));
+
+    assert_eq!(blocking(|| java.ask("acquire 2")), "GOT");
+    let one = a.semaphore("sem", 3).acquire().await.unwrap();
+    let err = b.semaphore("sem", 3).try_acquire().await.unwrap_err();
+    assert!(err.is_would_block(), "a fourth lease of three: {err:?}");
+    assert_eq!(children(&zk, &format!("{path}/leases")).await.len(), 3);
+    // A Rust request for two queues; the Java one behind it waits too.
+    let two = tokio::spawn({
+        let sem = b.semaphore("sem", 3);
+        async move { sem.acquire_many(2).await }
+    });
+    until_contenders(&zk, &format!("{path}/locks"), 1).await;
+    assert_eq!(blocking(|| java.ask("try 1 300")), "BUSY");
+    one.release().await.unwrap();
+    sleep(Duration::from_millis(300)).await;
+    assert!(!two.is_finished(), "two permits granted with one free");
+    assert_eq!(blocking(|| java.ask("release")), "RELEASED");
+    let two = granted(two, Duration::from_secs(10), "the two-permit Rust request").await;
+    assert_eq!(two.count(), 2);
+    assert_eq!(blocking(|| java.ask("try 1 5000")), "GOT");
+    assert_eq!(blocking(|| java.ask("try 1 300")), "BUSY");
+    assert_eq!(children(&zk, &format!("{path}/leases")).await.len(), 3);
+    two.release().await.unwrap();
+    assert_eq!(blocking(|| java.ask("release")), "RELEASED");
+    assert_eq!(blocking(|| java.ask("quit")), "BYE");
+    a.shutdown().await;
+    b.shutdown().await;
+    assert_clean(&ns).await;
+}
+
+/// Curator's `InterProcessSemaphoreMutex` and a Rust one-permit semaphore exclude each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_semaphore_mutex_excludes_a_one_permit_semaphore() {
+    let ns = test_namespace!();
+    let path = format!("/{ns}/m");
+    let zk = raw(&connect()).await;
+    let [a]: [LockClient; 1] = clients(&ns, 1).await.try_into().unwrap();
+    let mut java = blocking(|| Curator::start_family(&connect(), &path, "semmutex"));
+    assert_eq!(blocking(|| java.ask("lock")), "GOT");
+    let err = a.semaphore("m", 1).try_acquire().await.unwrap_err();
+    assert!(err.is_would_block(), "{err:?}");
+    let rust = tokio::spawn({
+        let sem = a.semaphore("m", 1);
+        async move { sem.acquire().await }
+    });
+    until_contenders(&zk, &format!("{path}/locks"), 1).await;
+    sleep(Duration::from_millis(200)).await;
+    assert!(!rust.is_finished());
+    assert_eq!(blocking(|| java.ask("release")), "RELEASED");
+    let p = granted(rust, Duration::from_secs(10), "the Rust semaphore").await;
+    assert_eq!(blocking(|| java.ask("try 300")), "BUSY");
+    p.release().await.unwrap();
+    assert_eq!(blocking(|| java.ask("try 5000")), "GOT");
+    assert_eq!(blocking(|| java.ask("release")), "RELEASED");
+    assert_eq!(blocking(|| java.ask("quit")), "BYE");
+    a.shutdown().await;
+    assert_clean(&ns).await;
+}
+
+/// No herd: with four claims queued on a one-permit semaphore, the server holds exactly the
+/// watches the recipe needs: each waiter's on the admission node just ahead of it (3), the
+/// admission head's on the lease list (1), and the guard watch on each lease node (2). A herd
+/// on the lease list would add one per waiter. Its own server, as `zk_watch_count` is global.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_admission_head_watches_the_leases() {
+    let ns = test_namespace!();
+    let server = support::server::zookeeper::ZkServer::start();
+    let zk = raw(&server.connect_string()).await;
+    let c = clients_at(&server.connect_string(), &ns, SESSION, 5).await;
+    let held = c[0].semaphore("sem", 1).acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for (i, client) in c.iter().enumerate().skip(1) {
+        let sem = client.semaphore("sem", 1);
+        waiters.push(tokio::spawn(async move { sem.acquire().await }));
+        until_contenders(&zk, &format!("/{ns}/sem/locks"), i).await;
+    }
+    let watches = || {
+        server
+            .four_letter("mntr")
+            .lines()
+            .find_map(|l| l.strip_prefix("zk_watch_count"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("mntr reports zk_watch_count")
+    };
+    // Watches are set just after the nodes appear: wait for them to settle at 6.
+    let settled = timeout(Duration::from_secs(5), async {
+        while watches() != 6 {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        settled.is_ok(),
+        "expected 6 watches, the server has {}:\n{}",
+        watches(),
+        server.four_letter("wchp")
+    );
+    sleep(Duration::from_millis(200)).await;
+    assert_eq!(watches(), 6, "{}", server.four_letter("wchp"));
+    drop(held);
+    for w in waiters {
+        drop(granted(w, Duration::from_secs(10), "a queued claim").await);
+    }
+    for client in c {
+        client.shutdown().await;
+    }
+    assert_no_znodes(&zk, &ns).await;
 }

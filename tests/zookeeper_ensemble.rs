@@ -1,8 +1,8 @@
-//! The whole ZooKeeper backend against a three-server ensemble: the mutex contract, the
-//! read-write lock and semaphore checks and the cancellation torture on one ensemble shared by
-//! the binary (clients spread over its members), then faults on ensembles of their own: the
-//! leader killed while locks are held and waiters queued, a client's server killed under it,
-//! and a waiter pushed toward a lagging follower.
+//! The ZooKeeper backend against three-server ensembles of their own, under faults: the leader
+//! killed while locks are held and waiters queued, a client's server killed under it, and a
+//! waiter pushed toward a lagging follower. The behaviour suite every backend runs is in
+//! `tests/matrix.rs` (`zookeeper_ensemble::`), on an ensemble shared by that binary with
+//! clients spread over its members.
 #![cfg(feature = "zookeeper")]
 
 mod support;
@@ -10,62 +10,12 @@ mod support;
 use std::time::Duration;
 
 use distlock::LockClient;
-use support::contract::{contend, granted, torture, torture_family};
-use support::family::{rw_exclusion, rw_fifo, semaphore_bound};
+use support::contract::granted;
 use support::proxy::Proxy;
-use support::server::ensemble::{shared_ensemble, ZkEnsemble};
-use support::zk::{assert_no_znodes, client_at, clients_at, queued, raw, until_contenders};
+use support::server::ensemble::ZkEnsemble;
+use support::zk::{assert_no_znodes, client_at, raw, until_contenders};
 use tokio::time::{sleep, Instant};
 use zookeeper_client::{Acls, CreateMode};
-
-const SESSION: Duration = Duration::from_secs(4);
-const PLAN: [bool; 6] = [false, true, false, false, true, false];
-
-fn connect() -> String {
-    shared_ensemble().connect_string()
-}
-
-async fn clients(ns: &str, n: usize) -> Vec<LockClient> {
-    clients_at(&connect(), ns, SESSION, n).await
-}
-
-async fn assert_clean(ns: &str) {
-    assert_no_znodes(&raw(&connect()).await, ns).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutex_contract_on_an_ensemble() {
-    let ns = test_namespace!();
-    let fences = contend(clients(&ns, 4).await, "k", 15, Duration::from_millis(2)).await;
-    assert_eq!(fences.len(), 60);
-    assert_clean(&ns).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rw_and_semaphore_checks_on_an_ensemble() {
-    let ns = test_namespace!();
-    rw_exclusion(clients(&ns, 4).await, "rw", 10, 3).await;
-    let c = clients(&ns, PLAN.len() + 1).await;
-    rw_fifo(c, "fifo", &PLAN, &queued(&connect(), &ns, "fifo")).await;
-    semaphore_bound(clients(&ns, 4).await, "sem", 2, 10).await;
-    assert_clean(&ns).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_futures_leave_no_znodes_on_an_ensemble() {
-    let ns = test_namespace!();
-    torture(
-        clients(&ns, 2).await,
-        clients(&ns, 4).await,
-        "torture",
-        12,
-        50,
-        Duration::from_micros(4),
-    )
-    .await;
-    torture_family(|n| clients(&ns, n), 8, 40).await;
-    assert_clean(&ns).await;
-}
 
 /// A lock client on `connect`, and the member it connected to (the client picks a server at
 /// random): the one whose connection count went up.

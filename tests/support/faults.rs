@@ -47,42 +47,6 @@ impl Service {
     }
 }
 
-/// `n` clients (a fleet's replicas, each with its own connections) queue on one key, one at a
-/// time: they are served in arrival order, with strictly increasing fencing tokens.
-pub async fn waiters_served_in_arrival_order(svc: &Service, ns: &str, n: usize) {
-    let ttl = Duration::from_secs(30);
-    let handoff = Duration::from_secs(2);
-    let first = svc.client(svc.url(), ns, ttl, handoff).await;
-    let holder = first.mutex("fifo").lock().await.unwrap();
-    let grants = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        let c = svc.client(svc.url(), ns, ttl, handoff).await;
-        let grants = grants.clone();
-        tasks.push(tokio::spawn(async move {
-            let guard = c.mutex("fifo").lock().await.unwrap();
-            grants.lock().unwrap().push((i, guard.fencing_token()));
-            guard.release().await.unwrap();
-            c.shutdown().await;
-        }));
-        svc.until_queued(ns, "fifo", i + 1).await;
-    }
-    let first_fence = holder.fencing_token();
-    holder.release().await.unwrap();
-    for t in tasks {
-        timeout(Duration::from_secs(30), t).await.unwrap().unwrap();
-    }
-    let grants = grants.lock().unwrap().clone();
-    let order: Vec<usize> = grants.iter().map(|(i, _)| *i).collect();
-    assert_eq!(order, (0..n).collect::<Vec<_>>());
-    let fences: Vec<u64> = std::iter::once(first_fence)
-        .chain(grants.iter().map(|(_, f)| *f))
-        .collect();
-    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
-    first.shutdown().await;
-    assert_eq!((svc.left_in)(ns.to_owned()).await, 0, "left behind");
-}
-
 /// Tries `key` on `other` every few ms until it is granted or `limit` passes, checking at every
 /// step that `stale` never goes back from lost to held, and that it reports lost once `other`
 /// holds. Returns `other`'s guard and when it was granted.
