@@ -62,6 +62,30 @@ pub fn query_port<T: ::redis::FromRedisValue>(
     cmd.query(&mut conn)
 }
 
+/// Polls `left` (what is left of something that should be gone: keys, rows, nodes) every 20 ms
+/// until it is empty; fails naming `what` and what is left once `limit` has passed.
+pub async fn until_none_left<T, Fut>(
+    limit: std::time::Duration,
+    what: &str,
+    mut left: impl FnMut() -> Fut,
+) where
+    T: std::fmt::Debug,
+    Fut: std::future::Future<Output = Vec<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let left = left().await;
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} left behind: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// A namespace unique to one test (and one run), so tests can share a server.
 #[macro_export]
 macro_rules! test_namespace {

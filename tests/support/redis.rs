@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tokio::time::{sleep, timeout, Instant};
+use tokio::time::{sleep, timeout};
 
 /// A plain connection to `url`.
 pub async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
@@ -57,21 +57,17 @@ pub async fn until_queued(url: &str, ns: &str, key: &str, n: usize) {
     .unwrap_or_else(|_| panic!("expected {n} queued waiters"));
 }
 
+/// Every key in the namespace but fence counters.
+pub async fn non_fence_keys(url: &str, ns: &str) -> Vec<String> {
+    let mut keys = keys_in(url, ns).await;
+    keys.retain(|k| !k.ends_with(":fence"));
+    keys
+}
+
 /// Waits (releases run in the background) until only fence counters are left in the namespace.
 pub async fn until_only_fences(url: &str, ns: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left: Vec<String> = keys_in(url, ns)
-            .await
-            .into_iter()
-            .filter(|k| !k.ends_with(":fence"))
-            .collect();
-        if left.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "keys left in {ns}: {left:?}");
-        sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("keys of {ns}");
+    super::until_none_left(Duration::from_secs(5), &what, || non_fence_keys(url, ns)).await;
 }
 
 /// A client with its own connections to `url`, renewing its leases or not.

@@ -1,7 +1,11 @@
 //! A Redis Cluster on loopback: three primaries, each with one replica, every node a real
-//! `redis-server --cluster-enabled yes`, joined by `redis-cli --cluster create`.
+//! `redis-server --cluster-enabled yes`, joined by `redis-cli --cluster create`; one shared by
+//! every test of a binary, and the behaviour suite's fixture on it.
 
 use std::time::{Duration, Instant};
+
+use distlock::LockClient;
+use futures::future::BoxFuture;
 
 use super::redis::RedisServer;
 use crate::support::{free_port, require_binary};
@@ -407,47 +411,29 @@ pub async fn until_queued(ns: &str, key: &str, n: usize) {
 }
 
 /// A client of the shared cluster, through `redis+cluster://`, with a lease of 3 s.
-pub async fn client(ns: &str) -> distlock::LockClient {
+pub async fn client(ns: &str) -> LockClient {
     client_with(ns, Duration::from_secs(3)).await
 }
 
 /// A client of the shared cluster with a lease of `ttl`.
-pub async fn client_with(ns: &str, ttl: Duration) -> distlock::LockClient {
-    distlock::LockClient::builder_for(&shared_cluster().url())
-        .await
-        .unwrap()
-        .namespace(ns)
-        .ttl(ttl)
-        .build()
-        .unwrap()
+pub async fn client_with(ns: &str, ttl: Duration) -> LockClient {
+    crate::support::failover::client_for(&shared_cluster().url(), ns, ttl).await
 }
 
 /// The suite's fixture: the binary's shared cluster.
 struct Cluster;
 
 impl super::Server for Cluster {
-    fn client(
-        &self,
-        ns: &str,
-        ttl: Option<Duration>,
-    ) -> futures::future::BoxFuture<'static, distlock::LockClient> {
-        let ns = ns.to_owned();
+    fn client(&self, ns: String, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
         Box::pin(async move { client_with(&ns, ttl.unwrap_or(Duration::from_secs(3))).await })
     }
 
-    fn until_queued(
-        &self,
-        ns: &str,
-        key: &str,
-        n: usize,
-    ) -> futures::future::BoxFuture<'static, ()> {
-        let (ns, key) = (ns.to_owned(), key.to_owned());
+    fn until_queued(&self, ns: String, key: String, n: usize) -> BoxFuture<'static, ()> {
         Box::pin(async move { until_queued(&ns, &key, n).await })
     }
 
     /// Only fencing counters, on every node, within 10 s.
-    fn assert_clean(&self, ns: &str) -> futures::future::BoxFuture<'static, ()> {
-        let ns = ns.to_owned();
+    fn assert_clean(&self, ns: String) -> BoxFuture<'static, ()> {
         Box::pin(async move { tokio::task::block_in_place(|| shared_cluster().until_clean(&ns)) })
     }
 }

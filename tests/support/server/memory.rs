@@ -13,17 +13,17 @@ use super::{Env, Server, Supports};
 struct Memory(MemoryBackend);
 
 impl Server for Memory {
-    fn client(&self, ns: &str, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
-        let mut builder = LockClient::builder(self.0.clone()).namespace(ns);
-        if let Some(ttl) = ttl {
-            builder = builder.ttl(ttl);
-        }
-        let client = builder.build().unwrap();
-        Box::pin(async move { client })
+    fn client(&self, ns: String, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
+        let builder = LockClient::builder(self.0.clone()).namespace(ns);
+        let client = match ttl {
+            Some(ttl) => builder.ttl(ttl),
+            None => builder,
+        };
+        Box::pin(std::future::ready(client.build().unwrap()))
     }
 
     /// Every waiter of the backend counts (it is the test's own).
-    fn until_queued(&self, _ns: &str, _key: &str, n: usize) -> BoxFuture<'static, ()> {
+    fn until_queued(&self, _: String, _: String, n: usize) -> BoxFuture<'static, ()> {
         let backend = self.0.clone();
         Box::pin(async move {
             timeout(Duration::from_secs(10), async {
@@ -37,15 +37,14 @@ impl Server for Memory {
     }
 
     /// Nothing held, nothing queued, no key: at once (releases are not sent anywhere).
-    fn assert_clean(&self, _ns: &str) -> BoxFuture<'static, ()> {
+    fn assert_clean(&self, _: String) -> BoxFuture<'static, ()> {
         let stats = self.0.stats();
-        Box::pin(async move {
-            assert_eq!(
-                (stats.keys, stats.held, stats.waiters),
-                (0, 0, 0),
-                "state left behind: {stats:?}"
-            );
-        })
+        assert_eq!(
+            (stats.keys, stats.held, stats.waiters),
+            (0, 0, 0),
+            "state left behind: {stats:?}"
+        );
+        Box::pin(std::future::ready(()))
     }
 }
 

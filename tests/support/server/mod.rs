@@ -39,14 +39,14 @@ use futures::future::BoxFuture;
 pub trait Server: Send + Sync + 'static {
     /// A client of namespace `ns` with its own connections; `ttl`, if given, is the lease its
     /// locks get (on ZooKeeper: the session it asks for), else the fixture's own.
-    fn client(&self, ns: &str, ttl: Option<Duration>) -> BoxFuture<'static, LockClient>;
+    fn client(&self, ns: String, ttl: Option<Duration>) -> BoxFuture<'static, LockClient>;
 
     /// Waits until `n` claims wait (hold nothing) on `key` of `ns`.
-    fn until_queued(&self, ns: &str, key: &str, n: usize) -> BoxFuture<'static, ()>;
+    fn until_queued(&self, ns: String, key: String, n: usize) -> BoxFuture<'static, ()>;
 
     /// Fails the test if anything of `ns` is left on the server (fencing counters, which carry
     /// a TTL, aside), once the releases the clients sent in the background have landed.
-    fn assert_clean(&self, ns: &str) -> BoxFuture<'static, ()>;
+    fn assert_clean(&self, ns: String) -> BoxFuture<'static, ()>;
 }
 
 /// Which kinds of claim a backend holds, as its own [`Backend::supports`] says: the rule by
@@ -98,12 +98,12 @@ impl Env {
     }
 
     pub async fn client(&self) -> LockClient {
-        self.server.client(&self.ns, None).await
+        self.server.client(self.ns.clone(), None).await
     }
 
     /// A client whose locks get `ttl` (the fixture's lease if `None`).
     pub async fn client_with_ttl(&self, ttl: Option<Duration>) -> LockClient {
-        self.server.client(&self.ns, ttl).await
+        self.server.client(self.ns.clone(), ttl).await
     }
 
     pub async fn clients(&self, n: usize) -> Vec<LockClient> {
@@ -128,23 +128,24 @@ impl Env {
 
     /// A client of another namespace (`<ns>.<suffix>`) on the same server.
     pub async fn client_elsewhere(&self, suffix: &str, ttl: Option<Duration>) -> LockClient {
-        self.server
-            .client(&format!("{}.{suffix}", self.ns), ttl)
-            .await
+        let ns = format!("{}.{suffix}", self.ns);
+        self.server.client(ns, ttl).await
     }
 
     /// Waits until `n` claims wait on `key`.
     pub async fn until_queued(&self, key: &str, n: usize) {
-        self.server.until_queued(&self.ns, key, n).await;
+        self.server
+            .until_queued(self.ns.clone(), key.to_owned(), n)
+            .await;
     }
 
     /// The family checks' probe on `key`.
     pub fn queued(&self, key: &str) -> impl Fn(usize) -> BoxFuture<'static, ()> + Sync {
         let (server, ns, key) = (self.server.clone(), self.ns.clone(), key.to_owned());
-        move |n| server.until_queued(&ns, &key, n)
+        move |n| server.until_queued(ns.clone(), key.clone(), n)
     }
 
     pub async fn assert_clean(&self) {
-        self.server.assert_clean(&self.ns).await;
+        self.server.assert_clean(self.ns.clone()).await;
     }
 }

@@ -256,11 +256,11 @@ mod fixture {
     use distlock::backend::PgBackend;
     use distlock::LockClient;
     use futures::future::BoxFuture;
-    use tokio::time::{sleep, Instant};
 
     use super::shared_postgres;
     use crate::support::pg::{claims_in, until_queued};
     use crate::support::server::{Env, Server, Supports};
+    use crate::support::until_none_left;
 
     /// A lock's lease unless a test says otherwise.
     pub const TTL: Duration = Duration::from_secs(10);
@@ -270,8 +270,8 @@ mod fixture {
     pub struct Postgres(pub Option<fn() -> String>);
 
     impl Server for Postgres {
-        fn client(&self, ns: &str, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
-            let (pooler, ns) = (self.0.map(|url| url()), ns.to_owned());
+        fn client(&self, ns: String, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
+            let pooler = self.0.map(|url| url());
             Box::pin(async move {
                 let server = shared_postgres().url();
                 let builder = match pooler {
@@ -291,29 +291,25 @@ mod fixture {
             })
         }
 
-        fn until_queued(&self, ns: &str, key: &str, n: usize) -> BoxFuture<'static, ()> {
-            let (ns, key) = (ns.to_owned(), key.to_owned());
-            Box::pin(async move {
-                let n = i64::try_from(n).unwrap();
-                until_queued(&shared_postgres().url(), &ns, &key, n).await;
-            })
+        fn until_queued(&self, ns: String, key: String, n: usize) -> BoxFuture<'static, ()> {
+            let n = i64::try_from(n).unwrap();
+            Box::pin(async move { until_queued(&shared_postgres().url(), &ns, &key, n).await })
         }
 
         /// No claim row of the namespace, live or not, within 300 ms (a release dropped in a
         /// cancelled future lands in the background).
-        fn assert_clean(&self, ns: &str) -> BoxFuture<'static, ()> {
-            let ns = ns.to_owned();
+        fn assert_clean(&self, ns: String) -> BoxFuture<'static, ()> {
             Box::pin(async move {
                 let url = shared_postgres().url();
-                let deadline = Instant::now() + Duration::from_millis(300);
-                loop {
-                    let left = claims_in(&url, &ns).await;
-                    if left == 0 {
-                        return;
+                let claims = || async {
+                    let n = claims_in(&url, &ns).await;
+                    if n == 0 {
+                        Vec::new()
+                    } else {
+                        vec![n]
                     }
-                    assert!(Instant::now() < deadline, "{left} claims left in {ns}");
-                    sleep(Duration::from_millis(20)).await;
-                }
+                };
+                until_none_left(Duration::from_millis(300), "claims", claims).await;
             })
         }
     }

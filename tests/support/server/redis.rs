@@ -192,37 +192,36 @@ mod fixture {
     use futures::future::BoxFuture;
 
     use super::shared_redis;
-    use crate::support::redis::{connection, until_only_fences, until_queued};
+    use crate::support::redis::{connection, keys_in, until_only_fences, until_queued};
     use crate::support::server::{Env, Server, Supports};
 
     struct Redis;
 
     impl Server for Redis {
-        fn client(&self, ns: &str, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
-            let ns = ns.to_owned();
+        fn client(&self, ns: String, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
             Box::pin(async move {
                 let backend = RedisBackend::connect(&shared_redis().url()).await.unwrap();
-                let mut builder = LockClient::builder(backend).namespace(ns);
-                if let Some(ttl) = ttl {
-                    builder = builder.ttl(ttl);
+                let builder = LockClient::builder(backend).namespace(ns);
+                match ttl {
+                    Some(ttl) => builder.ttl(ttl),
+                    None => builder,
                 }
-                builder.build().unwrap()
+                .build()
+                .unwrap()
             })
         }
 
-        fn until_queued(&self, ns: &str, key: &str, n: usize) -> BoxFuture<'static, ()> {
-            let (ns, key) = (ns.to_owned(), key.to_owned());
+        fn until_queued(&self, ns: String, key: String, n: usize) -> BoxFuture<'static, ()> {
             Box::pin(async move { until_queued(&shared_redis().url(), &ns, &key, n).await })
         }
 
         /// Only fencing counters, each with a TTL.
-        fn assert_clean(&self, ns: &str) -> BoxFuture<'static, ()> {
-            let ns = ns.to_owned();
+        fn assert_clean(&self, ns: String) -> BoxFuture<'static, ()> {
             Box::pin(async move {
                 let url = shared_redis().url();
                 until_only_fences(&url, &ns).await;
                 let mut conn = connection(&url).await;
-                for key in crate::support::redis::keys_in(&url, &ns).await {
+                for key in keys_in(&url, &ns).await {
                     let pttl: i64 = redis::cmd("PTTL")
                         .arg(&key)
                         .query_async(&mut conn)

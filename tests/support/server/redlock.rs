@@ -1,11 +1,13 @@
 //! Independent `redis-server` nodes for Redlock tests, each reachable directly or through a
-//! fault proxy.
+//! fault proxy; five shared by every test of a binary, and the behaviour suite's fixture on
+//! them.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use distlock::backend::RedlockBackend;
 use distlock::LockClient;
+use futures::future::BoxFuture;
 
 use super::redis::RedisServer;
 use crate::support::proxy::Proxy;
@@ -62,18 +64,8 @@ impl Nodes {
 
     /// Waits until the namespace holds nothing but counters and marks on any node.
     pub async fn until_clean(&self, ns: &str) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = self.leftovers(ns).await;
-            if left.is_empty() {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "keys left behind: {left:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::support::until_none_left(Duration::from_secs(10), "keys", || self.leftovers(ns))
+            .await;
     }
 
     /// How many claims wait on `key` on node `i`.
@@ -150,32 +142,18 @@ struct Redlock;
 
 impl super::Server for Redlock {
     /// A lease of 2 s unless a test says otherwise; no rejoin delay (the nodes are fresh).
-    fn client(
-        &self,
-        ns: &str,
-        ttl: Option<Duration>,
-    ) -> futures::future::BoxFuture<'static, LockClient> {
-        let ns = ns.to_owned();
-        Box::pin(async move {
-            let ttl = ttl.unwrap_or(Duration::from_secs(2));
-            shared_nodes().client_with(&ns, ttl, Duration::ZERO).await
-        })
+    fn client(&self, ns: String, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
+        let ttl = ttl.unwrap_or(Duration::from_secs(2));
+        Box::pin(async move { shared_nodes().client_with(&ns, ttl, Duration::ZERO).await })
     }
 
     /// On a majority of the nodes.
-    fn until_queued(
-        &self,
-        ns: &str,
-        key: &str,
-        n: usize,
-    ) -> futures::future::BoxFuture<'static, ()> {
-        let (ns, key) = (ns.to_owned(), key.to_owned());
+    fn until_queued(&self, ns: String, key: String, n: usize) -> BoxFuture<'static, ()> {
         Box::pin(async move { shared_nodes().until_queued(&ns, &key, n).await })
     }
 
     /// Nothing but counters and the nodes' marks on any node, within 10 s.
-    fn assert_clean(&self, ns: &str) -> futures::future::BoxFuture<'static, ()> {
-        let ns = ns.to_owned();
+    fn assert_clean(&self, ns: String) -> BoxFuture<'static, ()> {
         Box::pin(async move { shared_nodes().until_clean(&ns).await })
     }
 }

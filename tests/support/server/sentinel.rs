@@ -1,12 +1,19 @@
 //! A Sentinel-managed primary on loopback: one primary, one replica, three sentinels
-//! (`redis-server <conf> --sentinel`) that promote the replica when the primary goes down.
+//! (`redis-server <conf> --sentinel`) that promote the replica when the primary goes down; one
+//! shared by every test of a binary that fails nothing over, and the behaviour suite's fixture
+//! on it.
 
 use std::time::{Duration, Instant};
 
+use distlock::LockClient;
+use futures::future::BoxFuture;
+
 use super::redis::RedisServer;
 use crate::support::clock::ClockShim;
+use crate::support::failover::client_for;
 use crate::support::process::{launch, Supervised};
-use crate::support::{query_port, require_binary};
+use crate::support::redis as redis_keys;
+use crate::support::{query_port, require_binary, until_none_left};
 
 /// The master name the sentinels monitor.
 pub const MASTER: &str = "distlock";
@@ -191,53 +198,23 @@ struct Sentinel;
 
 impl super::Server for Sentinel {
     /// A lease of 2 s unless a test says otherwise.
-    fn client(
-        &self,
-        ns: &str,
-        ttl: Option<Duration>,
-    ) -> futures::future::BoxFuture<'static, distlock::LockClient> {
-        let ns = ns.to_owned();
-        Box::pin(async move {
-            let ttl = ttl.unwrap_or(Duration::from_secs(2));
-            crate::support::failover::client_for(&shared_sentinel().url(), &ns, ttl).await
-        })
+    fn client(&self, ns: String, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
+        let ttl = ttl.unwrap_or(Duration::from_secs(2));
+        Box::pin(async move { client_for(&shared_sentinel().url(), &ns, ttl).await })
     }
 
     /// The queue's length on the primary.
-    fn until_queued(
-        &self,
-        ns: &str,
-        key: &str,
-        n: usize,
-    ) -> futures::future::BoxFuture<'static, ()> {
-        let (ns, key) = (ns.to_owned(), key.to_owned());
-        Box::pin(async move {
-            crate::support::redis::until_queued(&shared_sentinel().primary.url(), &ns, &key, n)
-                .await;
-        })
+    fn until_queued(&self, ns: String, key: String, n: usize) -> BoxFuture<'static, ()> {
+        let primary = shared_sentinel().primary.url();
+        Box::pin(async move { redis_keys::until_queued(&primary, &ns, &key, n).await })
     }
 
     /// Only fencing counters on the primary, within 10 s.
-    fn assert_clean(&self, ns: &str) -> futures::future::BoxFuture<'static, ()> {
-        let ns = ns.to_owned();
+    fn assert_clean(&self, ns: String) -> BoxFuture<'static, ()> {
+        let primary = shared_sentinel().primary.url();
         Box::pin(async move {
-            let url = shared_sentinel().primary.url();
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            loop {
-                let left: Vec<String> = crate::support::redis::keys_in(&url, &ns)
-                    .await
-                    .into_iter()
-                    .filter(|k| !k.ends_with(":fence"))
-                    .collect();
-                if left.is_empty() {
-                    return;
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "keys left behind: {left:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let left = || redis_keys::non_fence_keys(&primary, &ns);
+            until_none_left(Duration::from_secs(10), "keys", left).await;
         })
     }
 }

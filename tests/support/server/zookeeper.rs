@@ -190,18 +190,18 @@ mod fixture {
 
     impl Server for ZooKeeper {
         /// Its TTL is the session the server granted.
-        fn client(&self, ns: &str, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
-            let (connect, ns) = ((self.0)(), ns.to_owned());
+        fn client(&self, ns: String, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
+            let connect = (self.0)();
             Box::pin(async move { client_at(&connect, &ns, ttl.unwrap_or(SESSION)).await })
         }
 
-        fn until_queued(&self, ns: &str, key: &str, n: usize) -> BoxFuture<'static, ()> {
-            queued(&(self.0)(), ns, key)(n)
+        fn until_queued(&self, ns: String, key: String, n: usize) -> BoxFuture<'static, ()> {
+            queued(&(self.0)(), &ns, &key)(n)
         }
 
         /// No znode under the namespace, once idle lock nodes' lingering deletes are done.
-        fn assert_clean(&self, ns: &str) -> BoxFuture<'static, ()> {
-            let (connect, ns) = ((self.0)(), ns.to_owned());
+        fn assert_clean(&self, ns: String) -> BoxFuture<'static, ()> {
+            let connect = (self.0)();
             Box::pin(async move { assert_no_znodes(&raw(&connect).await, &ns).await })
         }
     }
