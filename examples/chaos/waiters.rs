@@ -199,11 +199,21 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
             })
         });
     let after = log.intervals().map(|i| i.end_ns).filter(|e| *e >= t0).min();
+    // ZooKeeper: the dead waiters' sessions expire a session timeout after they died, however
+    // early the hold before them ended; a release before the kill (say, a holder killed a
+    // moment earlier, whose own session expires meanwhile) is judged from the kill.
+    let judged_from = |r: u128| {
+        if backend.starts_with("zookeeper") {
+            r.max(t0)
+        } else {
+            r
+        }
+    };
     let (release, next) = [before, after]
         .into_iter()
         .flatten()
         .map(|r| (Some(r), next_grant(r)))
-        .max_by_key(|&(r, g)| g.map_or(u128::MAX, |g| g - r.unwrap_or(g)))
+        .max_by_key(|&(r, g)| g.map_or(u128::MAX, |g| g.saturating_sub(r.map_or(g, judged_from))))
         .unwrap_or((after, None));
     if std::env::var_os("CHAOS_DEBUG").is_some() {
         let who = |t: Option<u128>, end: bool| {
@@ -220,7 +230,7 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
     }
     let problem = match (release, next) {
         (Some(r), Some(g)) => {
-            let gap = Duration::from_nanos((g - r) as u64);
+            let gap = Duration::from_nanos(g.saturating_sub(judged_from(r)) as u64);
             log.handoffs.push((gap, bound));
             (gap > bound).then(|| {
                 format!(
