@@ -502,6 +502,7 @@ async fn two_dead_waiters_in_a_row_cost_two_handoff_leases() {
         &support::redis::service(),
         &test_namespace!(),
         2,
+        faults::Death::Closed,
     )
     .await;
 }
@@ -514,6 +515,22 @@ async fn five_dead_waiters_in_a_row_cost_five_handoff_leases() {
         &support::redis::service(),
         &test_namespace!(),
         5,
+        faults::Death::Closed,
+    )
+    .await;
+}
+
+/// Three waiters in a row whose hosts crash: their connections stay open on the server's side,
+/// so they look alive to the hint that a provisional lease ends. The live waiter behind them
+/// is told all the same, and granted within three handoff leases (it used to wait for its own
+/// re-check, up to a TTL, on PostgreSQL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_crashed_waiters_in_a_row_cost_three_handoff_leases() {
+    faults::dead_waiters_in_a_row_cost_a_handoff_lease_each(
+        &support::redis::service(),
+        &test_namespace!(),
+        3,
+        faults::Death::Crashed,
     )
     .await;
 }

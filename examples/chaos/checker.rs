@@ -248,13 +248,6 @@ pub(crate) fn dead_waiters_cost(backend: &str, dead: usize) -> Duration {
         ttl() + Duration::from_millis(1500)
     } else if backend.starts_with("zookeeper") {
         ttl() + Duration::from_millis(1000)
-    } else if backend.starts_with("postgres") {
-        // An open defect (issue 27): the killed waiters' connections stay open (their hosts
-        // crashed), so `hint_next` takes the first of them for a waiter that hears its hint
-        // and stops there; the live waiter behind waits for its own re-check, up to a TTL
-        // (1.60-1.91 s measured with two or three dead, against 0.3 s each handed on). Judged
-        // by that until it is fixed: `--seed 1795692980089029360` shows it.
-        (HANDOFF * dead as u32).max(ttl())
     } else {
         HANDOFF * dead as u32
     }

@@ -327,11 +327,25 @@ pub async fn dead_holder_state_does_not_outlive_its_lease(svc: &Service, ns: &st
     fresh.shutdown().await;
 }
 
-/// `dead` waiters queued in a row behind a holder die (their connections cut), a live one
-/// waits behind them; the holder releases. Each dead waiter may cost one provisional handoff
-/// lease, no more: the live one is granted within `dead` handoff leases and some slack, never
-/// at a TTL.
-pub async fn dead_waiters_in_a_row_cost_a_handoff_lease_each(svc: &Service, ns: &str, dead: usize) {
+/// How the dead waiters of [`dead_waiters_in_a_row_cost_a_handoff_lease_each`] die.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Death {
+    /// Their connections close (the server sees them go).
+    Closed,
+    /// Their hosts crash: nothing more reaches the server, and their connections stay open
+    /// on its side (no FIN, until TCP keepalive gives up), so they look alive.
+    Crashed,
+}
+
+/// `dead` waiters queued in a row behind a holder die (`how`), a live one waits behind them;
+/// the holder releases. Each dead waiter may cost one provisional handoff lease, no more: the
+/// live one is granted within `dead` handoff leases and some slack, never at a TTL.
+pub async fn dead_waiters_in_a_row_cost_a_handoff_lease_each(
+    svc: &Service,
+    ns: &str,
+    dead: usize,
+    how: Death,
+) {
     let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
     let h = svc.client(svc.url(), ns, ttl, handoff).await;
     let next = svc.client(svc.url(), ns, ttl, handoff).await;
@@ -345,8 +359,16 @@ pub async fn dead_waiters_in_a_row_cost_a_handoff_lease_each(svc: &Service, ns: 
     }
     let waiter = tokio::spawn(next.mutex("k").lock());
     svc.until_queued(ns, "k", dead + 1).await;
-    for (proxy, ..) in &doomed {
-        proxy.cut();
+    for (proxy, task, _) in &doomed {
+        match how {
+            Death::Closed => proxy.cut(),
+            Death::Crashed => {
+                // Open connections look alive past the test; new ones reach nothing.
+                proxy.crash(ttl * 2);
+                proxy.blackhole();
+                task.abort();
+            }
+        }
     }
     // A moment for the server to see the dead clients' connections close (a process that
     // died a moment before the release may still look subscribed).
@@ -359,11 +381,13 @@ pub async fn dead_waiters_in_a_row_cost_a_handoff_lease_each(svc: &Service, ns: 
         .unwrap()
         .unwrap();
     let waited = released.elapsed();
-    println!("{dead} dead waiters in a row: the live one granted {waited:?} after the release");
+    println!(
+        "{dead} dead waiters ({how:?}) in a row: the live one granted {waited:?} after the release"
+    );
     let bound = handoff * u32::try_from(dead).unwrap_or(u32::MAX) + Duration::from_millis(700);
     assert!(
         waited < bound,
-        "{dead} dead waiters in a row held the lock {waited:?} (bound {bound:?})"
+        "{dead} dead waiters ({how:?}) in a row held the lock {waited:?} (bound {bound:?})"
     );
     for (_, task, _) in &doomed {
         task.abort();
