@@ -35,6 +35,11 @@ for backend in memory redis redlock zookeeper postgres; do
   echo "== chaos --backend $backend"
   cargo run --locked --all-features --example chaos -- --backend "$backend" --secs "${DISTLOCK_CHAOS_SECS:-45}"
 done
+# Elections (memory so far, issue 30): leaders taking turns under the same faults and checker,
+# the term the token, with the holders logging at TRACE.
+echo "== chaos --backend memory --primitive election"
+cargo run --locked --all-features --example chaos -- --backend memory --primitive election --trace \
+  --secs "${DISTLOCK_CHAOS_ELECTION_SECS:-20}"
 # The other primitives, a bounded slice per run: two runs, each a form and a backend the run's
 # seed picks (the full matrix by hand, with --backend and --primitive), with the holders
 # logging at TRACE. Forms: write (a read-write lock's write side), permit (a one-permit

@@ -96,6 +96,7 @@ mod attribute;
 pub mod backend;
 mod client;
 mod core;
+mod election;
 mod error;
 mod inspect;
 mod multi;
@@ -104,6 +105,7 @@ mod rw_lock;
 mod semaphore;
 mod sync;
 
+pub use backend::{Leader, LeaderWatch};
 pub use client::{LockClient, LockClientBuilder, DEFAULT_NAMESPACE, DEFAULT_TTL};
 
 /// Describes distlock's metrics (type, unit, help text) to the `metrics` recorder installed
@@ -122,6 +124,7 @@ pub fn describe_metrics() {
     core::metrics::describe();
 }
 pub use core::rules::{MAX_KEY_LEN, MAX_NAMESPACE_LEN, MIN_TTL};
+pub use election::{Election, Leadership};
 pub use error::{Error, ErrorKind, Result};
 pub use inspect::{ForceReleased, Holder, Inspection, Waiter};
 pub use multi::{MultiGuard, MultiLock};
@@ -262,5 +265,14 @@ mod bounds {
         send_static(&sem.acquire_many(2));
         send_static(&multi.lock());
         guard_is_send_sync::<Error>();
+        let election = client.election("e");
+        send_sync_static(&election);
+        send_static(&election.campaign("me"));
+        send_static(&election.observe());
+        fn send<T: Send>(_: &T) {}
+        send(&election.leader());
+        send(&election.lead("me", |term| async move { term }));
+        guard_is_send_sync::<Leadership>();
+        guard_is_send_sync::<Leader>();
     }
 }

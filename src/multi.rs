@@ -178,6 +178,7 @@ impl MultiLock {
                     core: core.clone(),
                     key,
                     ttl,
+                    value: None,
                 };
                 match target.acquire_until(kind, mode, deadline).await {
                     Ok(h) => taken.held.push(h),

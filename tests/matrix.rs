@@ -4,10 +4,11 @@
 //! (`support/server/`): one server set shared by the binary, a namespace per test. Filter by
 //! backend (`cargo test --test matrix -- redlock::`) or by case (`-- rw_fifo`).
 //!
-//! A backend runs the case groups it supports (`mutex`, `rw`, `semaphore`, `lease`). A group it
-//! lacks is listed after `skip`: its cases run as `<backend>::skipped::<case>`, which check that
-//! the library refuses the primitive there (the backend's `supports`, `Unsupported` before any
-//! I/O), say on stderr that the case was skipped, and fail once the backend has it.
+//! A backend runs the case groups it supports (`mutex`, `rw`, `semaphore`, `lease`,
+//! `election`). A group it lacks is listed after `skip`: its cases run as
+//! `<backend>::skipped::<case>`, which check that the library refuses the primitive there (the
+//! backend's `supports`, `Unsupported` before any I/O), say on stderr that the case was
+//! skipped, and fail once the backend has it.
 
 mod support;
 
@@ -63,6 +64,15 @@ macro_rules! group {
     };
     ($how:ident, $env:path, $arg:ident, lease) => {
         $how!($env, $arg: lease_control_fixed_extended_and_shorter_leases);
+    };
+    ($how:ident, $env:path, $arg:ident, election) => {
+        $how!($env, $arg: election_one_leader_at_a_time,
+            election_candidates_lead_in_arrival_order,
+            election_observers_see_the_latest_leader,
+            election_dead_leader_is_replaced_within_its_lease,
+            election_cancelled_campaigns_leave_nothing_behind,
+            election_and_locks_do_not_mix,
+            election_lead_stops_the_work_when_leadership_is_lost);
     };
 }
 
@@ -190,20 +200,21 @@ matrix! {
         semaphore_bound: (6, 3, 40),
         lease_ttl: Duration::from_millis(600),
         ..BASE
-    }, [mutex, rw, semaphore, lease];
+    }, [mutex, rw, semaphore, lease, election];
 
     #[cfg(feature = "redis")]
-    redis: server::redis::env, Sizes { fifo: 64, ..BASE }, [mutex, rw, semaphore, lease];
+    redis: server::redis::env, Sizes { fifo: 64, ..BASE }, [mutex, rw, semaphore, lease]
+        skip [election];
 
     #[cfg(feature = "redis-cluster")]
     redis_cluster: server::cluster::env, Sizes {
         drops: Torture { cancel_rounds: 100, unit: Duration::from_millis(5), ..BASE.drops },
         ..REPLICATED
-    }, [mutex, rw, semaphore, lease];
+    }, [mutex, rw, semaphore, lease] skip [election];
 
     #[cfg(feature = "redis-sentinel")]
     redis_sentinel: server::sentinel::env, Sizes { fifo: 8, ..REPLICATED },
-        [mutex, rw, semaphore, lease];
+        [mutex, rw, semaphore, lease] skip [election];
 
     #[cfg(feature = "redlock")]
     redlock: server::redlock::env, Sizes {
@@ -220,10 +231,10 @@ matrix! {
         },
         rw_exclusion: (6, 15, 4),
         ..BASE
-    }, [mutex, rw, lease] skip [semaphore];
+    }, [mutex, rw, lease] skip [semaphore, election];
 
     #[cfg(feature = "zookeeper")]
-    zookeeper: server::zookeeper::env, ZOOKEEPER, [mutex, rw, semaphore] skip [lease];
+    zookeeper: server::zookeeper::env, ZOOKEEPER, [mutex, rw, semaphore] skip [lease, election];
 
     #[cfg(feature = "zookeeper")]
     zookeeper_ensemble: server::ensemble::env, Sizes {
@@ -235,7 +246,7 @@ matrix! {
         rw_plan: &[false, true, false, false, true, false],
         semaphore_bound: (4, 2, 10),
         ..ZOOKEEPER
-    }, [mutex, rw, semaphore] skip [lease];
+    }, [mutex, rw, semaphore] skip [lease, election];
 
     #[cfg(feature = "postgres")]
     postgres: server::postgres::env, Sizes {
@@ -244,7 +255,7 @@ matrix! {
         drops: Torture { cancel_rounds: 120, unit: Duration::from_millis(10), ..BASE.drops },
         family_torture: Torture { holder_rounds: 30, cancel_rounds: 100, ..BASE.family_torture },
         ..BASE
-    }, [mutex, rw, semaphore, lease];
+    }, [mutex, rw, semaphore, lease] skip [election];
 
     #[cfg(feature = "postgres")]
     pgbouncer: server::pgbouncer::env, Sizes {
@@ -260,5 +271,5 @@ matrix! {
         rw_exclusion: (6, 15, 4),
         semaphore_bound: (6, 3, 15),
         ..BASE
-    }, [mutex, rw, semaphore, lease];
+    }, [mutex, rw, semaphore, lease] skip [election];
 }

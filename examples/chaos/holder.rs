@@ -33,7 +33,9 @@ pub(crate) const PERMITS: u32 = 3;
 pub(crate) const MULTI_KEYS: [&str; 3] = ["chaos:a", "chaos:b", "chaos:c"];
 
 /// Every `--primitive` form.
-pub(crate) const FORMS: [&str; 6] = ["mutex", "write", "permit", "rw", "permits", "multi"];
+pub(crate) const FORMS: [&str; 7] = [
+    "mutex", "write", "permit", "rw", "permits", "multi", "election",
+];
 
 /// The keys a form's holders take.
 pub(crate) fn keys_of(primitive: &str) -> Vec<&'static str> {
@@ -88,6 +90,7 @@ pub(crate) enum Held {
     Read(distlock::RwLockReadGuard),
     Permit(distlock::SemaphorePermit),
     Multi(distlock::MultiGuard),
+    Leader(distlock::Leadership),
 }
 
 impl Held {
@@ -98,6 +101,7 @@ impl Held {
             Self::Read(g) => g.extend(ttl).await,
             Self::Permit(g) => g.extend(ttl).await,
             Self::Multi(g) => g.extend(ttl).await,
+            Self::Leader(g) => g.extend(ttl).await,
         }
     }
 
@@ -108,6 +112,7 @@ impl Held {
             Self::Read(g) => g.is_lost(),
             Self::Permit(g) => g.is_lost(),
             Self::Multi(g) => g.is_lost(),
+            Self::Leader(g) => g.is_lost(),
         }
     }
 
@@ -119,6 +124,7 @@ impl Held {
             Self::Write(g) => one(g.fencing_token()),
             Self::Read(g) => one(g.fencing_token()),
             Self::Permit(g) => one(g.fencing_token()),
+            Self::Leader(g) => one(g.term()),
             Self::Multi(g) => g
                 .fencing_tokens()
                 .into_iter()
@@ -139,6 +145,8 @@ pub(crate) enum Plan {
     /// `n` permits of a semaphore of `of`.
     Permits(u32, u32),
     Multi(Vec<&'static str>),
+    /// Leadership of the election `chaos` (the term is the token).
+    Leader,
 }
 
 impl Plan {
@@ -147,6 +155,7 @@ impl Plan {
         match primitive {
             "write" => Self::Write,
             "permit" => Self::Permits(1, 1),
+            "election" => Self::Leader,
             "rw" => match rng.below(20) {
                 0..=8 => Self::Read,
                 9..=16 => Self::Write,
@@ -211,6 +220,11 @@ pub(crate) async fn take(
             .lock_timeout(patience)
             .await
             .map(Held::Mutex),
+        Plan::Leader => client
+            .election("chaos")
+            .campaign_timeout(format!("pid {}", std::process::id()), patience)
+            .await
+            .map(Held::Leader),
     }
 }
 

@@ -21,7 +21,8 @@
 //! `--primitive` picks what the holders take: `mutex` (the default), `write` (a read-write
 //! lock's write side) or `permit` (a one-permit semaphore), each exclusive; `rw` (each round a
 //! read, a write, or a write downgraded to a read half-way), `permits` (a semaphore of 3, one
-//! or two permits a round with `acquire_many`) or `multi` (a multi-lock of two of three keys).
+//! or two permits a round with `acquire_many`), `multi` (a multi-lock of two of three keys) or
+//! `election` (leadership of an election, its term the token; memory only so far).
 //! Memory runs every form but downgrades (a plain write there). `--trace` makes every holder
 //! log at TRACE (to nowhere), so every event's fields are evaluated under faults.
 //!
@@ -289,6 +290,10 @@ fn main() {
     assert!(
         !(args.backend == "redlock" && args.primitive.starts_with("permit")),
         "Redlock has no semaphores: --primitive permit and permits run on redis, zookeeper or postgres"
+    );
+    assert!(
+        args.primitive != "election" || args.backend == "memory",
+        "elections are on the memory backend only so far (issue 30): --backend memory"
     );
     let started = Instant::now();
     let (counts, problems) = match args.backend.as_str() {

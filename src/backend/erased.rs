@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
+use super::{Attempt, Backend, Claim, Grant, Leader, LeaderWatch, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{ForceReleased, Inspection};
 
@@ -55,6 +55,18 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         namespace: &'a str,
         key: &'a str,
     ) -> BoxFuture<'a, Result<ForceReleased>>;
+    fn proclaim<'a>(&'a self, claim: &'a Claim, ticket: &'a AnyTicket)
+        -> BoxFuture<'a, Result<()>>;
+    fn leader<'a>(
+        &'a self,
+        namespace: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Leader>>>;
+    fn watch_leader<'a>(
+        &'a self,
+        namespace: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<LeaderWatch>>;
     fn shutdown(&self) -> BoxFuture<'_, ()>;
 }
 
@@ -180,6 +192,30 @@ impl<B: Backend> DynBackend for B {
         key: &'a str,
     ) -> BoxFuture<'a, Result<ForceReleased>> {
         Box::pin(Backend::force_release(self, namespace, key))
+    }
+
+    fn proclaim<'a>(
+        &'a self,
+        claim: &'a Claim,
+        ticket: &'a AnyTicket,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move { Backend::proclaim(self, claim, typed(ticket)?).await })
+    }
+
+    fn leader<'a>(
+        &'a self,
+        namespace: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Leader>>> {
+        Box::pin(Backend::leader(self, namespace, key))
+    }
+
+    fn watch_leader<'a>(
+        &'a self,
+        namespace: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<LeaderWatch>> {
+        Box::pin(Backend::watch_leader(self, namespace, key))
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

@@ -5,10 +5,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard};
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::{sleep_until, Instant};
 
-use super::{Attempt, Backend, Claim, Family, Grant, LockKind, LostSignal, Renewal};
+use super::{
+    Attempt, Backend, Claim, Family, Grant, Leader, LeaderWatch, LockKind, LostSignal, Renewal,
+};
 use crate::error::{Error, Result};
 use crate::inspect::{ForceReleased, Holder as Seen, Inspection, Waiter as SeenWaiting};
 use crate::sync::LockExt;
@@ -60,6 +62,8 @@ struct Shared {
 struct State {
     keys: HashMap<Arc<str>, KeyState>,
     ops: u64,
+    /// Elections someone observes: moved whenever the key's leader changes.
+    watches: HashMap<Arc<str>, watch::Sender<u64>>,
 }
 
 #[derive(Default)]
@@ -74,6 +78,8 @@ struct Holder {
     fence: u64,
     valid_until: Instant,
     lost: LostSignal,
+    /// What a leader proclaims (empty for other kinds).
+    value: Arc<[u8]>,
 }
 
 struct Waiter {
@@ -84,6 +90,7 @@ struct Waiter {
     ttl: std::time::Duration,
     wake: Arc<Notify>,
     lost: LostSignal,
+    value: Arc<[u8]>,
 }
 
 /// What a claim keeps between calls: the wake-up its grant is announced on.
@@ -167,9 +174,15 @@ impl MemoryBackend {
         self.shared.fence.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Runs `f` on the key's state, with expired holders removed and every grantable waiter
-    /// granted, then drops the state if the key became idle.
+    /// Runs `f` on the claim's key's state (see [`at_key`](Self::at_key)).
     fn with_key<R>(&self, claim: &Claim, f: impl FnOnce(&Self, &mut KeyState, Instant) -> R) -> R {
+        self.at_key(full_name(claim), f)
+    }
+
+    /// Runs `f` on the state of the key `name`, with expired holders removed and every
+    /// grantable waiter granted, then drops the state if the key became idle, and tells the
+    /// key's observers if its leader changed.
+    fn at_key<R>(&self, name: Arc<str>, f: impl FnOnce(&Self, &mut KeyState, Instant) -> R) -> R {
         let mut state = self.lock_state();
         let now = Instant::now();
         state.ops += 1;
@@ -179,13 +192,19 @@ impl MemoryBackend {
                 !ks.is_idle()
             });
         }
-        let name = full_name(claim);
         let ks = state.keys.entry(name.clone()).or_default();
+        let before = ks.leader().map(|h| (h.fence, h.value.clone()));
         ks.expire_holders(now);
         self.grant_pass(ks, now);
         let result = f(self, ks, now);
+        let changed = ks.leader().map(|h| (h.fence, h.value.clone())) != before;
         if ks.is_idle() {
             state.keys.remove(&name);
+        }
+        if changed {
+            if let Some(tx) = state.watches.get(&name) {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
         }
         result
     }
@@ -204,6 +223,7 @@ impl MemoryBackend {
                 fence: self.next_fence(),
                 valid_until: now + next.ttl,
                 lost: next.lost,
+                value: next.value,
             });
             next.wake.notify_one();
         }
@@ -256,6 +276,11 @@ impl KeyState {
         kind.fits(self.holders.iter().map(|h| h.kind))
     }
 
+    /// The holder of an election, if the key is one and someone leads.
+    fn leader(&self) -> Option<&Holder> {
+        self.holders.iter().find(|h| h.kind == LockKind::Leader)
+    }
+
     fn holder(&self, owner: &str) -> Option<&Holder> {
         self.holders.iter().find(|h| &*h.owner == owner)
     }
@@ -287,70 +312,94 @@ impl Backend for MemoryBackend {
     }
 
     async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
-        let mut state = self.lock_state();
-        let now = Instant::now();
-        let mut seen = Inspection::free(key);
-        let name = name_of(namespace, key);
-        let Some(ks) = state.keys.get_mut(&name) else {
-            return Ok(seen);
-        };
-        ks.expire_holders(now);
-        self.grant_pass(ks, now);
-        seen.family = ks.family();
-        seen.holders = ks
-            .holders
-            .iter()
-            .map(|h| Seen {
-                kind: h.kind,
-                fencing_token: Some(h.fence),
-                lease_left: Some(h.valid_until.saturating_duration_since(now)),
-            })
-            .collect();
-        seen.waiters = ks
-            .queue
-            .iter()
-            .map(|w| SeenWaiting {
-                kind: w.kind,
-                waited: Some(now.saturating_duration_since(w.since)),
-            })
-            .collect();
-        if ks.is_idle() {
-            state.keys.remove(&name);
-        }
-        Ok(seen)
-    }
-
-    async fn force_release(&self, namespace: &str, key: &str) -> Result<ForceReleased> {
-        let mut state = self.lock_state();
-        let now = Instant::now();
-        let mut removed = ForceReleased::nothing(key);
-        let name = name_of(namespace, key);
-        let Some(ks) = state.keys.get_mut(&name) else {
-            return Ok(removed);
-        };
-        ks.expire_holders(now);
-        self.grant_pass(ks, now);
-        removed.family = ks.family();
-        // Every holder goes at once, marked lost (in this process its guard can be told at
-        // once; its renewal would find nothing anyway). The one counter hands every later
-        // grant a greater token.
-        removed.removed = ks
-            .holders
-            .drain(..)
-            .map(|h| {
-                h.lost.mark();
-                Seen {
+        Ok(self.at_key(name_of(namespace, key), |_, ks, now| {
+            let mut seen = Inspection::free(key);
+            seen.family = ks.family();
+            seen.holders = ks
+                .holders
+                .iter()
+                .map(|h| Seen {
                     kind: h.kind,
                     fencing_token: Some(h.fence),
                     lease_left: Some(h.valid_until.saturating_duration_since(now)),
+                })
+                .collect();
+            seen.waiters = ks
+                .queue
+                .iter()
+                .map(|w| SeenWaiting {
+                    kind: w.kind,
+                    waited: Some(now.saturating_duration_since(w.since)),
+                })
+                .collect();
+            seen
+        }))
+    }
+
+    async fn force_release(&self, namespace: &str, key: &str) -> Result<ForceReleased> {
+        Ok(self.at_key(name_of(namespace, key), |this, ks, now| {
+            let mut removed = ForceReleased::nothing(key);
+            removed.family = ks.family();
+            // Every holder goes at once, marked lost (in this process its guard can be told
+            // at once; its renewal would find nothing anyway). The one counter hands every
+            // later grant a greater token.
+            removed.removed = ks
+                .holders
+                .drain(..)
+                .map(|h| {
+                    h.lost.mark();
+                    Seen {
+                        kind: h.kind,
+                        fencing_token: Some(h.fence),
+                        lease_left: Some(h.valid_until.saturating_duration_since(now)),
+                    }
+                })
+                .collect();
+            this.grant_pass(ks, now);
+            removed
+        }))
+    }
+
+    async fn proclaim(&self, claim: &Claim, _ticket: &MemoryTicket) -> Result<()> {
+        self.with_key(claim, |_, ks, _| {
+            match ks.holders.iter_mut().find(|h| *h.owner == *claim.owner()) {
+                Some(h) => {
+                    h.value = claim.value();
+                    Ok(())
                 }
-            })
-            .collect();
-        self.grant_pass(ks, now);
-        if ks.is_idle() {
-            state.keys.remove(&name);
+                None => Err(Error::lost(claim.key())),
+            }
+        })
+    }
+
+    async fn leader(&self, namespace: &str, key: &str) -> Result<Option<Leader>> {
+        self.at_key(name_of(namespace, key), |_, ks, now| {
+            if let Some(family) = ks.family().filter(|f| *f != Family::Election) {
+                return Err(Error::kind_mismatch(format_args!(
+                    "`{key}` is {family} here, not an election"
+                )));
+            }
+            Ok(ks.leader().map(|h| {
+                Leader::new(
+                    h.value.clone(),
+                    h.fence,
+                    h.valid_until.saturating_duration_since(now),
+                )
+            }))
+        })
+    }
+
+    async fn watch_leader(&self, namespace: &str, key: &str) -> Result<LeaderWatch> {
+        let mut state = self.lock_state();
+        let name = name_of(namespace, key);
+        if let Some(tx) = state.watches.get(&name) {
+            return Ok(LeaderWatch::new(tx.subscribe()));
         }
-        Ok(removed)
+        // Forget the elections nobody observes any more.
+        state.watches.retain(|_, tx| tx.receiver_count() > 0);
+        let (tx, rx) = watch::channel(0);
+        state.watches.insert(name, tx);
+        Ok(LeaderWatch::new(rx))
     }
 
     async fn acquire(&self, claim: &Claim, ticket: &MemoryTicket, wait: bool) -> Result<Attempt> {
@@ -374,6 +423,7 @@ impl Backend for MemoryBackend {
                     fence: grant.fence,
                     valid_until: grant.valid_until,
                     lost: claim.lost_signal().clone(),
+                    value: claim.value(),
                 });
                 return Ok(Attempt::Granted(grant));
             }
@@ -385,6 +435,7 @@ impl Backend for MemoryBackend {
                     ttl: claim.ttl(),
                     wake: ticket.wake.clone(),
                     lost: claim.lost_signal().clone(),
+                    value: claim.value(),
                 });
             }
             Ok(Attempt::Queued {

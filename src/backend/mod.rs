@@ -20,7 +20,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -34,6 +34,7 @@ mod erased;
 mod handoff;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod hub;
+mod leader;
 #[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "postgres")]
@@ -67,6 +68,9 @@ pub enum LockKind {
         /// How many permits the semaphore has; every claim on the key must agree.
         max: u32,
     },
+    /// Leadership of an election ([`Election`](crate::Election)): one holder at a time, like
+    /// [`Exclusive`](Self::Exclusive), carrying the value it proclaims ([`Claim::value`]).
+    Leader,
 }
 
 impl LockKind {
@@ -74,6 +78,7 @@ impl LockKind {
     pub fn family(self) -> Family {
         match self {
             LockKind::Exclusive => Family::Mutex,
+            LockKind::Leader => Family::Election,
             LockKind::Read | LockKind::Write => Family::RwLock,
             LockKind::Permits { max, .. } => Family::Semaphore { max },
         }
@@ -105,7 +110,7 @@ impl LockKind {
     pub fn fits<I: IntoIterator<Item = LockKind>>(self, others: I) -> bool {
         let mut others = others.into_iter();
         match self {
-            LockKind::Exclusive | LockKind::Write => others.next().is_none(),
+            LockKind::Exclusive | LockKind::Write | LockKind::Leader => others.next().is_none(),
             LockKind::Read => others.all(|k| k == LockKind::Read),
             LockKind::Permits { count, max } => {
                 let used: u64 = others
@@ -133,6 +138,8 @@ pub enum Family {
         /// Its number of permits.
         max: u32,
     },
+    /// An [`Election`](crate::Election).
+    Election,
 }
 
 impl fmt::Display for Family {
@@ -141,6 +148,7 @@ impl fmt::Display for Family {
             Family::Mutex => f.write_str("a mutex"),
             Family::RwLock => f.write_str("a read-write lock"),
             Family::Semaphore { max } => write!(f, "a semaphore of {max} permits"),
+            Family::Election => f.write_str("an election"),
         }
     }
 }
@@ -161,6 +169,8 @@ pub struct Claim {
     kind: LockKind,
     /// A write hold turned into a read hold ([`Backend::downgrade`]).
     downgraded: Arc<AtomicBool>,
+    /// What a leadership claim proclaims ([`LockKind::Leader`]); empty for the others.
+    value: Arc<StdMutex<Arc<[u8]>>>,
     lost: LostSignal,
 }
 
@@ -179,8 +189,15 @@ impl Claim {
             ttl: Arc::new(AtomicU64::new(nanos(ttl))),
             kind,
             downgraded: Arc::new(AtomicBool::new(false)),
+            value: Arc::new(StdMutex::new(Arc::from(&[][..]))),
             lost: LostSignal::new(backend, kind),
         }
+    }
+
+    /// The claim with `value` as what it proclaims.
+    pub(crate) fn with_value(self, value: Arc<[u8]>) -> Self {
+        self.set_value(value);
+        self
     }
 
     /// The namespace of the client that made the claim; backends put every name they touch
@@ -222,6 +239,23 @@ impl Claim {
         } else {
             self.kind
         }
+    }
+
+    /// What a leadership claim ([`LockKind::Leader`]) proclaims: the value it was made with,
+    /// or the last one [`Backend::proclaim`] was asked to publish. Empty for other kinds.
+    pub fn value(&self) -> Arc<[u8]> {
+        self.value
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Sets what the claim proclaims.
+    pub(crate) fn set_value(&self, value: Arc<[u8]>) {
+        *self
+            .value
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = value;
     }
 
     /// Records that the server turned this write hold into a read hold.
@@ -593,6 +627,69 @@ pub trait Backend: Send + Sync + 'static {
         async move { Err(refused) }
     }
 
+    /// Elections: publishes the claim's [`value`](Claim::value) as what the leader says, in
+    /// place of the value it had, without giving up leadership. Called only for a held
+    /// [`LockKind::Leader`] claim, after [`Claim::value`] changed. The default says the
+    /// backend cannot.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) if the claim no longer leads;
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) by default;
+    /// [`ErrorKind::Backend`](crate::ErrorKind::Backend) if the service fails.
+    fn proclaim(
+        &self,
+        claim: &Claim,
+        ticket: &Self::Ticket,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = ticket;
+        let refused = Error::unsupported(format_args!(
+            "this backend has no elections (`{}`)",
+            claim.key()
+        ));
+        async move { Err(refused) }
+    }
+
+    /// Elections: who leads `key` (in `namespace`) now: the holder's value, term (its fencing
+    /// token) and the lease it has left; `None` while nobody leads. The key has passed the
+    /// shared rules and [`validate_key`](Self::validate_key). The default says the backend
+    /// cannot.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::KindMismatch`](crate::ErrorKind::KindMismatch) if the key is in use as
+    /// another kind of lock; [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) by
+    /// default; [`ErrorKind::Backend`](crate::ErrorKind::Backend) if the service fails.
+    fn leader(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Leader>>> + Send {
+        let refused = Error::unsupported(format_args!("this backend has no elections (`{key}`)"));
+        let _ = namespace;
+        async move { Err(refused) }
+    }
+
+    /// Elections: a signal that moves whenever the leader of `key` (in `namespace`) may have
+    /// changed (a grant, a release, a proclaimed value; a lease that ran out need not move it:
+    /// observers also re-read when the leader's lease ends). Taken *before* reading
+    /// [`leader`](Self::leader), so no change between the read and the wait is missed. The
+    /// default says the backend cannot.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) by default;
+    /// [`ErrorKind::Backend`](crate::ErrorKind::Backend) if the service fails.
+    fn watch_leader(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<LeaderWatch>> + Send {
+        let refused = Error::unsupported(format_args!("this backend has no elections (`{key}`)"));
+        let _ = namespace;
+        async move { Err(refused) }
+    }
+
     /// Closes connections and sessions. Called once by
     /// [`LockClient::shutdown`](crate::LockClient::shutdown) after pending releases finished.
     fn shutdown(&self) -> impl Future<Output = ()> + Send {
@@ -631,3 +728,4 @@ pub(crate) fn require_runtime() -> Result<()> {
 pub(crate) const MIN_RENEW_CALL: Duration = Duration::from_millis(50);
 
 pub(crate) use self::erased::{AnyTicket, DynBackend};
+pub use self::leader::{Leader, LeaderWatch};

@@ -516,6 +516,7 @@ fn family_name(family: Option<Family>) -> (&'static str, Option<u32>) {
         Some(Family::Mutex) => ("mutex", None),
         Some(Family::RwLock) => ("rwlock", None),
         Some(Family::Semaphore { max }) => ("semaphore", (max > 0).then_some(max)),
+        Some(Family::Election) => ("election", None),
         Some(_) => ("other", None),
     }
 }
@@ -526,6 +527,7 @@ fn kind_name(kind: LockKind) -> (&'static str, Option<u32>) {
         LockKind::Read => ("read", None),
         LockKind::Write => ("write", None),
         LockKind::Permits { count, .. } => ("permits", (count > 0).then_some(count)),
+        LockKind::Leader => ("leader", None),
         _ => ("other", None),
     }
 }

@@ -175,6 +175,20 @@ impl LockClient {
         )
     }
 
+    /// A handle to the election named `key` in this client's namespace: campaign to lead it,
+    /// read or follow who leads. No I/O happens here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory();
+    /// let election = client.election("scheduler");
+    /// assert_eq!(election.name(), "scheduler");
+    /// ```
+    pub fn election(&self, key: impl Into<String>) -> crate::Election {
+        crate::Election::new(self.inner.clone(), key.into())
+    }
+
     /// What `key` looks like on the server now: who holds it (as what, with which fencing
     /// token and how much lease left) and who waits, first in line first. A snapshot for
     /// operators and dashboards; never decide who holds a lock from it.

@@ -22,6 +22,8 @@ pub(crate) struct Target {
     pub(crate) core: Arc<Core>,
     pub(crate) key: Arc<str>,
     pub(crate) ttl: Option<Duration>,
+    /// What a leadership claim proclaims ([`LockKind::Leader`]).
+    pub(crate) value: Option<Arc<[u8]>>,
 }
 
 impl Target {
@@ -30,6 +32,15 @@ impl Target {
             core,
             key: key.into(),
             ttl: None,
+            value: None,
+        }
+    }
+
+    /// The same target, for a claim that proclaims `value`.
+    pub(crate) fn with_value(&self, value: Arc<[u8]>) -> Self {
+        Self {
+            value: Some(value),
+            ..self.clone()
         }
     }
 
@@ -69,7 +80,13 @@ impl Target {
         deadline: Option<tokio::time::Instant>,
     ) -> impl Future<Output = Result<Held>> + Send + 'static {
         let (core, key) = (self.core.clone(), self.key.clone());
-        let acquire = acquire(core.clone(), key.clone(), self.ttl(), kind, mode);
+        let acquire = acquire(
+            core.clone(),
+            key.clone(),
+            self.ttl(),
+            (kind, self.value.clone()),
+            mode,
+        );
         let span = tracing::debug_span!("distlock.acquire", key = %key, ?kind);
         async move {
             let started = std::time::Instant::now();
@@ -116,7 +133,7 @@ pub(crate) async fn acquire(
     client: Arc<Core>,
     key: Arc<str>,
     ttl: Duration,
-    kind: LockKind,
+    (kind, value): (LockKind, Option<Arc<[u8]>>),
     mode: Mode,
 ) -> Result<Held> {
     client.check_open()?;
@@ -135,13 +152,16 @@ pub(crate) async fn acquire(
     let backend = client.backend.clone();
     let mut closed = client.closed();
 
-    let claim = Claim::new(
+    let mut claim = Claim::new(
         client.config.namespace.clone(),
         key,
         ttl,
         kind,
         client.backend.name(),
     );
+    if let Some(value) = value {
+        claim = claim.with_value(value);
+    }
     let lease = Arc::new(Lease::new(
         client.ids.next(),
         claim,

@@ -42,6 +42,11 @@ impl Held {
         self.fence
     }
 
+    /// What the claim proclaims (a leadership's value).
+    pub(crate) fn claim_value(&self) -> Arc<[u8]> {
+        self.lease.claim.value()
+    }
+
     pub(crate) fn is_lost(&self) -> bool {
         self.lease.is_lost()
     }
@@ -140,6 +145,24 @@ impl Held {
         // A downgrade that also refreshed the lease moves it, by the usual rule.
         let _ = self.lease.extend(generation, sent, grant.valid_until);
         Ok(self)
+    }
+
+    /// Publishes `value` as what this leadership claim says, keeping the hold.
+    pub(crate) async fn proclaim(&self, value: Arc<[u8]>) -> Result<()> {
+        if self.is_lost() {
+            return Err(Error::lost(self.key()));
+        }
+        let claim = &self.lease.claim;
+        claim.set_value(value);
+        let done = self
+            .client
+            .backend
+            .proclaim(claim, &self.lease.ticket)
+            .await;
+        if done.as_ref().is_err_and(Error::is_lost) {
+            claim.mark_lost();
+        }
+        done
     }
 
     pub(crate) async fn release(mut self) -> Result<()> {

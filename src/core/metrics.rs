@@ -68,6 +68,7 @@ fn kind_label(kind: LockKind) -> &'static str {
         LockKind::Exclusive => "mutex",
         LockKind::Read => "read",
         LockKind::Write => "write",
+        LockKind::Leader => "leader",
         _ => "permits",
     }
 }

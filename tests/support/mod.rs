@@ -10,6 +10,7 @@ pub mod clock;
 pub mod contract;
 pub mod counting;
 pub mod curator;
+pub mod election;
 #[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
 pub mod failover;
 pub mod family;

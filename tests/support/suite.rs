@@ -19,6 +19,7 @@ use super::cancellation;
 use super::contract::{
     self, contend, take_multi, take_permit, take_write, torture, torture_with, ForceFamilies, Take,
 };
+use super::election;
 use super::family;
 use super::server::Env;
 
@@ -246,6 +247,47 @@ pub async fn inspect_sees_the_family(env: &Env, _: &Sizes) {
     env.assert_clean().await;
 }
 
+pub async fn election_one_leader_at_a_time(env: &Env, s: &Sizes) {
+    let (clients, rounds, hold) = s.contend;
+    election::one_leader_at_a_time(env.clients(clients).await, "elect", rounds, hold).await;
+    env.assert_clean().await;
+}
+
+pub async fn election_candidates_lead_in_arrival_order(env: &Env, s: &Sizes) {
+    election::candidates_lead_in_arrival_order(env, "elect", s.fifo).await;
+    env.assert_clean().await;
+}
+
+pub async fn election_observers_see_the_latest_leader(env: &Env, _: &Sizes) {
+    election::observers_see_the_latest_leader(env, "elect").await;
+    env.assert_clean().await;
+}
+
+pub async fn election_dead_leader_is_replaced_within_its_lease(env: &Env, s: &Sizes) {
+    election::a_dead_leader_is_replaced_within_its_lease(env, "elect", s.lease_ttl).await;
+    env.assert_clean().await;
+}
+
+pub async fn election_cancelled_campaigns_leave_nothing_behind(env: &Env, s: &Sizes) {
+    election::cancelled_campaigns_leave_nothing_behind(
+        env,
+        "elect",
+        s.torture.cancel_rounds as usize,
+    )
+    .await;
+    env.assert_clean().await;
+}
+
+pub async fn election_and_locks_do_not_mix(env: &Env, _: &Sizes) {
+    election::elections_and_locks_do_not_mix(env).await;
+    env.assert_clean().await;
+}
+
+pub async fn election_lead_stops_the_work_when_leadership_is_lost(env: &Env, s: &Sizes) {
+    election::lead_stops_the_work_when_leadership_is_lost(env, "elect", s.lease_ttl).await;
+    env.assert_clean().await;
+}
+
 /// A case of a primitive the backend does not have, skipped by the library's own rule: the
 /// backend's `supports` says no, and the library refuses the primitive (`Unsupported`, before
 /// any I/O). Says on stderr which case was skipped, and why. Fails once the backend has it, so
@@ -268,6 +310,14 @@ pub async fn skipped(env: &Env, primitive: &str, case: &str) {
                 env.name
             );
             c.rw_lock("skipped").try_read().await.map(drop)
+        }
+        "election" => {
+            assert!(
+                !env.supports.election,
+                "{} supports elections: run `{case}` on it",
+                env.name
+            );
+            c.election("skipped").try_campaign("x").await.map(drop)
         }
         // A lease that is the session's (ZooKeeper): a guard may not ask for another.
         "lease" => {

@@ -138,8 +138,9 @@ impl Backend for RedisBackend {
     type Ticket = RedisTicket;
     const RENEWS_WAITERS: bool = true;
 
-    fn supports(&self, _kind: LockKind) -> bool {
-        true
+    fn supports(&self, kind: LockKind) -> bool {
+        // Elections are not on this backend yet (issue 30).
+        kind != LockKind::Leader
     }
 
     fn name(&self) -> &'static str {

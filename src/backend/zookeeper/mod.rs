@@ -313,8 +313,9 @@ impl Backend for ZkBackend {
     type Ticket = ZkTicket;
 
     /// Every kind: mutexes, read-write locks and semaphores, each in Curator's layout.
-    fn supports(&self, _kind: LockKind) -> bool {
-        true
+    fn supports(&self, kind: LockKind) -> bool {
+        // Elections are not on this backend yet (issue 30).
+        kind != LockKind::Leader
     }
 
     fn validate_key(&self, key: &str) -> Result<()> {

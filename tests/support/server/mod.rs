@@ -56,6 +56,7 @@ pub trait Server: Send + Sync + 'static {
 pub struct Supports {
     pub rw: bool,
     pub semaphore: bool,
+    pub election: bool,
 }
 
 impl Supports {
@@ -63,6 +64,7 @@ impl Supports {
         Self {
             rw: backend.supports(LockKind::Read) && backend.supports(LockKind::Write),
             semaphore: backend.supports(LockKind::Permits { count: 1, max: 1 }),
+            election: backend.supports(LockKind::Leader),
         }
     }
 }

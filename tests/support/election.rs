@@ -1,0 +1,379 @@
+//! The election's checks, on any backend that has elections: one leader at a time with
+//! strictly increasing terms, candidates served in arrival order, observers that never miss the
+//! latest leader, a dead leader replaced within its lease (with dead candidates in line), no
+//! trace of cancelled campaigns, elections and locks kept apart, and `lead` stopping its work
+//! when leadership is lost.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use distlock::{ErrorKind, Leader, LockClient};
+use futures::StreamExt;
+use tokio::time::{sleep, timeout, Instant};
+
+use super::server::Env;
+
+/// How long a check waits for something the service must do soon.
+const SOON: Duration = Duration::from_secs(10);
+
+/// What an observer saw, item by item: the stream runs in a task of its own, so it is always
+/// waiting when a change comes (a stream polled only after the change would just read it).
+struct Observer {
+    items: tokio::sync::mpsc::UnboundedReceiver<distlock::Result<Option<Leader>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Observer {
+    fn start(client: &LockClient, name: &str) -> Self {
+        let changes = client.election(name).observe();
+        let (tx, items) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            let mut changes = Box::pin(changes);
+            while let Some(item) = changes.next().await {
+                if tx.send(item).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { items, task }
+    }
+
+    /// The next item, within [`SOON`].
+    async fn next(&mut self) -> Option<Leader> {
+        timeout(SOON, self.items.recv())
+            .await
+            .expect("the observer heard nothing")
+            .expect("the stream ended")
+            .expect("the observer failed")
+    }
+
+    /// Items until one passes `want` (an interim change may come first: a handoff seen as
+    /// nobody leading for a moment); returns it.
+    async fn until(
+        &mut self,
+        what: &str,
+        want: impl Fn(&Option<Leader>) -> bool,
+    ) -> Option<Leader> {
+        let deadline = Instant::now() + SOON;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let item = timeout(left, self.items.recv())
+                .await
+                .unwrap_or_else(|_| panic!("the observer never saw {what}"))
+                .expect("the stream ended")
+                .expect("the observer failed");
+            if want(&item) {
+                return item;
+            }
+        }
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `clients` campaign `rounds` times each on one election: never two leaders at once, each
+/// sees itself as the leader while it leads, and terms strictly increase from one leader to the
+/// next.
+pub async fn one_leader_at_a_time(
+    clients: Vec<LockClient>,
+    name: &str,
+    rounds: usize,
+    hold: Duration,
+) {
+    let leading = Arc::new(AtomicUsize::new(0));
+    let terms = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, c) in clients.into_iter().enumerate() {
+        let (leading, terms, name) = (leading.clone(), terms.clone(), name.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let election = c.election(&name);
+            let me = format!("candidate {i}");
+            for round in 0..rounds {
+                let leadership = election.campaign(&me).await.unwrap();
+                assert_eq!(
+                    leading.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two leaders at once"
+                );
+                terms.lock().unwrap().push(leadership.term());
+                let seen = election.leader().await.unwrap().expect("nobody leads");
+                assert_eq!(seen.term(), leadership.term());
+                assert_eq!(seen.value_str(), Some(me.as_str()));
+                if round % 3 == 0 {
+                    sleep(hold).await;
+                }
+                assert!(!leadership.is_lost());
+                leading.fetch_sub(1, Ordering::SeqCst);
+                leadership.resign().await.unwrap();
+            }
+            c.shutdown().await;
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(120), t).await.unwrap().unwrap();
+    }
+    let terms = terms.lock().unwrap().clone();
+    assert!(
+        terms.windows(2).all(|w| w[0] < w[1]),
+        "terms out of order: {terms:?}"
+    );
+}
+
+/// `n` candidates queue one after another behind a leader: they lead in arrival order.
+pub async fn candidates_lead_in_arrival_order(env: &Env, name: &str, n: usize) {
+    let ttl = Some(Duration::from_secs(30));
+    let first = env.client_with_ttl(ttl).await;
+    let leader = first.election(name).campaign("first").await.unwrap();
+    let order = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let c = env.client_with_ttl(ttl).await;
+        let (order, key) = (order.clone(), name.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let leadership = c.election(&key).campaign(format!("{i}")).await.unwrap();
+            order.lock().unwrap().push((i, leadership.term()));
+            leadership.resign().await.unwrap();
+            c.shutdown().await;
+        }));
+        env.until_queued(name, i + 1).await;
+    }
+    let first_term = leader.term();
+    leader.resign().await.unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(30), t).await.unwrap().unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let who: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(who, (0..n).collect::<Vec<_>>(), "led out of order");
+    let terms: Vec<u64> = std::iter::once(first_term)
+        .chain(order.iter().map(|(_, t)| *t))
+        .collect();
+    assert!(terms.windows(2).all(|w| w[0] < w[1]), "{terms:?}");
+    first.shutdown().await;
+}
+
+/// An observer sees nobody, then the leader, its proclaimed value, the next leader after a
+/// resignation, and nobody again; values proclaimed faster than it reads fold into the last.
+pub async fn observers_see_the_latest_leader(env: &Env, name: &str) {
+    let (a, b, watcher) = (env.client().await, env.client().await, env.client().await);
+    let mut changes = Observer::start(&watcher, name);
+    assert!(
+        changes.next().await.is_none(),
+        "a leader before any campaign"
+    );
+
+    let first = a.election(name).campaign("a").await.unwrap();
+    let seen = changes
+        .until("the first leader", Option::is_some)
+        .await
+        .unwrap();
+    assert_eq!((seen.term(), seen.value_str()), (first.term(), Some("a")));
+
+    first.proclaim("a, ready").await.unwrap();
+    let seen = changes.next().await.expect("the leader vanished");
+    assert_eq!(
+        (seen.term(), seen.value_str()),
+        (first.term(), Some("a, ready"))
+    );
+
+    // Many values in a row, none read: the observer ends on the last.
+    for i in 0..20 {
+        first.proclaim(format!("a, step {i}")).await.unwrap();
+    }
+    let last = changes
+        .until("the last value", |l| {
+            l.as_ref().and_then(Leader::value_str) == Some("a, step 19")
+        })
+        .await
+        .unwrap();
+    assert_eq!(last.term(), first.term());
+
+    let election_b = b.election(name);
+    let waiting = tokio::spawn(async move { election_b.campaign("b").await });
+    env.until_queued(name, 1).await;
+    let first_term = first.term();
+    first.resign().await.unwrap();
+    let second = timeout(SOON, waiting).await.unwrap().unwrap().unwrap();
+    let seen = changes
+        .until("the second leader", |l| {
+            l.as_ref().and_then(Leader::value_str) == Some("b")
+        })
+        .await
+        .unwrap();
+    assert_eq!(seen.term(), second.term());
+    assert!(second.term() > first_term);
+
+    second.resign().await.unwrap();
+    changes.until("nobody leading", Option::is_none).await;
+    drop(changes);
+    for c in [a, b, watcher] {
+        c.shutdown().await;
+    }
+}
+
+/// A leader stops renewing (it hangs: its lease runs out) while two candidates wait, the first
+/// of them dead (its campaign dropped): the live one leads within the lease and some slack, with
+/// a higher term; the old leader's guard reports the loss, and an observer sees the new leader.
+pub async fn a_dead_leader_is_replaced_within_its_lease(env: &Env, name: &str, ttl: Duration) {
+    let (a, dead, b, watcher) = (
+        env.client_with_ttl(Some(ttl)).await,
+        env.client_with_ttl(Some(ttl)).await,
+        env.client_with_ttl(Some(ttl)).await,
+        env.client().await,
+    );
+    let hung = a.election(name).campaign("a").await.unwrap();
+    let mut changes = Observer::start(&watcher, name);
+    changes.until("the first leader", Option::is_some).await;
+
+    let doomed = tokio::spawn(dead.election(name).campaign("dead"));
+    env.until_queued(name, 1).await;
+    let election_b = b.election(name);
+    let live = tokio::spawn(async move { election_b.campaign("b").await });
+    env.until_queued(name, 2).await;
+    doomed.abort();
+    let _ = doomed.await;
+
+    let hung_at = Instant::now();
+    hung.set_auto_renew(false);
+    let next = timeout(ttl * 3 + SOON, live)
+        .await
+        .expect("the live candidate never led")
+        .unwrap()
+        .unwrap();
+    let waited = hung_at.elapsed();
+    assert!(
+        waited < ttl + Duration::from_millis(1500),
+        "a hung leader held the election {waited:?} with a lease of {ttl:?}"
+    );
+    assert!(next.term() > hung.term());
+    timeout(SOON, hung.lost())
+        .await
+        .expect("the hung leader was never told");
+    let seen = changes
+        .until("the new leader", |l| {
+            l.as_ref().and_then(Leader::value_str) == Some("b")
+        })
+        .await
+        .unwrap();
+    assert_eq!(seen.term(), next.term());
+    next.resign().await.unwrap();
+    drop(hung);
+    drop(changes);
+    for c in [a, dead, b, watcher] {
+        c.shutdown().await;
+    }
+}
+
+/// Campaigns dropped by timeouts and aborted tasks behind a leader leave nothing: once it
+/// resigns, a fresh candidate leads at once.
+pub async fn cancelled_campaigns_leave_nothing_behind(env: &Env, name: &str, rounds: usize) {
+    let (leader_client, others) = (env.client().await, env.clients(3).await);
+    let leader = leader_client
+        .election(name)
+        .campaign("leader")
+        .await
+        .unwrap();
+    for round in 0..rounds {
+        let c = &others[round % others.len()];
+        if round % 2 == 0 {
+            let err = c
+                .election(name)
+                .campaign_timeout("late", Duration::from_micros(200 * (round as u64 % 20)))
+                .await
+                .unwrap_err();
+            assert!(err.is_timeout(), "{err}");
+        } else {
+            let task = tokio::spawn(c.election(name).campaign("aborted"));
+            sleep(Duration::from_micros(100 * (round as u64 % 30))).await;
+            task.abort();
+            let _ = task.await;
+        }
+    }
+    leader.resign().await.unwrap();
+    let fresh = timeout(SOON, others[0].election(name).try_campaign("fresh"))
+        .await
+        .expect("a fresh candidate waited")
+        .expect("a dropped campaign was still in line or leading");
+    fresh.resign().await.unwrap();
+    leader_client.shutdown().await;
+    for c in others {
+        c.shutdown().await;
+    }
+}
+
+/// A key is an election or a lock, never both at once.
+pub async fn elections_and_locks_do_not_mix(env: &Env) {
+    let (a, b) = (env.client().await, env.client().await);
+    let held = a.mutex("mixed").lock().await.unwrap();
+    let err = b.election("mixed").try_campaign("x").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::KindMismatch, "{err}");
+    let err = b.election("mixed").leader().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::KindMismatch, "{err}");
+    held.release().await.unwrap();
+
+    let leading = a.election("mixed").campaign("x").await.unwrap();
+    let err = b.mutex("mixed").try_lock().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::KindMismatch, "{err}");
+    leading.resign().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// `lead` runs its work while leading: an operator's unlock takes leadership away, the work
+/// is dropped, and it runs again under a higher term once the client leads again.
+pub async fn lead_stops_the_work_when_leadership_is_lost(env: &Env, name: &str, ttl: Duration) {
+    let (worker, operator) = (env.client_with_ttl(Some(ttl)).await, env.client().await);
+    let terms = Arc::new(StdMutex::new(Vec::new()));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let running = {
+        let (terms, dropped, name) = (terms.clone(), dropped.clone(), name.to_owned());
+        tokio::spawn(async move {
+            worker
+                .election(&name)
+                .lead("worker", |term| {
+                    let first = {
+                        let mut terms = terms.lock().unwrap();
+                        terms.push(term);
+                        terms.len() == 1
+                    };
+                    let dropped = dropped.clone();
+                    async move {
+                        if first {
+                            // Runs until cancelled; says so when dropped.
+                            let _flag =
+                                scopeguard::guard((), |()| dropped.store(true, Ordering::SeqCst));
+                            std::future::pending::<()>().await;
+                        }
+                        term
+                    }
+                })
+                .await
+        })
+    };
+    let deadline = Instant::now() + SOON;
+    while terms.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the worker never led");
+        sleep(Duration::from_millis(5)).await;
+    }
+    let removed = operator.force_release(name).await.unwrap();
+    assert_eq!(removed.removed.len(), 1);
+    let last = timeout(SOON + ttl * 2, running)
+        .await
+        .expect("the work never ran again")
+        .unwrap()
+        .unwrap();
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the first run was not cancelled"
+    );
+    let terms = terms.lock().unwrap().clone();
+    assert_eq!(terms.len(), 2, "{terms:?}");
+    assert!(terms[1] > terms[0], "{terms:?}");
+    assert_eq!(last, terms[1]);
+    operator.shutdown().await;
+}
