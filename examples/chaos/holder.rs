@@ -37,6 +37,9 @@ pub(crate) const FORMS: [&str; 7] = [
     "mutex", "write", "permit", "rw", "permits", "multi", "election",
 ];
 
+/// The backends with elections (the `election` form).
+pub(crate) const ELECTIONS: &[&str] = &["memory"];
+
 /// The keys a form's holders take.
 pub(crate) fn keys_of(primitive: &str) -> Vec<&'static str> {
     if primitive == "multi" {
