@@ -4,9 +4,10 @@
 //!
 //! ```sh
 //! DISTLOCK_URL=memory: cargo run --example leader      # replicas as tasks of one process
+//! DISTLOCK_URL=postgres://postgres@127.0.0.1/postgres cargo run --example leader --all-features
 //! ```
 //!
-//! Elections are on the memory backend so far; the other backends refuse them with an
+//! Elections are on memory and PostgreSQL so far; the other backends refuse them with an
 //! `Unsupported` error until they have them (issue 30).
 
 use std::time::Duration;

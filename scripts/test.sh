@@ -35,11 +35,13 @@ for backend in memory redis redlock zookeeper postgres; do
   echo "== chaos --backend $backend"
   cargo run --locked --all-features --example chaos -- --backend "$backend" --secs "${DISTLOCK_CHAOS_SECS:-45}"
 done
-# Elections (memory so far, issue 30): leaders taking turns under the same faults and checker,
-# the term the token, with the holders logging at TRACE.
-echo "== chaos --backend memory --primitive election"
-cargo run --locked --all-features --example chaos -- --backend memory --primitive election --trace \
-  --secs "${DISTLOCK_CHAOS_ELECTION_SECS:-20}"
+# Elections (issue 30): leaders taking turns under the same faults and checker, the term the
+# token, with the holders logging at TRACE, on every backend that has them.
+for backend in memory postgres; do
+  echo "== chaos --backend $backend --primitive election"
+  cargo run --locked --all-features --example chaos -- --backend "$backend" --primitive election \
+    --trace --secs "${DISTLOCK_CHAOS_ELECTION_SECS:-25}"
+done
 # The other primitives, a bounded slice per run: two runs, each a form and a backend the run's
 # seed picks (the full matrix by hand, with --backend and --primitive), with the holders
 # logging at TRACE. Forms: write (a read-write lock's write side), permit (a one-permit

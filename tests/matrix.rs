@@ -255,7 +255,7 @@ matrix! {
         drops: Torture { cancel_rounds: 120, unit: Duration::from_millis(10), ..BASE.drops },
         family_torture: Torture { holder_rounds: 30, cancel_rounds: 100, ..BASE.family_torture },
         ..BASE
-    }, [mutex, rw, semaphore, lease] skip [election];
+    }, [mutex, rw, semaphore, lease, election];
 
     #[cfg(feature = "postgres")]
     pgbouncer: server::pgbouncer::env, Sizes {
@@ -271,5 +271,5 @@ matrix! {
         rw_exclusion: (6, 15, 4),
         semaphore_bound: (6, 3, 15),
         ..BASE
-    }, [mutex, rw, semaphore, lease] skip [election];
+    }, [mutex, rw, semaphore, lease, election];
 }

@@ -301,3 +301,21 @@ async fn three_crashed_waiters_in_a_row_cost_three_handoff_leases() {
     )
     .await;
 }
+
+/// Elections (issue 30): an observer whose connections go half-open catches up with the latest
+/// leader once they heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_observer_cut_off_catches_up() {
+    support::election::an_observer_cut_off_catches_up(&support::pg::service(), &test_namespace!())
+        .await;
+}
+
+/// Elections: a leader whose host crashed is told before the next leads, within its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_leader_is_replaced_within_its_lease() {
+    support::election::a_crashed_leader_is_replaced_within_its_lease(
+        &support::pg::service(),
+        &test_namespace!(),
+    )
+    .await;
+}

@@ -38,7 +38,7 @@ pub(crate) const FORMS: [&str; 7] = [
 ];
 
 /// The backends with elections (the `election` form).
-pub(crate) const ELECTIONS: &[&str] = &["memory"];
+pub(crate) const ELECTIONS: &[&str] = &["memory", "postgres", "postgres-pgbouncer"];
 
 /// The keys a form's holders take.
 pub(crate) fn keys_of(primitive: &str) -> Vec<&'static str> {

@@ -33,11 +33,13 @@ pub(crate) fn fence_of(service: &str, raw: i64) -> Result<u64> {
     })
 }
 
-/// A key's family as the server-side code writes it: `mutex`, `rw` or `sem:<permits>`.
+/// A key's family as the server-side code writes it: `mutex`, `rw`, `sem:<permits>` or
+/// `election`.
 pub(crate) fn parse_family(family: &str) -> Option<Family> {
     match family {
         "mutex" => Some(Family::Mutex),
         "rw" => Some(Family::RwLock),
+        "election" => Some(Family::Election),
         other => other
             .strip_prefix("sem:")
             .and_then(|m| m.parse().ok())
@@ -71,6 +73,7 @@ mod tests {
         assert_eq!(parse_family("mutex"), Some(Family::Mutex));
         assert_eq!(parse_family("rw"), Some(Family::RwLock));
         assert_eq!(parse_family("sem:3"), Some(Family::Semaphore { max: 3 }));
+        assert_eq!(parse_family("election"), Some(Family::Election));
         assert_eq!(parse_family("sem:x"), None);
         let err = kind_mismatch("k", "sem:3", LockKind::Exclusive);
         assert!(err

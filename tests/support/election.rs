@@ -12,10 +12,15 @@ use distlock::{ErrorKind, Leader, LockClient};
 use futures::StreamExt;
 use tokio::time::{sleep, timeout, Instant};
 
+use super::faults::Service;
+use super::proxy::{Proxy, Which};
 use super::server::Env;
 
 /// How long a check waits for something the service must do soon.
 const SOON: Duration = Duration::from_secs(10);
+
+/// How long an observer may take to hear of a change.
+const HEARD: Duration = Duration::from_secs(3);
 
 /// What an observer saw, item by item: the stream runs in a task of its own, so it is always
 /// waiting when a change comes (a stream polled only after the change would just read it).
@@ -26,11 +31,23 @@ struct Observer {
 
 impl Observer {
     fn start(client: &LockClient, name: &str) -> Self {
+        Self::start_with(client, name, false)
+    }
+
+    /// An observer that lets errors pass (an outage on its way to the server).
+    fn start_through_outages(client: &LockClient, name: &str) -> Self {
+        Self::start_with(client, name, true)
+    }
+
+    fn start_with(client: &LockClient, name: &str, outages: bool) -> Self {
         let changes = client.election(name).observe();
         let (tx, items) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             let mut changes = Box::pin(changes);
             while let Some(item) = changes.next().await {
+                if outages && item.as_ref().is_err_and(distlock::Error::is_transient) {
+                    continue;
+                }
                 if tx.send(item).is_err() {
                     return;
                 }
@@ -39,9 +56,9 @@ impl Observer {
         Self { items, task }
     }
 
-    /// The next item, within [`SOON`].
+    /// The next item, within [`HEARD`].
     async fn next(&mut self) -> Option<Leader> {
-        timeout(SOON, self.items.recv())
+        timeout(HEARD, self.items.recv())
             .await
             .expect("the observer heard nothing")
             .expect("the stream ended")
@@ -49,13 +66,23 @@ impl Observer {
     }
 
     /// Items until one passes `want` (an interim change may come first: a handoff seen as
-    /// nobody leading for a moment); returns it.
+    /// nobody leading for a moment), within [`HEARD`]; returns it.
     async fn until(
         &mut self,
         what: &str,
         want: impl Fn(&Option<Leader>) -> bool,
     ) -> Option<Leader> {
-        let deadline = Instant::now() + SOON;
+        self.until_in(HEARD, what, want).await
+    }
+
+    /// [`until`](Self::until), within `limit`.
+    async fn until_in(
+        &mut self,
+        limit: Duration,
+        what: &str,
+        want: impl Fn(&Option<Leader>) -> bool,
+    ) -> Option<Leader> {
+        let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let item = timeout(left, self.items.recv())
@@ -160,7 +187,13 @@ pub async fn candidates_lead_in_arrival_order(env: &Env, name: &str, n: usize) {
 /// An observer sees nobody, then the leader, its proclaimed value, the next leader after a
 /// resignation, and nobody again; values proclaimed faster than it reads fold into the last.
 pub async fn observers_see_the_latest_leader(env: &Env, name: &str) {
-    let (a, b, watcher) = (env.client().await, env.client().await, env.client().await);
+    // Long leases: the observer must hear of each change, not find it at a lease's end.
+    let ttl = Some(Duration::from_secs(60));
+    let (a, b, watcher) = (
+        env.client_with_ttl(ttl).await,
+        env.client_with_ttl(ttl).await,
+        env.client().await,
+    );
     let mut changes = Observer::start(&watcher, name);
     assert!(
         changes.next().await.is_none(),
@@ -294,6 +327,8 @@ pub async fn cancelled_campaigns_leave_nothing_behind(env: &Env, name: &str, rou
             let _ = task.await;
         }
     }
+    // The dropped campaigns' clean-ups run in the background: their places in line go.
+    env.until_queued(name, 0).await;
     leader.resign().await.unwrap();
     let fresh = timeout(SOON, others[0].election(name).try_campaign("fresh"))
         .await
@@ -376,4 +411,90 @@ pub async fn lead_stops_the_work_when_leadership_is_lost(env: &Env, name: &str, 
     assert!(terms[1] > terms[0], "{terms:?}");
     assert_eq!(last, terms[1]);
     operator.shutdown().await;
+}
+
+/// An observer whose connection for notifications goes half-open (every byte dropped, no
+/// reset) while the leader proclaims, resigns and another leads: the client finds it out by
+/// itself and catches up with the latest leader and value within a few seconds, long before
+/// the leader's lease would have woken it.
+pub async fn an_observer_cut_off_catches_up(svc: &Service, ns: &str) {
+    let (ttl, handoff) = (Duration::from_secs(30), Duration::from_millis(300));
+    let proxy = Proxy::start(svc.port);
+    let (a, b) = (
+        svc.client(svc.url(), ns, ttl, handoff).await,
+        svc.client(svc.url(), ns, ttl, handoff).await,
+    );
+    let watcher = svc.client(svc.via(&proxy), ns, ttl, handoff).await;
+    let mut changes = Observer::start_through_outages(&watcher, "elect");
+    changes.until("nobody leading", Option::is_none).await;
+    let first = a.election("elect").campaign("a").await.unwrap();
+    changes.until("the first leader", Option::is_some).await;
+
+    proxy.blackhole_only(Which::Subscribers);
+    let cut = Instant::now();
+    first.proclaim("a, later").await.unwrap();
+    first.resign().await.unwrap();
+    let second = b.election("elect").campaign("b").await.unwrap();
+    second.proclaim("b, ready").await.unwrap();
+    let seen = changes
+        .until_in(SOON, "the latest leader", |l| {
+            l.as_ref().and_then(Leader::value_str) == Some("b, ready")
+        })
+        .await
+        .unwrap();
+    println!(
+        "the observer caught up {:?} after its connection went half-open",
+        cut.elapsed()
+    );
+    assert_eq!(seen.term(), second.term());
+    second.resign().await.unwrap();
+    proxy.pass();
+    drop(changes);
+    for c in [a, b, watcher] {
+        c.shutdown().await;
+    }
+}
+
+/// The leader's host crashes (its connections stay open on the server, silent): it is told it
+/// lost leadership before the candidate waiting behind it leads, and that candidate leads
+/// within the lease and some slack, with a higher term.
+pub async fn a_crashed_leader_is_replaced_within_its_lease(svc: &Service, ns: &str) {
+    let (ttl, handoff) = (Duration::from_millis(1500), Duration::from_millis(300));
+    let proxy = Proxy::start(svc.port);
+    let doomed = svc.client(svc.via(&proxy), ns, ttl, handoff).await;
+    let next = svc.client(svc.url(), ns, ttl, handoff).await;
+    let leading = doomed.election("elect").campaign("doomed").await.unwrap();
+    let election = next.election("elect");
+    let waiting = tokio::spawn(async move {
+        let leading = election.campaign("next").await;
+        (leading, Instant::now())
+    });
+    (svc.until_queued)(ns.to_owned(), "elect".to_owned(), 1).await;
+    proxy.crash(ttl * 10);
+    proxy.blackhole();
+    let crashed = Instant::now();
+    timeout(ttl * 3, leading.lost())
+        .await
+        .expect("the crashed leader was never told");
+    let told = Instant::now();
+    let (new, granted) = timeout(ttl * 4, waiting)
+        .await
+        .expect("nobody else led")
+        .unwrap();
+    let new = new.unwrap();
+    assert!(
+        told <= granted,
+        "the old leader was told {:?} after the new one led",
+        told - granted
+    );
+    let waited = granted - crashed;
+    println!(
+        "the crashed leader was told after {:?}, the next led after {waited:?}",
+        told - crashed
+    );
+    assert!(waited < ttl + Duration::from_millis(1000), "{waited:?}");
+    assert!(new.term() > leading.term());
+    new.resign().await.unwrap();
+    drop(leading);
+    next.shutdown().await;
 }

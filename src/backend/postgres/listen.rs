@@ -5,12 +5,17 @@
 //! connection and no other. Waiters register a mailbox under their owner token (no I/O: the
 //! channel is always listened to); messages go to the mailbox of the owner they name.
 //!
+//! The connection also listens on [`ELECTIONS`], where the server says which election's leader
+//! may have changed: each election someone observes has a counter here ([`Hub::watch`]) that
+//! such a message moves.
+//!
 //! The skeleton is the shared hub's ([`hub`]): while anyone waits, the hub runs `SELECT 1`
 //! every second, since a half-open TCP connection would otherwise swallow every grant
 //! silently. When the connection drops or a ping goes unanswered for a second, the hub
 //! reconnects, listens again and tells every mailbox to re-check, since notifications are not
 //! replayed.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -28,6 +33,9 @@ use crate::sync::LockExt;
 /// The state the hub's handles share with its task.
 pub(crate) struct HubInner {
     mailboxes: StdMutex<Mailboxes>,
+    /// The elections observed here, by `<ns>:<key>`: moved when the server says their leader
+    /// may have changed, and all at once after a reconnect (messages are not replayed).
+    elections: StdMutex<HashMap<Arc<str>, watch::Sender<u64>>>,
     /// Whether the channel is listened to right now, and the reconnect counter.
     common: Common<()>,
     /// The last probe heard on the channel (see [`Hub::hears`]).
@@ -49,12 +57,33 @@ impl Shared for HubInner {
 
     fn recheck_all(&self) {
         self.mailboxes.locked().recheck();
+        for changes in self.elections.locked().values() {
+            changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 
     fn anyone_waits(&self) -> bool {
         !self.mailboxes.locked().is_empty()
+            || self
+                .elections
+                .locked()
+                .values()
+                .any(|changes| changes.receiver_count() > 0)
     }
 }
+
+impl HubInner {
+    /// The server said the leader of `election` (`<ns>:<key>`) may have changed.
+    fn moved(&self, election: &str) {
+        if let Some(changes) = self.elections.locked().get(election) {
+            changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
+/// The channel on which the server names elections whose leader may have changed
+/// (`distlock.announce` in the schema).
+const ELECTIONS: &str = "distlock_elections";
 
 /// What starts a probe's payload; a grant's payload starts with an owner token, never this.
 const PROBE: &str = "probe:";
@@ -75,6 +104,7 @@ impl Hub {
     pub(crate) fn start(endpoint: Endpoint, channel: String) -> Self {
         let inner = Arc::new(HubInner {
             mailboxes: StdMutex::new(Mailboxes::default()),
+            elections: StdMutex::new(HashMap::new()),
             common: Common::new(),
             probe: watch::Sender::new(None),
         });
@@ -120,6 +150,21 @@ impl Hub {
         let owner: Arc<str> = owner.into();
         let mailbox = self.inner.mailboxes.locked().open(owner.clone());
         Registration::new(&self.inner, owner, mailbox)
+    }
+
+    /// A counter that moves whenever the leader of the election `key` of `ns` may have
+    /// changed (and after every reconnect).
+    pub(crate) fn watch(&self, ns: &str, key: &str) -> watch::Receiver<u64> {
+        let name: Arc<str> = format!("{ns}:{key}").into();
+        let mut elections = self.inner.elections.locked();
+        if let Some(changes) = elections.get(&name) {
+            return changes.subscribe();
+        }
+        // Forget the elections nobody observes any more.
+        elections.retain(|_, changes| changes.receiver_count() > 0);
+        let (changes, rx) = watch::channel(0);
+        elections.insert(name, changes);
+        rx
     }
 
     /// Stops the task and closes the connection.
@@ -188,7 +233,7 @@ impl Link for Listen {
         let listen = {
             let client = client.clone();
             let channel = &self.channel;
-            let sql = format!("LISTEN {channel}");
+            let sql = format!("LISTEN {channel}; LISTEN {ELECTIONS}");
             let mark = format!(
                 "SET lock_timeout = '2s'; \
                  SELECT pg_advisory_lock(hashtextextended('{channel}', 0)); \
@@ -245,6 +290,10 @@ impl Link for Listen {
                         Some(Err(_)) | None => return Served::Lost,
                     };
                     let Some(inner) = self.hub.upgrade() else { return Served::HubGone };
+                    if notification.channel() == ELECTIONS {
+                        inner.moved(notification.payload());
+                        continue;
+                    }
                     if let Some(token) = notification.payload().strip_prefix(PROBE) {
                         inner.probe.send_replace(Some(token.to_owned()));
                         continue;

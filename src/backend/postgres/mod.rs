@@ -17,6 +17,7 @@
 
 mod builder;
 mod commands;
+mod election;
 mod listen;
 mod schema;
 mod tls;
@@ -35,7 +36,7 @@ use super::handoff::renewal::{fail_all, RenewAnswer};
 use super::handoff::reply::{downgraded, granted, lease_left, queued, released};
 use super::handoff::{self, wait_for_handoff, Asking, HandoffTicket, Listener, Listening, Mailbox};
 use super::wire::{kind_mismatch, owner_token, parse_family};
-use super::{Attempt, Backend, Claim, Family, Grant, LockKind, Renewal};
+use super::{Attempt, Backend, Claim, Family, Grant, Leader, LeaderWatch, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{
     ForceReleased, Holder as InspectedHolder, Inspection, Waiter as InspectedWaiter,
@@ -217,8 +218,23 @@ fn mode_of(kind: LockKind) -> (&'static str, i32, i32) {
         LockKind::Read => ("r", 1, 0),
         LockKind::Write => ("w", 1, 0),
         LockKind::Permits { count, max } => ("p", int(count), int(max)),
+        LockKind::Leader => ("l", 1, 0),
         _ => ("x", 1, 0),
     }
+}
+
+/// A claim's kind as the tables write it (`mode`, and `permits` of the key's `family`).
+fn kind_of(mode: &str, permits: i32, family: Family, what: &str) -> Result<LockKind> {
+    Ok(match (mode, family) {
+        ("r", _) => LockKind::Read,
+        ("w", _) => LockKind::Write,
+        ("l", _) => LockKind::Leader,
+        ("p", Family::Semaphore { max }) => LockKind::Permits {
+            count: u32::try_from(permits).map_err(|_| malformed(what))?,
+            max,
+        },
+        _ => LockKind::Exclusive,
+    })
 }
 
 fn millis(d: Duration) -> i32 {
@@ -240,7 +256,7 @@ fn column<'r, T: tokio_postgres::types::FromSql<'r>>(
     row.try_get(i).map_err(|e| malformed(what).with_source(e))
 }
 
-const ACQUIRE: &str = "SELECT code, value, server_ms, family FROM distlock.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const ACQUIRE: &str = "SELECT code, value, server_ms, family FROM distlock.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 const RELEASE: &str = "SELECT distlock.release($1, $2, $3, $4)";
 const DOWNGRADE: &str = "SELECT code, fence FROM distlock.downgrade($1, $2, $3, $4, $5)";
 const RENEW: &str = "SELECT i, held FROM distlock.renew($1, $2, $3, $4)";
@@ -264,6 +280,8 @@ impl Listener for Asking<'_, PgBackend, PgTicket, Call<'_>> {
         let (backend, claim, call) = (self.backend, self.claim, self.names);
         let (mode, count, max) = mode_of(claim.kind());
         let (ttl, handoff) = (millis(claim.ttl()), millis(backend.inner.handoff_ttl));
+        let proclaims = claim.value();
+        let value: Option<&[u8]> = (claim.kind() == LockKind::Leader).then_some(&proclaims);
         let params: &Params<'_> = &[
             (&call.ns, Type::TEXT),
             (&call.key, Type::TEXT),
@@ -274,6 +292,7 @@ impl Listener for Asking<'_, PgBackend, PgTicket, Call<'_>> {
             (&ttl, Type::INT4),
             (&wait, Type::BOOL),
             (&handoff, Type::INT4),
+            (&value, Type::BYTEA),
         ];
         let reply = backend
             .inner
@@ -330,13 +349,24 @@ impl Backend for PgBackend {
     type Ticket = PgTicket;
     const RENEWS_WAITERS: bool = true;
 
-    fn supports(&self, kind: LockKind) -> bool {
-        // Elections are not on this backend yet (issue 30).
-        kind != LockKind::Leader
+    fn supports(&self, _kind: LockKind) -> bool {
+        true
     }
 
     fn name(&self) -> &'static str {
         "postgres"
+    }
+
+    async fn proclaim(&self, claim: &Claim, _ticket: &PgTicket) -> Result<()> {
+        election::proclaim(self, claim).await
+    }
+
+    async fn leader(&self, namespace: &str, key: &str) -> Result<Option<Leader>> {
+        election::leader(self, namespace, key).await
+    }
+
+    async fn watch_leader(&self, namespace: &str, key: &str) -> Result<LeaderWatch> {
+        Ok(election::watch(self, namespace, key))
     }
 
     fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
@@ -476,15 +506,7 @@ impl Backend for PgBackend {
             };
             seen.family = Some(family);
             let permits: i32 = column(row, 2, "inspect")?;
-            let kind = match (mode.as_str(), family) {
-                ("r", _) => LockKind::Read,
-                ("w", _) => LockKind::Write,
-                ("p", Family::Semaphore { max }) => LockKind::Permits {
-                    count: u32::try_from(permits).map_err(|_| malformed("inspect"))?,
-                    max,
-                },
-                _ => LockKind::Exclusive,
-            };
+            let kind = kind_of(&mode, permits, family, "inspect")?;
             let fence: Option<i64> = column(row, 3, "inspect")?;
             let left: i64 = column(row, 4, "inspect")?;
             match fence {
@@ -519,15 +541,7 @@ impl Backend for PgBackend {
             removed.family = Some(family);
             let mode: String = column(row, 1, "force_release")?;
             let permits: i32 = column(row, 2, "force_release")?;
-            let kind = match (mode.as_str(), family) {
-                ("r", _) => LockKind::Read,
-                ("w", _) => LockKind::Write,
-                ("p", Family::Semaphore { max }) => LockKind::Permits {
-                    count: u32::try_from(permits).map_err(|_| malformed("force_release"))?,
-                    max,
-                },
-                _ => LockKind::Exclusive,
-            };
+            let kind = kind_of(&mode, permits, family, "force_release")?;
             let fence: Option<i64> = column(row, 3, "force_release")?;
             let left: i64 = column(row, 4, "force_release")?;
             removed.removed.push(InspectedHolder {

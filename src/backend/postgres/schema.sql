@@ -4,7 +4,11 @@
 --
 -- keys    one row per lock key in use (and for an hour after): its family and fence counter.
 -- claims  one row per holder or waiter: FIFO by `seq`, `fence` NULL while queued, `deadline`
---         the lease (holders) or liveness (waiters) on the server's clock.
+--         the lease (holders) or liveness (waiters) on the server's clock, `value` what a
+--         candidate of an election proclaims.
+--
+-- A change of an election's leader (a grant, a release, a lease run out, a new value) is
+-- NOTIFYed on `distlock_elections` as '<ns>:<key>', for observers.
 --
 -- Every function serialises on the key's row, so each is one short transaction in one round
 -- trip: nothing is kept on a connection between calls (PgBouncer in transaction mode works).
@@ -20,7 +24,7 @@ CREATE TABLE IF NOT EXISTS distlock.meta (
 CREATE TABLE distlock.keys (
   ns          text        NOT NULL,
   key         text        NOT NULL,
-  family      text        NOT NULL,                -- 'mutex' | 'rw' | 'sem'
+  family      text        NOT NULL,                -- 'mutex' | 'rw' | 'sem' | 'election'
   max_permits integer     NOT NULL DEFAULT 0,      -- semaphores
   last_fence  bigint      NOT NULL DEFAULT 0,
   touched     timestamptz NOT NULL,                -- last acquire or release (to the minute)
@@ -33,10 +37,12 @@ CREATE TABLE distlock.claims (
   key      text        NOT NULL,
   owner    text        NOT NULL,                   -- '<client id>.<claim uuid>'
   seq      bigint      GENERATED ALWAYS AS IDENTITY,
-  mode     text        NOT NULL,                   -- 'x' mutex, 'r' read, 'w' write, 'p' permits
+  mode     text        NOT NULL,                   -- 'x' mutex, 'r' read, 'w' write, 'p' permits,
+                                                   -- 'l' leadership
   permits  integer     NOT NULL DEFAULT 1,
   fence    bigint,                                 -- NULL while queued
   deadline timestamptz NOT NULL,
+  value    bytea,                                  -- what a candidate proclaims ('l')
   PRIMARY KEY (ns, key, owner),
   FOREIGN KEY (ns, key) REFERENCES distlock.keys (ns, key)
 );
@@ -53,6 +59,10 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT floor(extract(epoch FROM t) * 1000000)::bigi
 -- so a message reaches only the client it names.
 CREATE FUNCTION distlock.channel(owner text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$ SELECT 'distlock_' || split_part(owner, '.', 1) $$;
+
+-- Tells observers of elections that the leader of `p_key` may have changed.
+CREATE FUNCTION distlock.announce(p_ns text, p_key text) RETURNS void
+LANGUAGE sql AS $$ SELECT pg_notify('distlock_elections', p_ns || ':' || p_key) $$;
 
 -- The next fencing token of a key (its row is locked): one more than the last, and never below
 -- server time in microseconds, so a counter lost with its row (collected after an hour idle, or
@@ -75,11 +85,19 @@ END $$;
 -- LANGUAGE sql one would be planned again at every call.)
 CREATE FUNCTION distlock.purge(p_ns text, p_key text, p_now timestamptz) RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+  leader boolean;
 BEGIN
   PERFORM 1 FROM distlock.claims
     WHERE ns = p_ns AND key = p_key AND deadline <= p_now ORDER BY seq FOR UPDATE;
   IF FOUND THEN
-    DELETE FROM distlock.claims WHERE ns = p_ns AND key = p_key AND deadline <= p_now;
+    WITH gone AS (
+      DELETE FROM distlock.claims WHERE ns = p_ns AND key = p_key AND deadline <= p_now
+        RETURNING mode, fence)
+    SELECT bool_or(mode = 'l' AND fence IS NOT NULL) INTO leader FROM gone;
+    IF leader THEN
+      PERFORM distlock.announce(p_ns, p_key);
+    END IF;
   END IF;
 END $$;
 
@@ -142,7 +160,7 @@ DECLARE
 BEGIN
   quiet_granted := false;
   waiting := false;
-  SELECT count(*), coalesce(bool_or(mode IN ('x', 'w')), false), coalesce(sum(permits), 0)
+  SELECT count(*), coalesce(bool_or(mode IN ('x', 'w', 'l')), false), coalesce(sum(permits), 0)
     INTO n_held, writer, used
     FROM distlock.claims WHERE ns = p_ns AND key = p_key AND fence IS NOT NULL;
   LOOP
@@ -166,9 +184,12 @@ BEGIN
       SET fence = f, deadline = p_now + p_handoff_ms * interval '1 millisecond'
       WHERE ns = p_ns AND key = p_key AND owner = c.owner;
     n_held := n_held + 1;
-    writer := writer OR c.mode IN ('x', 'w');
+    writer := writer OR c.mode IN ('x', 'w', 'l');
     used := used + c.permits;
     granted := true;
+    IF c.mode = 'l' THEN
+      PERFORM distlock.announce(p_ns, p_key);
+    END IF;
     IF c.owner = p_quiet THEN
       quiet_granted := true;
     ELSE
@@ -214,31 +235,36 @@ END $$;
 -- Makes a new claim a holder at once, with the next fencing token and a full lease.
 CREATE FUNCTION distlock.add_holder(
   p_ns text, p_key text, p_owner text, p_mode text, p_count integer, p_now timestamptz,
-  p_ttl interval)
+  p_ttl interval, p_value bytea)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
   f bigint := distlock.next_fence(p_ns, p_key, p_now);
 BEGIN
-  INSERT INTO distlock.claims (ns, key, owner, mode, permits, fence, deadline)
-    VALUES (p_ns, p_key, p_owner, p_mode, p_count, f, p_now + p_ttl);
+  INSERT INTO distlock.claims (ns, key, owner, mode, permits, fence, deadline, value)
+    VALUES (p_ns, p_key, p_owner, p_mode, p_count, f, p_now + p_ttl, p_value);
+  IF p_mode = 'l' THEN
+    PERFORM distlock.announce(p_ns, p_key);
+  END IF;
   RETURN f;
 END $$;
 
 -- Takes the lock, or (with p_wait) joins or keeps the claim's place in the FIFO queue.
--- p_mode: 'x' mutex, 'r' read, 'w' write, 'p' p_count of p_max permits.
+-- p_mode: 'x' mutex, 'r' read, 'w' write, 'p' p_count of p_max permits, 'l' leadership of an
+-- election proclaiming p_value.
 -- Returns (1, fence, server ms, NULL) when the lock is ours (a grant handed to us is confirmed
 -- with a full lease); (0, ms until the earliest holder's lease ends or -1, server ms, NULL)
 -- when queued or busy; (-1, 0, server ms, '<family>[:<max>]') when the key is another family.
 CREATE FUNCTION distlock.acquire(
   p_ns text, p_key text, p_owner text, p_mode text, p_count integer, p_max integer,
-  p_ttl_ms integer, p_wait boolean, p_handoff_ms integer)
+  p_ttl_ms integer, p_wait boolean, p_handoff_ms integer, p_value bytea)
 RETURNS TABLE (code integer, value bigint, server_ms bigint, family text)
 LANGUAGE plpgsql SET lock_timeout = '4s' AS $$
 DECLARE
   now_ timestamptz := clock_timestamp();
   ttl interval := p_ttl_ms * interval '1 millisecond';
-  fam text := CASE p_mode WHEN 'x' THEN 'mutex' WHEN 'p' THEN 'sem' ELSE 'rw' END;
+  fam text := CASE p_mode WHEN 'x' THEN 'mutex' WHEN 'p' THEN 'sem' WHEN 'l' THEN 'election'
+                 ELSE 'rw' END;
   k record;
   g record;
   f bigint;
@@ -261,7 +287,7 @@ BEGIN
       UPDATE distlock.keys SET family = fam, max_permits = p_max
         WHERE ns = p_ns AND key = p_key;
     END IF;
-    RETURN QUERY SELECT 1, distlock.add_holder(p_ns, p_key, p_owner, p_mode, p_count, now_, ttl),
+    RETURN QUERY SELECT 1, distlock.add_holder(p_ns, p_key, p_owner, p_mode, p_count, now_, ttl, p_value),
       distlock.ms(now_), NULL::text;
     RETURN;
   END IF;
@@ -301,13 +327,13 @@ BEGIN
                             WHEN 'r' THEN NOT g.writer
                             WHEN 'p' THEN g.used + p_count <= p_max
                             ELSE g.n_held = 0 END) THEN
-      RETURN QUERY SELECT 1, distlock.add_holder(p_ns, p_key, p_owner, p_mode, p_count, now_, ttl),
+      RETURN QUERY SELECT 1, distlock.add_holder(p_ns, p_key, p_owner, p_mode, p_count, now_, ttl, p_value),
         distlock.ms(now_), NULL::text;
       RETURN;
     END IF;
     IF p_wait THEN
-      INSERT INTO distlock.claims (ns, key, owner, mode, permits, deadline)
-        VALUES (p_ns, p_key, p_owner, p_mode, p_count, now_ + ttl);
+      INSERT INTO distlock.claims (ns, key, owner, mode, permits, deadline, value)
+        VALUES (p_ns, p_key, p_owner, p_mode, p_count, now_ + ttl, p_value);
     END IF;
   ELSIF p_wait THEN
     UPDATE distlock.claims c SET deadline = now_ + ttl
@@ -330,13 +356,18 @@ DECLARE
   now_ timestamptz := clock_timestamp();
   k distlock.keys;
   held boolean;
+  leader boolean;
 BEGIN
   k := distlock.lock_key(p_ns, p_key, now_);
   IF k.ns IS NULL THEN
     RETURN 0;
   END IF;
   DELETE FROM distlock.claims c WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
-    RETURNING c.fence IS NOT NULL AND c.deadline > now_ INTO held;
+    RETURNING c.fence IS NOT NULL AND c.deadline > now_, c.fence IS NOT NULL AND c.mode = 'l'
+    INTO held, leader;
+  IF leader THEN
+    PERFORM distlock.announce(p_ns, p_key);
+  END IF;
   PERFORM distlock.purge(p_ns, p_key, now_);
   PERFORM distlock.grant_pass(p_ns, p_key, now_, p_handoff_ms, k.max_permits, NULL);
   RETURN CASE WHEN held THEN 1 ELSE 0 END;
@@ -405,6 +436,41 @@ LANGUAGE sql STABLE AS $$
       ON c.ns = k.ns AND c.key = k.key AND c.deadline > clock_timestamp()
     WHERE k.ns = p_ns AND k.key = p_key
     ORDER BY c.fence IS NULL, c.seq
+$$;
+
+-- Elections: publishes `p_value` as what the leader `p_owner` says. Returns 1, or 0 if it does
+-- not lead (any more).
+CREATE FUNCTION distlock.proclaim(p_ns text, p_key text, p_owner text, p_value bytea)
+RETURNS integer
+LANGUAGE plpgsql SET lock_timeout = '4s' AS $$
+DECLARE
+  now_ timestamptz := clock_timestamp();
+BEGIN
+  PERFORM distlock.lock_key(p_ns, p_key, now_);
+  UPDATE distlock.claims c SET value = p_value
+    WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
+      AND c.fence IS NOT NULL AND c.deadline > now_;
+  IF NOT FOUND THEN
+    RETURN 0;
+  END IF;
+  PERFORM distlock.announce(p_ns, p_key);
+  RETURN 1;
+END $$;
+
+-- Elections: the key's family and, if it is held, its holder's value, fencing token (the term)
+-- and lease left; no row for a key nobody used lately.
+CREATE FUNCTION distlock.leader(p_ns text, p_key text)
+RETURNS TABLE (family text, value bytea, fence bigint, left_ms bigint)
+LANGUAGE sql STABLE AS $$
+  SELECT k.family || CASE WHEN k.family = 'sem' THEN ':' || k.max_permits ELSE '' END,
+         c.value, c.fence, distlock.ms(c.deadline) - distlock.ms(clock_timestamp())
+    FROM distlock.keys k
+    LEFT JOIN distlock.claims c
+      ON c.ns = k.ns AND c.key = k.key AND c.fence IS NOT NULL
+         AND c.deadline > clock_timestamp()
+    WHERE k.ns = p_ns AND k.key = p_key
+    ORDER BY c.seq
+    LIMIT 1
 $$;
 
 INSERT INTO distlock.meta (version) VALUES (1);
