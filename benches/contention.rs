@@ -15,7 +15,9 @@
 //! runtime's worker threads (default: one per core).
 //! `--workers`, `--cs-ms`, `--impl` and `--lock` take comma-separated lists. `--lock` picks the
 //! primitive on memory and Redis: `mutex` (default), `rwlock` (one write in ten, the rest
-//! reads; label `-rwlock90`) or `semaphore` (4 permits, one each; label `-semaphore4`). Redis runs start their own
+//! reads; label `-rwlock90`), `semaphore` (4 permits, one each; label `-semaphore4`) or
+//! `election` (campaign, read the leader, resign: the turnover of leaders; label
+//! `-election`; memory and PostgreSQL so far). Redis runs start their own
 //! `redis-server` on a free loopback port (tests/support), shared by `redis` and `rslock`
 //! (`redis-evalsha`: the same server, as a user not allowed functions, so our scripts go by
 //! EVALSHA as before Redis 7);
@@ -76,6 +78,8 @@ enum Prim {
     RwLock,
     /// A semaphore of this many permits, one permit per acquisition.
     Semaphore(u32),
+    /// An election: campaign, read the leader, resign.
+    Election,
 }
 
 impl Prim {
@@ -84,6 +88,7 @@ impl Prim {
             Prim::Mutex => String::new(),
             Prim::RwLock => "-rwlock90".into(),
             Prim::Semaphore(n) => format!("-semaphore{n}"),
+            Prim::Election => "-election".into(),
         }
     }
 }
@@ -134,8 +139,11 @@ fn parse_args() -> Args {
                         "mutex" => Some(Prim::Mutex),
                         "rwlock" => Some(Prim::RwLock),
                         "semaphore" => Some(Prim::Semaphore(4)),
+                        "election" => Some(Prim::Election),
                         other => {
-                            eprintln!("unknown --lock {other}; known: mutex, rwlock, semaphore");
+                            eprintln!(
+                                "unknown --lock {other}; known: mutex, rwlock, semaphore, election"
+                            );
                             None
                         }
                     })
@@ -240,6 +248,16 @@ impl Locker {
                     (Prim::RwLock, _) => cycle!(client.rw_lock(key).write()),
                     (Prim::Semaphore(n), _) => cycle!(client.semaphore(key, *n).acquire()),
                     (Prim::Mutex, _) => cycle!(client.mutex(key).lock()),
+                    (Prim::Election, _) => {
+                        let election = client.election(key);
+                        let leading = election.campaign("bench").await.expect("campaign");
+                        let waited = asked.elapsed();
+                        let leader = election.leader().await.expect("leader");
+                        assert_eq!(leader.map(|l| l.term()), Some(leading.term()));
+                        section.await;
+                        leading.resign().await.expect("resign");
+                        waited
+                    }
                 }
             }
             #[cfg(feature = "redis")]

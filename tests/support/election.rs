@@ -359,6 +359,15 @@ pub async fn elections_and_locks_do_not_mix(env: &Env) {
     b.shutdown().await;
 }
 
+/// Sets its flag when dropped.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// `lead` runs its work while leading: an operator's unlock takes leadership away, the work
 /// is dropped, and it runs again under a higher term once the client leads again.
 pub async fn lead_stops_the_work_when_leadership_is_lost(env: &Env, name: &str, ttl: Duration) {
@@ -380,8 +389,7 @@ pub async fn lead_stops_the_work_when_leadership_is_lost(env: &Env, name: &str, 
                     async move {
                         if first {
                             // Runs until cancelled; says so when dropped.
-                            let _flag =
-                                scopeguard::guard((), |()| dropped.store(true, Ordering::SeqCst));
+                            let _flag = DropFlag(dropped);
                             std::future::pending::<()>().await;
                         }
                         term
