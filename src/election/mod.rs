@@ -139,6 +139,40 @@ impl Election {
         self.claim(value, Mode::Wait, None)
     }
 
+    /// Waits to lead, blocking this thread: [`campaign`](Self::campaign) for synchronous code.
+    /// It runs on the runtime the client was built in or, for a client built outside any, on
+    /// a small runtime of the client's own.
+    ///
+    /// # Errors
+    ///
+    /// - [`InAsyncContext`](crate::ErrorKind::InAsyncContext) inside a current-thread tokio
+    ///   runtime (use the async form there); on a multi-thread runtime's thread it blocks in
+    ///   place (`tokio::task::block_in_place`),
+    /// - [`NoRuntime`](crate::ErrorKind::NoRuntime) for a client built in a current-thread
+    ///   runtime or whose runtime has shut down,
+    /// - otherwise the errors of [`campaign`](Self::campaign).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not a future: it returns once the call is over. The guard it returns resigns on drop
+    /// as any other, renewed meanwhile by the runtime the client was built in (or its own).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let client = distlock::LockClient::memory(); // no runtime needed
+    /// let leading = client.election("scheduler").blocking_campaign("worker-7")?;
+    /// assert!(leading.term() > 0);
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn blocking_campaign(&self, value: impl AsRef<[u8]>) -> Result<Leadership> {
+        let call = self.campaign(value);
+        self.target
+            .core
+            .blocking
+            .block_on("blocking_campaign", call)
+    }
+
     /// Leads only if nobody leads or waits to, without waiting.
     ///
     /// # Errors
