@@ -319,3 +319,53 @@ async fn a_crashed_leader_is_replaced_within_its_lease() {
     )
     .await;
 }
+
+/// Three waiters whose connections closed, then one whose host crashed (one crashed waiter,
+/// well within the README's "up to three crashed ones in a row"): the live one behind them
+/// must be granted within four handoff leases, not at a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_closed_then_one_crashed_waiter_cost_four_handoff_leases() {
+    use faults::Death::{Closed, Crashed};
+    faults::dead_waiters_in_line_cost_a_handoff_lease_each(
+        &support::pg::service(),
+        &test_namespace!(),
+        &[Closed, Closed, Closed, Crashed],
+    )
+    .await;
+}
+
+/// One crashed waiter at the head, then three whose connections closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_crashed_then_three_closed_waiters_cost_four_handoff_leases() {
+    use faults::Death::{Closed, Crashed};
+    faults::dead_waiters_in_line_cost_a_handoff_lease_each(
+        &support::pg::service(),
+        &test_namespace!(),
+        &[Crashed, Closed, Closed, Closed],
+    )
+    .await;
+}
+
+/// Two closed, one crashed, two closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_and_crashed_waiters_mixed_cost_a_handoff_lease_each() {
+    use faults::Death::{Closed, Crashed};
+    faults::dead_waiters_in_line_cost_a_handoff_lease_each(
+        &support::pg::service(),
+        &test_namespace!(),
+        &[Closed, Closed, Crashed, Closed, Closed],
+    )
+    .await;
+}
+
+/// Two crashed, then one closed, then one crashed (three crashed ones, not in a row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_closed_crashed_waiters_cost_a_handoff_lease_each() {
+    use faults::Death::{Closed, Crashed};
+    faults::dead_waiters_in_line_cost_a_handoff_lease_each(
+        &support::pg::service(),
+        &test_namespace!(),
+        &[Crashed, Crashed, Closed, Crashed],
+    )
+    .await;
+}

@@ -346,6 +346,18 @@ pub async fn dead_waiters_in_a_row_cost_a_handoff_lease_each(
     dead: usize,
     how: Death,
 ) {
+    dead_waiters_in_line_cost_a_handoff_lease_each(svc, ns, &vec![how; dead]).await;
+}
+
+/// Waiters queued in a row behind a holder die, the `i`th as `deaths[i]` says, a live one
+/// waits behind them; the holder releases. Each dead waiter may cost one provisional handoff
+/// lease, no more: the live one is granted within as many handoff leases and some slack.
+pub async fn dead_waiters_in_line_cost_a_handoff_lease_each(
+    svc: &Service,
+    ns: &str,
+    deaths: &[Death],
+) {
+    let dead = deaths.len();
     let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
     let h = svc.client(svc.url(), ns, ttl, handoff).await;
     let next = svc.client(svc.url(), ns, ttl, handoff).await;
@@ -359,7 +371,7 @@ pub async fn dead_waiters_in_a_row_cost_a_handoff_lease_each(
     }
     let waiter = tokio::spawn(next.mutex("k").lock());
     svc.until_queued(ns, "k", dead + 1).await;
-    for (proxy, task, _) in &doomed {
+    for ((proxy, task, _), how) in doomed.iter().zip(deaths) {
         match how {
             Death::Closed => proxy.cut(),
             Death::Crashed => {
@@ -381,13 +393,11 @@ pub async fn dead_waiters_in_a_row_cost_a_handoff_lease_each(
         .unwrap()
         .unwrap();
     let waited = released.elapsed();
-    println!(
-        "{dead} dead waiters ({how:?}) in a row: the live one granted {waited:?} after the release"
-    );
+    println!("dead waiters {deaths:?} in a row: the live one granted {waited:?} after the release");
     let bound = handoff * u32::try_from(dead).unwrap_or(u32::MAX) + Duration::from_millis(700);
     assert!(
         waited < bound,
-        "{dead} dead waiters ({how:?}) in a row held the lock {waited:?} (bound {bound:?})"
+        "dead waiters {deaths:?} in a row held the lock {waited:?} (bound {bound:?})"
     );
     for (_, task, _) in &doomed {
         task.abort();
