@@ -940,3 +940,29 @@ async fn rejected_connections(admin: &mut Admin) -> u64 {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_default()
 }
+
+/// Three waiters whose connections closed, then one whose host crashed: the live one behind
+/// them must be granted within four handoff leases, not at a TTL (the README promises a lease
+/// each unless more than three crashed ones are in a row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_closed_then_one_crashed_waiter_cost_four_handoff_leases() {
+    use faults::Death::{Closed, Crashed};
+    faults::dead_waiters_in_line_cost_a_handoff_lease_each(
+        &support::redis::service(),
+        &test_namespace!(),
+        &[Closed, Closed, Closed, Crashed],
+    )
+    .await;
+}
+
+/// Two crashed, then one closed, then one crashed (three crashed ones, not in a row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_closed_crashed_waiters_cost_a_handoff_lease_each() {
+    use faults::Death::{Closed, Crashed};
+    faults::dead_waiters_in_line_cost_a_handoff_lease_each(
+        &support::redis::service(),
+        &test_namespace!(),
+        &[Crashed, Crashed, Closed, Crashed],
+    )
+    .await;
+}
