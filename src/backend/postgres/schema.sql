@@ -109,35 +109,35 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended(distlock.channel(owner), 0)
 -- Tells waiters in line, from the head, when the provisional leases just handed out end
 -- ('<owner> <server ms> <px>'): a waiter told re-checks then, in case the new holders died
 -- before confirming, hands the lock on and is told the next lease's end in turn. So dead
--- waiters in a row cost a provisional lease each, not a TTL (issue 27). The first three are
--- told whatever their connections look like (a host that crashed leaves its LISTEN connection
--- open, and so looks alive until TCP keepalive gives up on it), and then more until one whose
--- client is there to hear it was (its LISTEN connection holds the client's `listener` lock;
--- `p_quiet`, the caller, hears its reply), at most 32. A client reconnecting its LISTEN
--- connection re-checks when it is back.
+-- waiters in a row cost a provisional lease each, not a TTL (issue 27). Waiters are told until
+-- three whose clients look there to hear it were (a LISTEN connection holds its client's
+-- `listener` lock; `p_quiet`, the caller, hears its reply), at most 32: a host that crashed
+-- leaves its LISTEN connection open, and so looks alive until TCP keepalive gives up on it, so
+-- up to two of those may stand before a live waiter, among any number whose connections
+-- closed. A client reconnecting its LISTEN connection re-checks when it is back.
 CREATE FUNCTION distlock.hint_next(
   p_ns text, p_key text, p_now timestamptz, p_handoff_ms integer, p_quiet text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
   c record;
-  told integer := 0;
-  heard boolean := false;
+  open_ integer := 0;
 BEGIN
   FOR c IN SELECT owner FROM distlock.claims
            WHERE ns = p_ns AND key = p_key AND fence IS NULL ORDER BY seq LIMIT 32 LOOP
-    IF heard AND told >= 3 THEN
+    IF open_ >= 3 THEN
       RETURN;
     END IF;
-    told := told + 1;
     IF c.owner = p_quiet THEN
-      heard := true;
+      open_ := open_ + 1;
       CONTINUE;
     END IF;
     PERFORM pg_notify(distlock.channel(c.owner),
       c.owner || ' ' || distlock.ms(p_now) || ' ' || p_handoff_ms);
     -- A shared try fails only while the client's LISTEN connection holds the lock.
-    heard := heard OR NOT pg_try_advisory_xact_lock_shared(distlock.listener(c.owner));
+    IF NOT pg_try_advisory_xact_lock_shared(distlock.listener(c.owner)) THEN
+      open_ := open_ + 1;
+    END IF;
   END LOOP;
 END $$;
 

@@ -243,19 +243,23 @@ local HINT_MIN = 3
 -- <px>"): if their owners died before confirming them, a live waiter told re-checks then
 -- instead of at the old holders' deadlines, hands the lock to the next in line and, told that
 -- one's provisional lease, re-checks again when it ends. So dead waiters in a row cost one
--- provisional lease each, not a TTL. The first `HINT_MIN` waiters are told (a client whose
--- pub/sub link is reconnecting may hear nothing now and still be alive), and then more until
--- one whose client is subscribed heard it (PUBLISH counts them; a dead client's subscription
--- is gone once the server saw its connection close), at most `HINT_SCAN`.
+-- provisional lease each, not a TTL. Waiters are told until `HINT_MIN` whose clients are
+-- subscribed heard it (PUBLISH counts them; a dead client's subscription is gone once the
+-- server saw its connection close, but a crashed host's stays until TCP keepalive gives up on
+-- it, so up to `HINT_MIN` - 1 of those may stand before a live one), at most `HINT_SCAN`. Those
+-- that heard nothing are told all the same (a client whose pub/sub link is reconnecting may
+-- hear nothing now and still be alive).
 local function hint_next(prefix, queue, px)
-  local heard = false
-  for i, entry in ipairs(Q.head(queue, HINT_SCAN)) do
-    if heard and i > HINT_MIN then
+  local heard = 0
+  for _, entry in ipairs(Q.head(queue, HINT_SCAN)) do
+    if heard >= HINT_MIN then
       return
     end
     local _, owner = parse_entry(entry)
     local n = Q.publish(channel_of(prefix, owner), owner .. ' ' .. int(clock()) .. ' ' .. px)
-    heard = heard or (tonumber(n) or 0) > 0
+    if (tonumber(n) or 0) > 0 then
+      heard = heard + 1
+    end
   end
 end
 
