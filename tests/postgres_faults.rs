@@ -369,3 +369,52 @@ async fn crashed_closed_crashed_waiters_cost_a_handoff_lease_each() {
     )
     .await;
 }
+
+/// The holder and the waiter at the head of the line crash together: the live waiter behind
+/// them is granted within the holder's lease and a handoff lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holder_and_a_crashed_head_waiter_cost_a_lease_and_a_handoff_lease() {
+    faults::crashed_holder_and_waiters_cost_its_lease_and_a_handoff_lease_each(
+        &support::pg::service(),
+        &test_namespace!(),
+        1,
+        None,
+    )
+    .await;
+}
+
+/// The same with three crashed waiters in line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holder_and_three_crashed_waiters_cost_a_lease_and_three_handoff_leases() {
+    faults::crashed_holder_and_waiters_cost_its_lease_and_a_handoff_lease_each(
+        &support::pg::service(),
+        &test_namespace!(),
+        3,
+        None,
+    )
+    .await;
+}
+
+/// A one-permit semaphore: crashed holder, two crashed waiters, a live one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_with_a_crashed_holder_and_crashed_waiters_passes_on() {
+    faults::crashed_holder_and_waiters_cost_its_lease_and_a_handoff_lease_each(
+        &support::pg::service(),
+        &test_namespace!(),
+        2,
+        Some(faults::Shared::Permit),
+    )
+    .await;
+}
+
+/// A read-write lock: crashed writer, two crashed writers queued, a live reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rw_lock_with_a_crashed_writer_and_crashed_writers_queued_passes_on() {
+    faults::crashed_holder_and_waiters_cost_its_lease_and_a_handoff_lease_each(
+        &support::pg::service(),
+        &test_namespace!(),
+        2,
+        Some(faults::Shared::WriteThenRead),
+    )
+    .await;
+}

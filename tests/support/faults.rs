@@ -497,3 +497,70 @@ pub async fn a_grant_seen_by_a_queue_renewal_is_taken<B: distlock::backend::Back
     proxy.heal();
     w.shutdown().await;
 }
+
+/// The holder (lease `HOLDER_TTL`) and `dead` waiters queued behind it crash together (their
+/// connections stay open on the server, silent); a live waiter behind them must be granted
+/// within the holder's lease, a handoff lease per dead waiter and some slack, from the crash.
+/// `shape`: `None` a mutex; `Some(Permit)` a one-permit semaphore; `Some(WriteThenRead)` the
+/// holder and the dead waiters write, the live one reads.
+pub async fn crashed_holder_and_waiters_cost_its_lease_and_a_handoff_lease_each(
+    svc: &Service,
+    ns: &str,
+    dead: usize,
+    shape: Option<Shared>,
+) {
+    const HOLDER_TTL: Duration = Duration::from_millis(2000);
+    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
+    let take = |c: &LockClient,
+                first: bool|
+     -> BoxFuture<'static, distlock::Result<Box<dyn std::any::Any + Send>>> {
+        match shape {
+            None => {
+                let f = c.mutex("k").lock();
+                Box::pin(async move { f.await.map(boxed) })
+            }
+            Some(s) => take_shared(c, s, first, Duration::from_secs(60)),
+        }
+    };
+    let hp = Proxy::start(svc.port);
+    let h = svc.client(svc.via(&hp), ns, HOLDER_TTL, handoff).await;
+    let next = svc.client(svc.url(), ns, ttl, handoff).await;
+    let held = take(&h, true).await.unwrap();
+    let mut doomed = Vec::new();
+    for i in 0..dead {
+        let proxy = Proxy::start(svc.port);
+        let c = svc.client(svc.via(&proxy), ns, ttl, handoff).await;
+        doomed.push((proxy, tokio::spawn(take(&c, true)), c));
+        svc.until_queued(ns, "k", i + 1).await;
+    }
+    let waiter = tokio::spawn(take(&next, false));
+    svc.until_queued(ns, "k", dead + 1).await;
+    // Past a renewal of the holder's.
+    sleep(HOLDER_TTL / 2).await;
+    let crashed = Instant::now();
+    for proxy in std::iter::once(&hp).chain(doomed.iter().map(|(p, _, _)| p)) {
+        proxy.crash(ttl * 2);
+        proxy.blackhole();
+    }
+    for (_, task, _) in &doomed {
+        task.abort();
+    }
+    std::mem::forget(held);
+    let guard = timeout(ttl * 2, waiter)
+        .await
+        .expect("the live waiter was never granted")
+        .unwrap()
+        .unwrap();
+    let waited = crashed.elapsed();
+    println!(
+        "{shape:?}: crashed holder and {dead} crashed waiters: the live one granted {waited:?} after the crash"
+    );
+    let bound =
+        HOLDER_TTL + handoff * u32::try_from(dead).unwrap_or(u32::MAX) + Duration::from_millis(700);
+    assert!(
+        waited < bound,
+        "{shape:?}: a crashed holder and {dead} crashed waiters held the lock {waited:?} (bound {bound:?})"
+    );
+    drop(guard);
+    next.shutdown().await;
+}
