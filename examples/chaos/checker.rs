@@ -153,6 +153,9 @@ pub(crate) struct Log {
     pub(crate) problems: Vec<String>,
     /// (from, to) in wall ns: failovers that may lose the last grant (any holder).
     pub(crate) failovers: Vec<(u128, u128)>,
+    /// Until when a holder asked to hold past a restart may still hold
+    /// ([`crate::holder::EXTENDED_HOLD`]).
+    pub(crate) extended_until: Option<Instant>,
 }
 
 impl Log {

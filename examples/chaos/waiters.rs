@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 
 use crate::checker::{dead_waiters_cost, Log, Report};
 use crate::fleet::Fleet;
-use crate::holder::LONG_HOLD;
+use crate::holder::{EXTENDED_HOLD, LONG_HOLD};
 use crate::{ttl, wall_ns, HOLDERS};
 
 /// On top of what dead waiters cost: the next live waiter's round trips on a loaded machine.
@@ -61,6 +61,8 @@ pub(crate) fn extend_hold(fleet: &mut Fleet) -> Option<usize> {
             })
         };
         if let Some(i) = holding {
+            log(fleet).extended_until =
+                Some(Instant::now() + EXTENDED_HOLD + Duration::from_millis(200));
             let stdin = fleet.holders[i].as_mut()?.stdin.as_mut()?;
             stdin.write_all(b"H\n").ok()?;
             stdin.flush().ok()?;
@@ -128,6 +130,13 @@ pub(crate) fn stop_waiter(fleet: &Fleet, pick: usize) {
 /// expiry) plus slack. A waiter granted while it was being frozen is no waiter: it holds for a
 /// TTL, and the first hold to end after the kill is then the one after it.
 pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive: &str) {
+    // A hold kept past a restart (a read-write lock's or semaphore's, beside which others
+    // still come and go) would stand between the dead waiters and the live one: judge the
+    // handoff once it is over.
+    let extended = log(fleet).extended_until;
+    if let Some(left) = extended.and_then(|until| until.checked_duration_since(Instant::now())) {
+        std::thread::sleep(left);
+    }
     // One more than the victims queued, if it comes to that: a live waiter that queued before
     // the next release (told when the hold it queued behind ends) behind the dead ones.
     let q = wait_for_queued(fleet, n + 1);
