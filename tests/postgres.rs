@@ -238,6 +238,18 @@ async fn schema_is_created_once_and_missing_rights_are_named() {
     assert!(err.is_unsupported(), "{err:?}");
     assert!(err.to_string().contains("99"), "{err}");
 
+    // An older one too, saying how to move on (version 1 had no elections).
+    in_db
+        .batch_execute("UPDATE distlock.meta SET version = 1")
+        .await
+        .unwrap();
+    let err = PgBackend::connect(&url).await.unwrap_err();
+    assert!(err.is_unsupported(), "{err:?}");
+    assert!(
+        err.to_string().contains("DROP SCHEMA distlock CASCADE"),
+        "{err}"
+    );
+
     // A DBA applies the SQL by hand; the backend uses it without creating anything.
     in_db
         .batch_execute("DROP SCHEMA distlock CASCADE")

@@ -5,8 +5,9 @@ use tokio_postgres::Client;
 use super::commands::pg_error;
 use crate::error::{Error, ErrorKind, Result};
 
-/// The schema version this build speaks.
-pub(crate) const VERSION: i32 = 1;
+/// The schema version this build speaks: 2 added elections (a claim's value, their functions
+/// and notifications) and changed how handoff hints reach past dead waiters.
+pub(crate) const VERSION: i32 = 2;
 
 /// The SQL that creates the schema (tables, functions, version row), for one transaction.
 pub(crate) const SQL: &str = include_str!("schema.sql");
@@ -94,7 +95,10 @@ fn check(version: i32) -> Result<()> {
             "the distlock schema on the server is version {v}, newer than this build's {VERSION}: upgrade distlock"
         ))),
         v => Err(Error::unsupported(format_args!(
-            "the distlock schema on the server is version {v}, older than this build's {VERSION}"
+            "the distlock schema on the server is version {v}, older than this build's {VERSION}: \
+             once no lock is held or waited for, drop it (`DROP SCHEMA distlock CASCADE`) and \
+             the backend creates the new one (fencing tokens keep increasing: they never fall \
+             below the server's time in microseconds)"
         ))),
     }
 }
@@ -134,7 +138,12 @@ mod tests {
         let newer = check(VERSION + 1).unwrap_err();
         assert!(newer.is_unsupported());
         assert!(newer.to_string().contains("upgrade distlock"), "{newer}");
-        assert!(check(VERSION - 1).unwrap_err().is_unsupported());
+        let older = check(VERSION - 1).unwrap_err();
+        assert!(older.is_unsupported());
+        assert!(
+            older.to_string().contains("DROP SCHEMA distlock CASCADE"),
+            "{older}"
+        );
     }
 
     #[test]

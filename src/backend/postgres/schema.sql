@@ -1,4 +1,4 @@
--- distlock's PostgreSQL schema, version 1. Applied by the library on first use (or by you,
+-- distlock's PostgreSQL schema, version 2. Applied by the library on first use (or by you,
 -- from `PgBackend::schema_sql()`), in one transaction, under an advisory lock so concurrent
 -- first uses do not race.
 --
@@ -473,4 +473,4 @@ LANGUAGE sql STABLE AS $$
     LIMIT 1
 $$;
 
-INSERT INTO distlock.meta (version) VALUES (1);
+INSERT INTO distlock.meta (version) VALUES (2);
