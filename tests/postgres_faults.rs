@@ -302,8 +302,8 @@ async fn three_crashed_waiters_in_a_row_cost_three_handoff_leases() {
     .await;
 }
 
-/// Elections (issue 30): an observer whose connections go half-open catches up with the latest
-/// leader once they heal.
+/// Elections (issue 30): an observer whose LISTEN connection goes half-open finds it out by
+/// itself and catches up with the latest leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_election_observer_cut_off_catches_up() {
     support::election::an_observer_cut_off_catches_up(&support::pg::service(), &test_namespace!())
