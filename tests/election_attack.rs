@@ -1,0 +1,346 @@
+//! Attacks on elections (issue 30) through the public API, on the memory backend and a real
+//! PostgreSQL: a leader paused past its lease (a SIGSTOP, a long GC pause, a VM migration),
+//! many observers on one client, observers of a client that shuts down, proclaiming after a
+//! loss, and large values.
+#![cfg(all(feature = "memory", feature = "postgres"))]
+
+mod support;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant as StdInstant};
+
+use distlock::backend::MemoryBackend;
+use distlock::{ErrorKind, LockClient};
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use support::server::postgres::shared_postgres;
+use tokio::time::{sleep, timeout};
+
+/// Makes a client inside the runtime that calls it (its background tasks run there).
+type MakeClient = Arc<dyn Fn() -> BoxFuture<'static, LockClient> + Send + Sync>;
+
+fn memory_clients(ns: String) -> MakeClient {
+    let backend = MemoryBackend::new();
+    Arc::new(move || {
+        let client = LockClient::builder(backend.clone())
+            .namespace(ns.clone())
+            .ttl(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        Box::pin(std::future::ready(client))
+    })
+}
+
+fn pg_clients(ns: String) -> MakeClient {
+    Arc::new(move || {
+        let ns = ns.clone();
+        Box::pin(async move {
+            support::pg::client(
+                &shared_postgres().url(),
+                &ns,
+                Duration::from_millis(300),
+                Duration::from_millis(200),
+            )
+            .await
+        })
+    })
+}
+
+/// The whole process of leader `a` stops (its runtime's one thread blocked: what SIGSTOP or a
+/// long pause does) for three leases while `lead()` runs its work; `b` campaigns and leads
+/// once the lease runs out. When `a` resumes, its work must not take another step: `lead()`
+/// promises to poll the work only while leadership lasts, and by then `b` leads.
+///
+/// Returns how many of `rounds` saw a step of `a`'s work after `b` was granted.
+async fn paused_leader_rounds(make: MakeClient, rounds: usize) -> (usize, Vec<String>) {
+    let ttl = Duration::from_millis(300);
+    let mut overlapping = 0;
+    let mut notes = Vec::new();
+    let b = make().await;
+    for round in 0..rounds {
+        let steps: Arc<StdMutex<Vec<(u64, StdInstant)>>> = Arc::default();
+        let (led_tx, led_rx) = tokio::sync::oneshot::channel::<()>();
+        let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+        let (a_steps, a_make) = (steps.clone(), make.clone());
+        let a_thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let a = a_make().await;
+                let election = a.election("paused");
+                let work_steps = a_steps.clone();
+                let leading = tokio::spawn(async move {
+                    election
+                        .lead("a", |term| {
+                            let steps = work_steps.clone();
+                            async move {
+                                loop {
+                                    sleep(Duration::from_millis(2)).await;
+                                    steps.lock().unwrap().push((term, StdInstant::now()));
+                                }
+                            }
+                        })
+                        .await
+                });
+                while a_steps.lock().unwrap().is_empty() {
+                    sleep(Duration::from_millis(1)).await;
+                }
+                let _ = led_tx.send(());
+                // SIGSTOP: nothing of this process runs, renewals included.
+                std::thread::sleep(ttl * 3);
+                // SIGCONT: give `lead()` time to notice, then stop it.
+                sleep(Duration::from_millis(300)).await;
+                leading.abort();
+                let _ = leading.await;
+                let _ = end_rx.recv_timeout(Duration::from_secs(10));
+                a.shutdown().await;
+            });
+        });
+        timeout(Duration::from_secs(10), led_rx)
+            .await
+            .expect("a never led")
+            .unwrap();
+        let a_term = steps.lock().unwrap()[0].0;
+        let b_leads = timeout(Duration::from_secs(10), b.election("paused").campaign("b"))
+            .await
+            .expect("b never led while a was paused")
+            .unwrap();
+        let b_granted = StdInstant::now();
+        assert!(b_leads.term() > a_term);
+        // Wait for a to resume and stop.
+        sleep(ttl * 3 + Duration::from_millis(400)).await;
+        let late: Vec<Duration> = steps
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(term, at)| *term == a_term && *at > b_granted)
+            .map(|(_, at)| at.duration_since(b_granted))
+            .collect();
+        if !late.is_empty() {
+            overlapping += 1;
+            notes.push(format!(
+                "round {round}: a's work (term {a_term}) took {} step(s) after b led (term {}), \
+                 the first {:?} after b's campaign returned",
+                late.len(),
+                b_leads.term(),
+                late[0]
+            ));
+        }
+        b_leads.resign().await.unwrap();
+        let _ = end_tx.send(());
+        a_thread.join().unwrap();
+    }
+    b.shutdown().await;
+    (overlapping, notes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_lead_takes_no_step_after_a_pause_past_its_lease() {
+    let (overlapping, notes) = paused_leader_rounds(memory_clients(test_namespace!()), 12).await;
+    for n in &notes {
+        println!("{n}");
+    }
+    assert_eq!(overlapping, 0, "two leaders at once in {overlapping} of 12 rounds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lead_takes_no_step_after_a_pause_past_its_lease() {
+    let (overlapping, notes) = paused_leader_rounds(pg_clients(test_namespace!()), 12).await;
+    for n in &notes {
+        println!("{n}");
+    }
+    assert_eq!(overlapping, 0, "two leaders at once in {overlapping} of 12 rounds");
+}
+
+/// Transactions committed on the test server (every statement of the clients is one).
+async fn xacts() -> i64 {
+    let c = support::pg::connection(&shared_postgres().url()).await;
+    // The statistics are flushed to the view at most once a second or so: force it.
+    let _ = c.simple_query("SELECT pg_stat_force_next_flush()").await;
+    c.query_one(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Many observers of one election on one client, a leader renewing its lease: what do they
+/// cost the server while nothing changes, and do they all hear the one change?
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_many_observers_on_one_client() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let ttl = Duration::from_secs(3);
+    let leader_client = support::pg::client(&url, &ns, ttl, Duration::from_millis(300)).await;
+    let watcher = support::pg::client(&url, &ns, ttl, Duration::from_millis(300)).await;
+    let leading = leader_client
+        .election("k:with:colons")
+        .campaign("a")
+        .await
+        .unwrap();
+    let window = Duration::from_secs(6);
+
+    let mut per_n = Vec::new();
+    for n in [0usize, 1, 200] {
+        let seen: Arc<StdMutex<Vec<Option<u64>>>> = Arc::new(StdMutex::new(vec![None; n]));
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let (seen, mut changes) = (
+                seen.clone(),
+                Box::pin(watcher.election("k:with:colons").observe()),
+            );
+            tasks.push(tokio::spawn(async move {
+                while let Some(item) = changes.next().await {
+                    let term = item.unwrap().map(|l| l.term());
+                    seen.lock().unwrap()[i] = term;
+                }
+            }));
+        }
+        // Everyone has read once.
+        timeout(Duration::from_secs(20), async {
+            while seen.lock().unwrap().iter().any(Option::is_none) {
+                sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("observers never read the leader");
+        let before = xacts().await;
+        sleep(window).await;
+        let after = xacts().await;
+        per_n.push((n, after - before));
+        for t in tasks {
+            t.abort();
+        }
+    }
+    for (n, x) in &per_n {
+        println!("{n} observers: {x} transactions in {window:?} (leader with a {ttl:?} lease)");
+    }
+
+    // One change, 300 observers: all hear it.
+    let n = 300;
+    let seen: Arc<StdMutex<Vec<Option<u64>>>> = Arc::new(StdMutex::new(vec![None; n]));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (seen, mut changes) = (
+            seen.clone(),
+            Box::pin(watcher.election("k:with:colons").observe()),
+        );
+        tasks.push(tokio::spawn(async move {
+            while let Some(item) = changes.next().await {
+                if let Ok(l) = item {
+                    seen.lock().unwrap()[i] = Some(l.map_or(0, |l| l.term()));
+                }
+            }
+        }));
+    }
+    timeout(Duration::from_secs(20), async {
+        while seen.lock().unwrap().iter().any(Option::is_none) {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("observers never read the leader");
+    let resigned = StdInstant::now();
+    leading.resign().await.unwrap();
+    let all = timeout(Duration::from_secs(10), async {
+        while seen.lock().unwrap().iter().any(|t| *t != Some(0)) {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let missing = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|t| **t != Some(0))
+        .count();
+    println!(
+        "{n} observers on one client: {} of them saw the resignation within {:?}",
+        n - missing,
+        resigned.elapsed()
+    );
+    assert!(all.is_ok(), "{missing} of {n} observers never saw the resignation");
+    for t in tasks {
+        t.abort();
+    }
+    leader_client.shutdown().await;
+    watcher.shutdown().await;
+}
+
+/// Observers end when their client shuts down, whether they were waiting at the time or made
+/// afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_observers_end_when_their_client_shuts_down() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let watcher = support::pg::client(&url, &ns, Duration::from_secs(3), Duration::from_millis(300)).await;
+    let election = watcher.election("e");
+    let mut changes = Box::pin(election.observe());
+    assert!(changes.next().await.unwrap().unwrap().is_none());
+    let waiting = tokio::spawn(async move { changes.next().await.map(|r| r.map_err(|e| e.kind())) });
+    sleep(Duration::from_millis(200)).await;
+    watcher.shutdown().await;
+    let ended = timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("an observer waiting at shutdown did not end")
+        .unwrap();
+    println!("observer waiting at shutdown then got: {ended:?}");
+    assert!(ended.is_none(), "{ended:?}");
+    let mut after = Box::pin(election.observe());
+    let item = timeout(Duration::from_secs(3), after.next())
+        .await
+        .expect("an observer made after shutdown hung");
+    println!("observer made after shutdown: {:?}", item.as_ref().map(|r| r.as_ref().map_err(|e| e.kind())));
+    assert!(item.is_none() || item.unwrap().is_err());
+}
+
+/// A leader removed by an operator cannot proclaim any more, and its value never shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_proclaim_after_loss_is_refused() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let (a, op) = (
+        support::pg::client(&url, &ns, Duration::from_secs(3), Duration::from_millis(300)).await,
+        support::pg::client(&url, &ns, Duration::from_secs(3), Duration::from_millis(300)).await,
+    );
+    let leading = a.election("e").campaign("a").await.unwrap();
+    op.force_release("e").await.unwrap();
+    let b = op.election("e").campaign("b").await.unwrap();
+    let err = leading.proclaim("a is back").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    assert!(leading.is_lost());
+    let now = op.election("e").leader().await.unwrap().unwrap();
+    assert_eq!((now.term(), now.value_str()), (b.term(), Some("b")));
+    b.resign().await.unwrap();
+    a.shutdown().await;
+    op.shutdown().await;
+}
+
+/// Large values: a 16 MiB value is campaigned with, read, observed and proclaimed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_large_values() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let a = support::pg::client(&url, &ns, Duration::from_secs(3), Duration::from_millis(300)).await;
+    let big = vec![0xA5u8; 16 << 20];
+    let leading = a.election("big").campaign(&big).await.unwrap();
+    let seen = a.election("big").leader().await.unwrap().unwrap();
+    assert_eq!(seen.value().len(), big.len());
+    let mut changes = Box::pin(a.election("big").observe());
+    let first = changes.next().await.unwrap().unwrap().unwrap();
+    assert_eq!(first.value().len(), big.len());
+    leading.proclaim(b"small").await.unwrap();
+    let next = timeout(Duration::from_secs(3), changes.next())
+        .await
+        .expect("the observer missed the proclaim")
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.value(), b"small");
+    leading.resign().await.unwrap();
+    a.shutdown().await;
+}
