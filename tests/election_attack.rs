@@ -61,7 +61,8 @@ async fn paused_leader_rounds(make: MakeClient, rounds: usize) -> (usize, Vec<St
         let steps: Arc<StdMutex<Vec<(u64, StdInstant)>>> = Arc::default();
         let (led_tx, led_rx) = tokio::sync::oneshot::channel::<()>();
         let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
-        let (a_steps, a_make) = (steps.clone(), make.clone());
+        let resumed: Arc<StdMutex<Option<StdInstant>>> = Arc::default();
+        let (a_steps, a_make, a_resumed) = (steps.clone(), make.clone(), resumed.clone());
         let a_thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -90,6 +91,7 @@ async fn paused_leader_rounds(make: MakeClient, rounds: usize) -> (usize, Vec<St
                 let _ = led_tx.send(());
                 // SIGSTOP: nothing of this process runs, renewals included.
                 std::thread::sleep(ttl * 3);
+                a_resumed.lock().unwrap().replace(StdInstant::now());
                 // SIGCONT: give `lead()` time to notice, then stop it.
                 sleep(Duration::from_millis(300)).await;
                 leading.abort();
@@ -120,12 +122,14 @@ async fn paused_leader_rounds(make: MakeClient, rounds: usize) -> (usize, Vec<St
             .collect();
         if !late.is_empty() {
             overlapping += 1;
+            let resumed = resumed.lock().unwrap().expect("a never resumed");
             notes.push(format!(
                 "round {round}: a's work (term {a_term}) took {} step(s) after b led (term {}), \
-                 the first {:?} after b's campaign returned",
+                 the first {:?} after b's campaign returned ({:?} after a resumed)",
                 late.len(),
                 b_leads.term(),
-                late[0]
+                late[0],
+                (b_granted + late[0]).saturating_duration_since(resumed)
             ));
         }
         b_leads.resign().await.unwrap();
@@ -142,7 +146,10 @@ async fn memory_lead_takes_no_step_after_a_pause_past_its_lease() {
     for n in &notes {
         println!("{n}");
     }
-    assert_eq!(overlapping, 0, "two leaders at once in {overlapping} of 12 rounds");
+    assert_eq!(
+        overlapping, 0,
+        "two leaders at once in {overlapping} of 12 rounds"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,7 +158,10 @@ async fn postgres_lead_takes_no_step_after_a_pause_past_its_lease() {
     for n in &notes {
         println!("{n}");
     }
-    assert_eq!(overlapping, 0, "two leaders at once in {overlapping} of 12 rounds");
+    assert_eq!(
+        overlapping, 0,
+        "two leaders at once in {overlapping} of 12 rounds"
+    );
 }
 
 /// Transactions committed on the test server (every statement of the clients is one).
@@ -263,7 +273,10 @@ async fn postgres_many_observers_on_one_client() {
         n - missing,
         resigned.elapsed()
     );
-    assert!(all.is_ok(), "{missing} of {n} observers never saw the resignation");
+    assert!(
+        all.is_ok(),
+        "{missing} of {n} observers never saw the resignation"
+    );
     for t in tasks {
         t.abort();
     }
@@ -277,11 +290,18 @@ async fn postgres_many_observers_on_one_client() {
 async fn postgres_observers_end_when_their_client_shuts_down() {
     let ns = test_namespace!();
     let url = shared_postgres().url();
-    let watcher = support::pg::client(&url, &ns, Duration::from_secs(3), Duration::from_millis(300)).await;
+    let watcher = support::pg::client(
+        &url,
+        &ns,
+        Duration::from_secs(3),
+        Duration::from_millis(300),
+    )
+    .await;
     let election = watcher.election("e");
     let mut changes = Box::pin(election.observe());
     assert!(changes.next().await.unwrap().unwrap().is_none());
-    let waiting = tokio::spawn(async move { changes.next().await.map(|r| r.map_err(|e| e.kind())) });
+    let waiting =
+        tokio::spawn(async move { changes.next().await.map(|r| r.map_err(|e| e.kind())) });
     sleep(Duration::from_millis(200)).await;
     watcher.shutdown().await;
     let ended = timeout(Duration::from_secs(3), waiting)
@@ -294,7 +314,10 @@ async fn postgres_observers_end_when_their_client_shuts_down() {
     let item = timeout(Duration::from_secs(3), after.next())
         .await
         .expect("an observer made after shutdown hung");
-    println!("observer made after shutdown: {:?}", item.as_ref().map(|r| r.as_ref().map_err(|e| e.kind())));
+    println!(
+        "observer made after shutdown: {:?}",
+        item.as_ref().map(|r| r.as_ref().map_err(|e| e.kind()))
+    );
     assert!(item.is_none() || item.unwrap().is_err());
 }
 
@@ -304,8 +327,20 @@ async fn postgres_proclaim_after_loss_is_refused() {
     let ns = test_namespace!();
     let url = shared_postgres().url();
     let (a, op) = (
-        support::pg::client(&url, &ns, Duration::from_secs(3), Duration::from_millis(300)).await,
-        support::pg::client(&url, &ns, Duration::from_secs(3), Duration::from_millis(300)).await,
+        support::pg::client(
+            &url,
+            &ns,
+            Duration::from_secs(3),
+            Duration::from_millis(300),
+        )
+        .await,
+        support::pg::client(
+            &url,
+            &ns,
+            Duration::from_secs(3),
+            Duration::from_millis(300),
+        )
+        .await,
     );
     let leading = a.election("e").campaign("a").await.unwrap();
     op.force_release("e").await.unwrap();
@@ -325,7 +360,13 @@ async fn postgres_proclaim_after_loss_is_refused() {
 async fn postgres_large_values() {
     let ns = test_namespace!();
     let url = shared_postgres().url();
-    let a = support::pg::client(&url, &ns, Duration::from_secs(3), Duration::from_millis(300)).await;
+    let a = support::pg::client(
+        &url,
+        &ns,
+        Duration::from_secs(3),
+        Duration::from_millis(300),
+    )
+    .await;
     let big = vec![0xA5u8; 16 << 20];
     let leading = a.election("big").campaign(&big).await.unwrap();
     let seen = a.election("big").leader().await.unwrap().unwrap();
