@@ -9,6 +9,7 @@
 //! - a renewal reply speaks only for the state the claim was in when the call was *sent* (a
 //!   queue-entry renewal sent before a handoff says nothing about the lease that followed).
 
+use std::future::Future as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
@@ -345,10 +346,21 @@ impl Lease {
             match self.lost_at() {
                 None => return signal.wait().await,
                 Some(at) => {
-                    tokio::select! {
-                        () = signal.wait() => return,
+                    let (wait, sleep) = (signal.wait(), sleep_until(at));
+                    tokio::pin!(wait, sleep);
+                    // The deadline is checked at every poll, not only when the timer fires: a
+                    // task that resumes past it (a paused process) may be polled before the
+                    // timer driver has run, and must see the loss then.
+                    let marked = std::future::poll_fn(|cx| {
+                        if self.is_lost() || wait.as_mut().poll(cx).is_ready() {
+                            return std::task::Poll::Ready(true);
+                        }
                         // Deadlines only move later: check again, and sleep on if extended.
-                        () = sleep_until(at) => {}
+                        sleep.as_mut().poll(cx).map(|()| false)
+                    })
+                    .await;
+                    if marked {
+                        return;
                     }
                 }
             }

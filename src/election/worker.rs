@@ -34,15 +34,18 @@ where
         };
         let (term, since) = (leading.term(), Instant::now());
         tracing::debug!(election = election.name(), term, "leading");
+        // Biased, loss first: a leader that resumes past its lease (a paused process) must
+        // not poll the work again, though its timers fired too.
         tokio::select! {
+            biased;
+            () = leading.lost() => {
+                tracing::warn!(election = election.name(), term, "leadership lost: the work was stopped");
+            }
             out = work(term) => {
                 if let Err(e) = leading.resign().await {
                     tracing::warn!(election = election.name(), term, error = %e, "resigning after the work finished");
                 }
                 return Ok(out);
-            }
-            () = leading.lost() => {
-                tracing::warn!(election = election.name(), term, "leadership lost: the work was stopped");
             }
         }
         drop(leading);
