@@ -385,3 +385,69 @@ async fn postgres_large_values() {
     leading.resign().await.unwrap();
     a.shutdown().await;
 }
+
+/// Bad input is refused before any I/O, everywhere an election takes a key, and a namespace
+/// with ':' (which would make `<ns>:<key>` ambiguous) is refused at build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused() {
+    let ns = test_namespace!();
+    let err = LockClient::builder(MemoryBackend::new())
+        .namespace("a:b")
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let pg = support::pg::client(
+        &shared_postgres().url(),
+        &ns,
+        Duration::from_secs(3),
+        Duration::from_millis(300),
+    )
+    .await;
+    let memory = LockClient::builder(MemoryBackend::new())
+        .namespace(ns.clone())
+        .build()
+        .unwrap();
+    let long = "k".repeat(513);
+    for client in [&pg, &memory] {
+        for key in ["", "a\0b", long.as_str()] {
+            let e = client.election(key);
+            let err = e.try_campaign("v").await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidKey, "{key:?}: {err}");
+            let err = e.leader().await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidKey, "{key:?}: {err}");
+            let mut changes = Box::pin(e.observe());
+            let first = timeout(Duration::from_secs(3), changes.next())
+                .await
+                .expect("observe hung on a bad key")
+                .expect("observe ended without saying why");
+            assert_eq!(first.unwrap_err().kind(), ErrorKind::InvalidKey);
+            let after = timeout(Duration::from_secs(3), changes.next())
+                .await
+                .expect("observe went on after a bad key");
+            assert!(after.is_none(), "{after:?}");
+            let err = timeout(Duration::from_secs(3), e.lead("v", |t| async move { t }))
+                .await
+                .expect("lead hung on a bad key")
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidKey, "{key:?}: {err}");
+        }
+        // Odd but valid keys: colons, spaces, non-ASCII, the longest.
+        let longest = "ü".repeat(256);
+        for key in ["a:b:c", " x ", "ключ", longest.as_str()] {
+            let e = client.election(key);
+            let mut changes = Box::pin(e.observe());
+            assert!(changes.next().await.unwrap().unwrap().is_none(), "{key:?}");
+            let leading = e.campaign(key).await.unwrap();
+            let seen = timeout(Duration::from_secs(3), changes.next())
+                .await
+                .unwrap_or_else(|_| panic!("{key:?}: the observer missed the leader"))
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(seen.value_str(), Some(key));
+            leading.resign().await.unwrap();
+        }
+    }
+    pg.shutdown().await;
+    memory.shutdown().await;
+}
