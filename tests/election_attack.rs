@@ -451,3 +451,56 @@ async fn bad_input_is_refused() {
     pg.shutdown().await;
     memory.shutdown().await;
 }
+
+/// A campaign times out while its request has already been granted on the server (the reply
+/// is late): nothing may be left leading, and the next candidate leads at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_campaign_timed_out_in_flight_leaves_no_leader() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let proxy = support::proxy::Proxy::start(shared_postgres().port());
+    let via = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(300));
+    let slow = support::pg::client(&via, &ns, ttl, handoff).await;
+    let other = support::pg::client(&url, &ns, ttl, handoff).await;
+    // Open every statement connection of the slow client (the fault hits those open now).
+    for i in 0..64 {
+        slow.election(&format!("warm{i}")).leader().await.unwrap();
+    }
+    // The fault hits the connections open now: try until the campaign went over one.
+    let mut timed_out = false;
+    for _ in 0..20 {
+        proxy.delay_replies(support::proxy::Which::Commands, Duration::from_millis(800));
+        match slow
+            .election("e")
+            .campaign_timeout("late", Duration::from_millis(300))
+            .await
+        {
+            Ok(leading) => {
+                proxy.pass();
+                leading.resign().await.unwrap();
+                continue;
+            }
+            Err(err) => assert!(err.is_timeout(), "{err}"),
+        }
+        timed_out = true;
+        let leader = other.election("e").leader().await.unwrap();
+        println!(
+            "just after the timeout, leader() = {:?}",
+            leader.as_ref().map(|l| l.value_str())
+        );
+        proxy.pass();
+        let start = StdInstant::now();
+        let next = timeout(Duration::from_secs(5), other.election("e").campaign("next"))
+            .await
+            .expect("a timed-out campaign kept the election")
+            .unwrap();
+        println!("the next candidate led after {:?}", start.elapsed());
+        next.resign().await.unwrap();
+        break;
+    }
+    assert!(timed_out, "no campaign went over a slow connection");
+    slow.shutdown().await;
+    other.shutdown().await;
+    assert_eq!(support::pg::claims_in(&url, &ns).await, 0);
+}
