@@ -1,7 +1,7 @@
-//! Attacks on elections (issue 30) through the public API, on the memory backend and a real
+//! Elections (issue 30) under faults, through the public API, on the memory backend and a real
 //! PostgreSQL: a leader paused past its lease (a SIGSTOP, a long GC pause, a VM migration),
 //! many observers on one client, observers of a client that shuts down, proclaiming after a
-//! loss, and large values.
+//! loss, large values, bad input, and a campaign timed out with its grant in flight.
 #![cfg(all(feature = "memory", feature = "postgres"))]
 
 mod support;
@@ -465,7 +465,7 @@ async fn postgres_a_campaign_timed_out_in_flight_leaves_no_leader() {
     let other = support::pg::client(&url, &ns, ttl, handoff).await;
     // Open every statement connection of the slow client (the fault hits those open now).
     for i in 0..64 {
-        slow.election(&format!("warm{i}")).leader().await.unwrap();
+        slow.election(format!("warm{i}")).leader().await.unwrap();
     }
     // The fault hits the connections open now: try until the campaign went over one.
     let mut timed_out = false;
