@@ -278,8 +278,9 @@ impl fmt::Debug for Mutex {
 /// let guard = client.mutex("partition:3").lock().await?;
 /// let work = async { /* own partition 3 */ };
 /// tokio::select! {
-///     () = work => {}
+///     biased; // loss first: after a pause past the lease, not one more step
 ///     () = guard.lost() => eprintln!("lost partition 3, stopping"),
+///     () = work => {}
 /// }
 /// guard.release().await?;
 /// # Ok(())

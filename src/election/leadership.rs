@@ -24,8 +24,9 @@ use crate::error::Result;
 /// let leading = client.election("scheduler").campaign("worker-7").await?;
 /// let schedule = async { /* run the scheduler, fencing writes with leading.term() */ };
 /// tokio::select! {
-///     () = schedule => {}
+///     biased; // loss first: after a pause past the lease, not one more step
 ///     () = leading.lost() => eprintln!("no longer the leader, stopping"),
+///     () = schedule => {}
 /// }
 /// leading.resign().await?;
 /// # Ok(())
