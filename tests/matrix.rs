@@ -179,6 +179,8 @@ const ZOOKEEPER: Sizes = Sizes {
     },
     rw_exclusion: (5, 12, 4),
     semaphore_bound: (5, 3, 12),
+    // A lease is the session: at least the servers' `minSessionTimeout` (1 s).
+    lease_ttl: Duration::from_secs(2),
     force_ttl: None,
     ..BASE
 };
@@ -234,7 +236,7 @@ matrix! {
     }, [mutex, rw, lease] skip [semaphore, election];
 
     #[cfg(feature = "zookeeper")]
-    zookeeper: server::zookeeper::env, ZOOKEEPER, [mutex, rw, semaphore] skip [lease, election];
+    zookeeper: server::zookeeper::env, ZOOKEEPER, [mutex, rw, semaphore, election] skip [lease];
 
     #[cfg(feature = "zookeeper")]
     zookeeper_ensemble: server::ensemble::env, Sizes {
@@ -246,7 +248,7 @@ matrix! {
         rw_plan: &[false, true, false, false, true, false],
         semaphore_bound: (4, 2, 10),
         ..ZOOKEEPER
-    }, [mutex, rw, semaphore] skip [lease, election];
+    }, [mutex, rw, semaphore, election] skip [lease];
 
     #[cfg(feature = "postgres")]
     postgres: server::postgres::env, Sizes {

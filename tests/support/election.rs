@@ -249,12 +249,12 @@ pub async fn observers_see_the_latest_leader(env: &Env, name: &str) {
     }
 }
 
-/// A leader stops renewing (it hangs: its lease runs out) while two candidates wait, the first
+/// A leader stops renewing (it hangs: its lease, or its session, runs out) while two candidates wait, the first
 /// of them dead (its campaign dropped): the live one leads within the lease and some slack, with
 /// a higher term; the old leader's guard reports the loss, and an observer sees the new leader.
 pub async fn a_dead_leader_is_replaced_within_its_lease(env: &Env, name: &str, ttl: Duration) {
-    let (a, dead, b, watcher) = (
-        env.client_with_ttl(Some(ttl)).await,
+    let ((a, hang), dead, b, watcher) = (
+        env.client_to_hang(Some(ttl)).await,
         env.client_with_ttl(Some(ttl)).await,
         env.client_with_ttl(Some(ttl)).await,
         env.client().await,
@@ -272,6 +272,7 @@ pub async fn a_dead_leader_is_replaced_within_its_lease(env: &Env, name: &str, t
     let _ = doomed.await;
 
     let hung_at = Instant::now();
+    hang.hang();
     hung.set_auto_renew(false);
     let next = timeout(ttl * 3 + SOON, live)
         .await
@@ -330,10 +331,12 @@ pub async fn cancelled_campaigns_leave_nothing_behind(env: &Env, name: &str, rou
     // The dropped campaigns' clean-ups run in the background: their places in line go.
     env.until_queued(name, 0).await;
     leader.resign().await.unwrap();
-    let fresh = timeout(SOON, others[0].election(name).try_campaign("fresh"))
+    // A dropped campaign's withdrawal may still be on its way (a spawned task): a fresh
+    // candidate may wait for it, never for the service to give up on it.
+    let fresh = timeout(SOON, others[0].election(name).campaign("fresh"))
         .await
-        .expect("a fresh candidate waited")
-        .expect("a dropped campaign was still in line or leading");
+        .expect("a dropped campaign was still in line or leading")
+        .unwrap();
     fresh.resign().await.unwrap();
     leader_client.shutdown().await;
     for c in others {

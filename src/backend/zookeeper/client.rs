@@ -95,9 +95,12 @@ pub(super) type Watch = BoxFuture<'static, Fired>;
 pub(super) trait Zk: Send + Sync + 'static {
     /// The session timeout the server granted.
     fn session_timeout(&self) -> Duration;
+    /// Creates the EPHEMERAL_SEQUENTIAL node `<prefix><seq>` holding `data` (a latch
+    /// participant's id; empty for the locks).
     fn create_lock_node<'a>(
         &'a self,
         prefix: &'a str,
+        data: &'a [u8],
     ) -> BoxFuture<'a, Outcome<(String, NodeStat)>>;
     /// Creates `count` EPHEMERAL_SEQUENTIAL nodes `<prefix><seq>` in one `multi`: all of them
     /// or none. Their names and stats, in sequence order (one zxid, so one czxid).
@@ -112,6 +115,12 @@ pub(super) trait Zk: Send + Sync + 'static {
     fn delete<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>>;
     fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Vec<String>>>;
     fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Option<NodeStat>>>;
+    /// `path`'s data and stat.
+    fn get_data<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<u8>, NodeStat)>>;
+    /// Replaces `path`'s data, whatever its version.
+    fn set_data<'a>(&'a self, path: &'a str, data: &'a [u8]) -> BoxFuture<'a, Outcome<()>>;
+    /// Whether `path` exists, and a one-shot watch on its creation, deletion or data.
+    fn watch_exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(bool, Watch)>>;
     /// Lists `path`'s children and watches them for a change (a child added or removed).
     fn watch_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<String>, Watch)>>;
     /// Sets a one-shot data watch on `path` (`NoNode` if it is already gone).
@@ -367,10 +376,13 @@ impl Zk for Session {
     fn create_lock_node<'a>(
         &'a self,
         prefix: &'a str,
+        data: &'a [u8],
     ) -> BoxFuture<'a, Outcome<(String, NodeStat)>> {
         Box::pin(async move {
             let options = zkc::CreateMode::EphemeralSequential.with_acls(acls(self.acl));
-            let (made, seq) = self.call(self.client.create(prefix, &[], &options)).await?;
+            let (made, seq) = self
+                .call(self.client.create(prefix, data, &options))
+                .await?;
             Ok((format!("{prefix}{seq}"), stat(&made)))
         })
     }
@@ -470,6 +482,29 @@ impl Zk for Session {
         Box::pin(async move {
             let found = self.call(self.client.check_stat(path)).await?;
             Ok(found.as_ref().map(stat))
+        })
+    }
+
+    fn get_data<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<u8>, NodeStat)>> {
+        Box::pin(async move {
+            let (data, s) = self.call(self.client.get_data(path)).await?;
+            Ok((data, stat(&s)))
+        })
+    }
+
+    fn set_data<'a>(&'a self, path: &'a str, data: &'a [u8]) -> BoxFuture<'a, Outcome<()>> {
+        Box::pin(async move {
+            self.call(self.client.set_data(path, data, None))
+                .await
+                .map(drop)
+        })
+    }
+
+    fn watch_exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(bool, Watch)>> {
+        Box::pin(async move {
+            let (found, watcher) = self.call(self.client.check_and_watch_stat(path)).await?;
+            let watch: Watch = Box::pin(async move { fired(&watcher.changed().await) });
+            Ok((found.is_some(), watch))
         })
     }
 

@@ -203,14 +203,19 @@ impl Inner {
                     }
                 }
             }
-            _ => {
-                let mut nodes = stats(path.clone(), LockKind::Exclusive, kids).await?;
-                nodes.retain(|(n, _)| n.contains("lock-"));
+            other => {
+                // A mutex, or an election (a latch): one holder, the first node, then a queue.
+                let (kind, family, name) = match other {
+                    Some(Other::Election) => (LockKind::Leader, Family::Election, "latch-"),
+                    _ => (LockKind::Exclusive, Family::Mutex, "lock-"),
+                };
+                let mut nodes = stats(path.clone(), kind, kids).await?;
+                nodes.retain(|(n, _)| n.contains(name));
                 let mut nodes = nodes.into_iter();
                 if let Some((name, stat)) = nodes.next() {
-                    seen.family = Some(Family::Mutex);
+                    seen.family = Some(family);
                     seen.holders.push(Holder {
-                        kind: LockKind::Exclusive,
+                        kind,
                         fencing_token: token(&stat),
                         lease_left: None,
                     });
@@ -218,7 +223,7 @@ impl Inner {
                 }
                 seen.waiters = nodes
                     .map(|(_, stat)| Waiter {
-                        kind: LockKind::Exclusive,
+                        kind,
                         waited: age(&stat),
                     })
                     .collect();

@@ -3,7 +3,7 @@
 //! A lock on key `k` in namespace `ns` is the znode `/ns/k`, laid out exactly as Curator lays
 //! out the same path (see [`recipe`]): a `Mutex` is an `InterProcessMutex`, an `RwLock` an
 //! `InterProcessReadWriteLock`, a `Semaphore` an `InterProcessSemaphoreV2` (with one permit,
-//! an `InterProcessSemaphoreMutex`). So a Java service using Curator on `/ns/k` and a Rust
+//! an `InterProcessSemaphoreMutex`), an `Election` a `LeaderLatch` ([`election`]). So a Java service using Curator on `/ns/k` and a Rust
 //! service using distlock on `k` share one queue. A waiter watches one node, a mutex waiter
 //! further back also the node ahead of its predecessor ([`recipe::ahead_of`]): a node is
 //! watched by at most two waiters (no herd); only a semaphore's admission head watches the
@@ -20,6 +20,7 @@
 //! no listing grants early, and [`client`] for the one module that talks to `zookeeper-client`.
 
 mod client;
+mod election;
 mod hold;
 mod inspect;
 mod leases;
@@ -40,7 +41,7 @@ use self::client::Settings;
 use self::parents::Parents;
 use self::session::Hub;
 pub use self::ticket::ZkTicket;
-use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
+use super::{Attempt, Backend, Claim, Grant, Leader, LeaderWatch, LockKind, Renewal};
 use crate::error::{Error, Result};
 
 /// Default session timeout: how long the ensemble keeps our session (and locks) without
@@ -69,7 +70,8 @@ pub enum ZkAcl {
 }
 
 /// Locks on a ZooKeeper ensemble, interoperable with Curator's `InterProcessMutex`,
-/// `InterProcessReadWriteLock` and `InterProcessSemaphoreV2`.
+/// `InterProcessReadWriteLock` and `InterProcessSemaphoreV2`, and elections interoperable with
+/// its `LeaderLatch`.
 ///
 /// A semaphore's number of permits is not stored anywhere, as in Curator: every client of a
 /// key must pass the same `max` (a Java `InterProcessSemaphoreV2(client, path, n)` included).
@@ -312,10 +314,11 @@ impl ZkBackendBuilder {
 impl Backend for ZkBackend {
     type Ticket = ZkTicket;
 
-    /// Every kind: mutexes, read-write locks and semaphores, each in Curator's layout.
+    /// Every kind: mutexes, read-write locks, semaphores and elections (a `LeaderLatch`),
+    /// each in Curator's layout.
     fn supports(&self, kind: LockKind) -> bool {
-        // Elections are not on this backend yet (issue 30).
-        kind != LockKind::Leader
+        let _ = kind;
+        true
     }
 
     fn validate_key(&self, key: &str) -> Result<()> {
@@ -371,6 +374,18 @@ impl Backend for ZkBackend {
     async fn renew(&self, claims: &[(&Claim, &ZkTicket)]) -> Vec<Renewal> {
         let tickets: Vec<&ZkTicket> = claims.iter().map(|(_, t)| *t).collect();
         self.inner.renew(&tickets).await
+    }
+
+    async fn proclaim(&self, claim: &Claim, ticket: &ZkTicket) -> Result<()> {
+        self.inner.proclaim(claim, ticket).await
+    }
+
+    async fn leader(&self, namespace: &str, key: &str) -> Result<Option<Leader>> {
+        self.inner.leader(namespace, key).await
+    }
+
+    async fn watch_leader(&self, namespace: &str, key: &str) -> Result<LeaderWatch> {
+        self.inner.watch_leader(namespace, key).await
     }
 
     async fn shutdown(&self) {

@@ -145,7 +145,9 @@ impl Inner {
                 self.hub.doubt(epoch, lock_path, &uuid);
                 let prefix = format!("{lock_path}/{}", recipe::node_prefix(&uuid, claim.kind()));
                 let sent = Instant::now();
-                let made = up.zk.create_lock_node(&prefix).await;
+                // A latch participant's node carries its id, as Curator's `LeaderLatch` does.
+                let value = claim.value();
+                let made = up.zk.create_lock_node(&prefix, &value).await;
                 if made.is_ok() {
                     self.hub.acked(epoch, sent, true);
                 }
@@ -437,20 +439,7 @@ impl Inner {
         claim: &Claim,
         kids: &[String],
     ) -> std::result::Result<Option<Other>, Failure> {
-        match recipe::other_family(claim.kind(), kids) {
-            Some(Other::Semaphore) => {
-                let base = lock_path(claim);
-                for part in [recipe::ADMISSION, recipe::LEASES] {
-                    match up.zk.children(&format!("{base}/{part}")).await {
-                        Ok(inner) if !inner.is_empty() => return Ok(Some(Other::Semaphore)),
-                        Ok(_) | Err(Failure::NoNode) => {}
-                        Err(f) => return Err(f),
-                    }
-                }
-                Ok(None)
-            }
-            other => Ok(other),
-        }
+        other_family_at(up, &lock_path(claim), claim.kind(), kids).await
     }
 
     /// Removes every trace of a claim that is giving up without an error (a try that found the
@@ -489,5 +478,28 @@ impl Inner {
     pub(super) fn forget_node(&self, ticket: &ZkTicket, node: &Node) {
         ticket.lock().node = None;
         self.hub.gone(&node.path);
+    }
+}
+
+/// [`Inner::other_family`] for a `kind` claim on the lock node `base`, whose children are
+/// `kids`.
+pub(super) async fn other_family_at(
+    up: &Up,
+    base: &str,
+    kind: LockKind,
+    kids: &[String],
+) -> std::result::Result<Option<Other>, Failure> {
+    match recipe::other_family(kind, kids) {
+        Some(Other::Semaphore) => {
+            for part in [recipe::ADMISSION, recipe::LEASES] {
+                match up.zk.children(&format!("{base}/{part}")).await {
+                    Ok(inner) if !inner.is_empty() => return Ok(Some(Other::Semaphore)),
+                    Ok(_) | Err(Failure::NoNode) => {}
+                    Err(f) => return Err(f),
+                }
+            }
+            Ok(None)
+        }
+        other => Ok(other),
     }
 }

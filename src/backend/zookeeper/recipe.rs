@@ -6,6 +6,7 @@
 //! | `Mutex` | `InterProcessMutex` | `_c_<uuid>-lock-<seq>` |
 //! | `RwLock` | `InterProcessReadWriteLock` | `_c_<uuid>-__READ__<seq>`, `_c_<uuid>-__WRIT__<seq>` |
 //! | `Semaphore` | `InterProcessSemaphoreV2` | `locks/_c_<uuid>-lock-<seq>` (admission), `leases/_c_<uuid>-lease-<seq>` |
+//! | `Election` | `LeaderLatch` | `_c_<uuid>-latch-<seq>`, data = the participant's id (the value) |
 //!
 //! All lock nodes are EPHEMERAL_SEQUENTIAL (a downgraded read node excepted, see
 //! [`downgraded_name`]). Every child of a queue node counts, foreign names included, ordered by
@@ -17,6 +18,8 @@ use crate::error::{Error, Result};
 
 /// Curator's `InterProcessMutex` lock name (also the semaphore's admission queue).
 const LOCK_NAME: &str = "lock-";
+/// `LeaderLatch.LOCK_NAME`: a latch participant (a leadership claim).
+const LATCH_NAME: &str = "latch-";
 /// `InterProcessReadWriteLock.READ_LOCK_NAME`.
 const READ_NAME: &str = "__READ__";
 /// `InterProcessReadWriteLock.WRITE_LOCK_NAME`.
@@ -32,6 +35,7 @@ fn lock_name(kind: LockKind) -> &'static str {
     match kind {
         LockKind::Read => READ_NAME,
         LockKind::Write => WRITE_NAME,
+        LockKind::Leader => LATCH_NAME,
         _ => LOCK_NAME,
     }
 }
@@ -83,6 +87,8 @@ fn sort_key(kind: LockKind, name: &str) -> &str {
     match kind {
         // `SortingLockInternalsDriver`: readers and writers share one order by sequence.
         LockKind::Read | LockKind::Write => fix(fix(name, READ_NAME), WRITE_NAME),
+        // `LeaderLatch.checkLeadership`: `getSortedChildren("latch-", ...)`.
+        LockKind::Leader => fix(name, LATCH_NAME),
         _ => fix(name, LOCK_NAME),
     }
 }
@@ -113,8 +119,8 @@ pub(super) enum Place<'a> {
     Missing,
 }
 
-/// Curator's predicates. A writer (or a mutex, or a semaphore's admission claim) holds when
-/// it is first and watches the child just before it. A reader holds when no writer is ahead of
+/// Curator's predicates. A writer (or a mutex, a latch participant, or a semaphore's
+/// admission claim) holds when it is first and watches the child just before it. A reader holds when no writer is ahead of
 /// it and otherwise watches the *first* writer ahead (`ReadLock`'s driver), so every reader
 /// behind one writer wakes together.
 ///
@@ -150,13 +156,13 @@ pub(super) fn place<'a>(kind: LockKind, sorted: &'a [String], ours: &str) -> Pla
 /// alone makes us the holder, with no listing between a release and the next grant. A node is
 /// so watched by at most two waiters: still no herd. `None` for a predecessor at the head, and
 /// for the other kinds (a read-write lock's head may downgrade and stay; a semaphore's
-/// admission head waits on the leases).
+/// admission head waits on the leases). A latch participant queues as a mutex waiter does.
 pub(super) fn ahead_of<'a>(
     kind: LockKind,
     sorted: &'a [String],
     predecessor: &str,
 ) -> Option<&'a str> {
-    if kind != LockKind::Exclusive {
+    if !matches!(kind, LockKind::Exclusive | LockKind::Leader) {
         return None;
     }
     let at = sorted.iter().position(|c| c == predecessor)?;
@@ -173,6 +179,8 @@ pub(super) enum Other {
     /// `InterProcessSemaphoreV2`'s `locks` / `leases` nodes (in use only if they have
     /// children, which the caller checks).
     Semaphore,
+    /// `LeaderLatch` participants.
+    Election,
 }
 
 impl std::fmt::Display for Other {
@@ -181,6 +189,7 @@ impl std::fmt::Display for Other {
             Other::Mutex => "a mutex (Curator `InterProcessMutex` nodes)",
             Other::RwLock => "a read-write lock (Curator `InterProcessReadWriteLock` nodes)",
             Other::Semaphore => "a semaphore (Curator `InterProcessSemaphoreV2` nodes)",
+            Other::Election => "an election (Curator `LeaderLatch` nodes)",
         })
     }
 }
@@ -196,6 +205,8 @@ pub(super) fn other_family(kind: LockKind, children: &[String]) -> Option<Other>
             Other::RwLock
         } else if c.contains(LOCK_NAME) {
             Other::Mutex
+        } else if c.contains(LATCH_NAME) {
+            Other::Election
         } else {
             return None;
         };
@@ -204,6 +215,7 @@ pub(super) fn other_family(kind: LockKind, children: &[String]) -> Option<Other>
             (LockKind::Exclusive, Other::Mutex)
                 | (LockKind::Read | LockKind::Write, Other::RwLock)
                 | (LockKind::Permits { .. }, Other::Semaphore)
+                | (LockKind::Leader, Other::Election)
         );
         (!same).then_some(other)
     })
@@ -382,6 +394,38 @@ mod tests {
             }
         );
         assert_eq!(downgraded_name("_c_a-lock-0000000004", "b"), None);
+    }
+
+    #[test]
+    fn latch_participants_follow_curators_leader_latch() {
+        let uuid = "53345f98-9423-4e0c-a7b5-9f819e3ec2e1";
+        assert_eq!(
+            node_prefix(uuid, LockKind::Leader),
+            "_c_53345f98-9423-4e0c-a7b5-9f819e3ec2e1-latch-"
+        );
+        let mut c = names(&[
+            "_c_ffffffff-ffff-4fff-bfff-ffffffffffff-latch-0000000003",
+            "_c_00000000-0000-4000-8000-000000000000-latch-0000000010",
+            "_c_88888888-8888-4888-8888-888888888888-latch-0000000001",
+        ]);
+        sort(LockKind::Leader, &mut c);
+        assert!(c[0].ends_with("latch-0000000001"), "{c:?}");
+        assert!(c[2].ends_with("latch-0000000010"), "{c:?}");
+        let l = LockKind::Leader;
+        assert_eq!(place(l, &c, &c[0]), Place::Head);
+        assert_eq!(
+            place(l, &c, &c[1]),
+            Place::Behind {
+                predecessor: &c[0],
+                granted_when_gone: true
+            }
+        );
+        assert_eq!(ahead_of(l, &c, &c[1]), Some(c[0].as_str()));
+        // A latch is its own family: neither a mutex nor anything else.
+        assert_eq!(other_family(l, &c), None);
+        assert_eq!(other_family(LockKind::Exclusive, &c), Some(Other::Election));
+        let mutex = names(&["_c_1-lock-0000000001"]);
+        assert_eq!(other_family(l, &mutex), Some(Other::Mutex));
     }
 
     #[test]

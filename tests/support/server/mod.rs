@@ -41,12 +41,44 @@ pub trait Server: Send + Sync + 'static {
     /// locks get (on ZooKeeper: the session it asks for), else the fixture's own.
     fn client(&self, ns: String, ttl: Option<Duration>) -> BoxFuture<'static, LockClient>;
 
+    /// A client like [`client`](Self::client), and a switch that makes it hang the way a
+    /// stopped process does, for a backend whose lease is a session the client keeps alive on
+    /// its own (ZooKeeper): its connection goes silent, so the server ends the session. The
+    /// default switch does nothing: a guard that stops renewing is hung enough.
+    fn client_to_hang(
+        &self,
+        ns: String,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'static, (LockClient, Hang)> {
+        let client = self.client(ns, ttl);
+        Box::pin(async move { (client.await, Hang::none()) })
+    }
+
     /// Waits until `n` claims wait (hold nothing) on `key` of `ns`.
     fn until_queued(&self, ns: String, key: String, n: usize) -> BoxFuture<'static, ()>;
 
     /// Fails the test if anything of `ns` is left on the server (fencing counters, which carry
     /// a TTL, aside), once the releases the clients sent in the background have landed.
     fn assert_clean(&self, ns: String) -> BoxFuture<'static, ()>;
+}
+
+/// Makes a client from [`Server::client_to_hang`] hang; what it needs (a proxy) lives as long
+/// as the switch does.
+pub struct Hang(Box<dyn Fn() + Send + Sync>);
+
+impl Hang {
+    /// A switch that does nothing.
+    pub fn none() -> Self {
+        Self(Box::new(|| {}))
+    }
+
+    pub fn new(hang: impl Fn() + Send + Sync + 'static) -> Self {
+        Self(Box::new(hang))
+    }
+
+    pub fn hang(&self) {
+        (self.0)();
+    }
 }
 
 /// Which kinds of claim a backend holds, as its own [`Backend::supports`] says: the rule by
@@ -132,6 +164,11 @@ impl Env {
     pub async fn client_elsewhere(&self, suffix: &str, ttl: Option<Duration>) -> LockClient {
         let ns = format!("{}.{suffix}", self.ns);
         self.server.client(ns, ttl).await
+    }
+
+    /// A client with `ttl`, and the switch that makes it hang ([`Server::client_to_hang`]).
+    pub async fn client_to_hang(&self, ttl: Option<Duration>) -> (LockClient, Hang) {
+        self.server.client_to_hang(self.ns.clone(), ttl).await
     }
 
     /// Waits until `n` claims wait on `key`.

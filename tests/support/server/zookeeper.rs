@@ -173,13 +173,15 @@ pub fn shared_zookeeper() -> &'static ZkServer {
 /// shared server, or the shared ensemble's members).
 #[cfg(feature = "zookeeper")]
 mod fixture {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use distlock::LockClient;
     use futures::future::BoxFuture;
 
     use super::shared_zookeeper;
-    use crate::support::server::{Env, Server, Supports};
+    use crate::support::proxy::Proxy;
+    use crate::support::server::{Env, Hang, Server, Supports};
     use crate::support::zk::{assert_no_znodes, backend, client_at, queued, raw};
 
     /// The session a client asks for unless a test says otherwise.
@@ -193,6 +195,28 @@ mod fixture {
         fn client(&self, ns: String, ttl: Option<Duration>) -> BoxFuture<'static, LockClient> {
             let connect = (self.0)();
             Box::pin(async move { client_at(&connect, &ns, ttl.unwrap_or(SESSION)).await })
+        }
+
+        /// Through a proxy to the first server: the switch makes the proxy swallow every
+        /// byte, so the server hears nothing more and expires the session.
+        fn client_to_hang(
+            &self,
+            ns: String,
+            ttl: Option<Duration>,
+        ) -> BoxFuture<'static, (LockClient, Hang)> {
+            let connect = (self.0)();
+            Box::pin(async move {
+                let first = connect.split(',').next().unwrap_or_default();
+                let port = first
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .expect("a host:port connect string");
+                let proxy = Arc::new(Proxy::start(port));
+                let via = format!("127.0.0.1:{}", proxy.port());
+                let client = client_at(&via, &ns, ttl.unwrap_or(SESSION)).await;
+                (client, Hang::new(move || proxy.blackhole()))
+            })
         }
 
         fn until_queued(&self, ns: String, key: String, n: usize) -> BoxFuture<'static, ()> {
