@@ -1,6 +1,7 @@
 //! Apache Curator 5 (Debian's `libcurator-recipes-java`) in a Java child process: an
 //! `InterProcessMutex` driven over stdin for the interop tests (`tests/java/CuratorLock.java`),
-//! its read-write lock and semaphores (`tests/java/CuratorFamily.java`),
+//! its read-write lock and semaphores (`tests/java/CuratorFamily.java`), a `LeaderLatch`
+//! (`tests/java/CuratorLatch.java`),
 //! and the contention workload for the benchmark (`tests/java/CuratorBench.java`), compiled
 //! with `javac` once per test binary.
 
@@ -56,6 +57,7 @@ fn classes() -> &'static PathBuf {
             .arg(sources.join("CuratorLock.java"))
             .arg(sources.join("CuratorBench.java"))
             .arg(sources.join("CuratorFamily.java"))
+            .arg(sources.join("CuratorLatch.java"))
             .output()
             .expect("run javac");
         assert!(
@@ -112,6 +114,11 @@ impl Curator {
         let mut args = vec!["CuratorFamily", connect, path];
         args.extend(recipe.split(' '));
         Self::launch(&args)
+    }
+
+    /// A `LeaderLatch` on `path` for participant `id` (`tests/java/CuratorLatch.java`).
+    pub fn start_latch(connect: &str, path: &str, id: &str) -> Self {
+        Self::launch(&["CuratorLatch", connect, path, id])
     }
 
     fn launch(args: &[&str]) -> Self {

@@ -8,6 +8,13 @@
 //! node was created after the last one's (it was behind it in sequence order), so its zxid
 //! is higher. The lease is the session's: a leader leads while its session lives.
 //!
+//! A proclaim sets our node's data, where Curator's `getLeader().getId()` reads it. One
+//! limit, Curator's: a Curator 5 `LeaderLatch` waiting right behind our node watches it with
+//! `getData` and acts only on its deletion, so a data change uses up its one-shot watch and it
+//! no longer sees our node go (it re-lists only after a reconnect). Proclaim before a Java
+//! participant queues behind the leader, or not at all on an election Java latches share;
+//! distlock candidates list again on any change of the node ahead.
+//!
 //! Who leads is read as Curator's `getLeader` reads it: the first child in latch order, its
 //! data the id. [`Inner::watch_leader`] watches the children and the leading node's data
 //! (one-shot watches, armed again after each fires and after every reconnect or new session).
