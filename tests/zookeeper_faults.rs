@@ -1,15 +1,18 @@
 //! Faults against real ZooKeeper servers: a session timeout the server caps, a server down
 //! longer than the sessions (then back on its data directory, reviving them), a holder's node
-//! deleted behind its back. The promises checked: a stale holder is told before anyone else is
-//! granted, and no key stays blocked longer than a session timeout after the server returns.
+//! deleted behind its back, and for elections a leader, an observer or a candidate in line cut
+//! off. The promises checked: a stale holder (or leader) is told before anyone else is granted,
+//! no key stays blocked longer than a session timeout after the server returns or its holder
+//! goes silent, and observers catch up once their link is back.
 #![cfg(feature = "zookeeper")]
 
 mod support;
 
 use std::time::Duration;
 
-use distlock::LockClient;
-use support::contract::{partition_then_handover, spawn_timed_lock};
+use distlock::{Leader, LockClient};
+use futures::StreamExt;
+use support::contract::{partition_then_handover, spawn_timed, spawn_timed_lock};
 use support::proxy::Proxy;
 use support::server::ensemble::ZkEnsemble;
 use support::server::zookeeper::{shared_zookeeper, ZkServer};
@@ -338,4 +341,206 @@ async fn a_queued_wait_rides_out_an_outage_past_its_session() {
     drop(guard);
     holder.shutdown().await;
     waiter.shutdown().await;
+}
+
+/// A session timeout for the election faults, and what ZooKeeper adds to it before a dead
+/// session's nodes go: the server expires sessions in buckets of a tick (500 ms), and the new
+/// leader proves its own session fresh before it is told.
+const ELECTION_SESSION: Duration = Duration::from_secs(2);
+const EXPIRY_SLACK: Duration = Duration::from_millis(1500);
+
+/// The leader's client is cut off past its session (its link swallows every byte): the
+/// candidate behind it leads within the session timeout and some slack, with a higher term,
+/// and the old leader's guard reported the loss before that; `leader()` names the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_past_its_session_is_replaced_after_it_is_told() {
+    let ns = test_namespace!();
+    let server = shared_zookeeper();
+    let proxy = Proxy::start(server.port());
+    let old = client(
+        &format!("127.0.0.1:{}", proxy.port()),
+        &ns,
+        ELECTION_SESSION,
+    )
+    .await;
+    let next = client(&server.connect_string(), &ns, ELECTION_SESSION).await;
+    let zk = raw(&server.connect_string()).await;
+
+    let leading = old.election("e").campaign("old").await.unwrap();
+    let waiting = spawn_timed(next.election("e").campaign("next"));
+    until_contenders(&zk, &format!("/{ns}/e"), 2).await;
+
+    let (new, lost, granted) = partition_then_handover(
+        || proxy.blackhole(),
+        &leading,
+        waiting,
+        Duration::from_secs(15),
+    )
+    .await;
+    println!("leader cut off: told at {lost:?}, the next one led at {granted:?}");
+    assert!(
+        granted < ELECTION_SESSION + EXPIRY_SLACK,
+        "the next leader led {granted:?} after the cut (session {ELECTION_SESSION:?})"
+    );
+    assert!(new.term() > leading.term());
+    let seen = next
+        .election("e")
+        .leader()
+        .await
+        .unwrap()
+        .expect("nobody leads");
+    assert_eq!((seen.value_str(), seen.term()), (Some("next"), new.term()));
+    new.resign().await.unwrap();
+    drop(leading);
+    next.shutdown().await;
+    old.shutdown().await;
+}
+
+/// An observer's link is cut while the leadership changes hands and the new leader proclaims:
+/// once the link is back (the same session after a short cut, a new one after a cut longer
+/// than the session), `observe()` yields the latest leader and value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_cut_off_catches_up_with_the_latest_leader() {
+    let ns = test_namespace!();
+    let server = shared_zookeeper();
+    let proxy = Proxy::start(server.port());
+    let watcher = client(
+        &format!("127.0.0.1:{}", proxy.port()),
+        &ns,
+        ELECTION_SESSION,
+    )
+    .await;
+    let (a, b) = (
+        client(&server.connect_string(), &ns, ELECTION_SESSION).await,
+        client(&server.connect_string(), &ns, ELECTION_SESSION).await,
+    );
+    let (tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let observing = tokio::spawn({
+        let changes = watcher.election("e").observe();
+        async move {
+            let mut changes = Box::pin(changes);
+            while let Some(item) = changes.next().await {
+                // Errors while the link is down are expected; the stream goes on.
+                if let Ok(leader) = item {
+                    if tx.send(leader).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let mut leading = a.election("e").campaign("a").await.unwrap();
+    until_seen("a", &mut seen).await;
+    for (cut_for, round) in [
+        (Duration::from_millis(800), "short"),
+        (ELECTION_SESSION * 2, "long"),
+    ] {
+        proxy.cut();
+        // While the observer hears nothing: the leadership changes hands, and the new leader
+        // proclaims.
+        let next_client = if round == "short" { &b } else { &a };
+        let waiting = tokio::spawn(next_client.election("e").campaign(format!("{round}-next")));
+        until_contenders(&raw(&server.connect_string()).await, &format!("/{ns}/e"), 2).await;
+        leading.resign().await.unwrap();
+        let next = timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        next.proclaim(format!("{round}-next, ready")).await.unwrap();
+        sleep(cut_for).await;
+        let healed = Instant::now();
+        proxy.heal();
+        let want: &'static str = if round == "short" {
+            "short-next, ready"
+        } else {
+            "long-next, ready"
+        };
+        let caught = until_seen(want, &mut seen).await.expect("a leader");
+        println!(
+            "{round} cut of {cut_for:?}: the observer caught up {:?} after the link came back",
+            healed.elapsed()
+        );
+        assert_eq!(caught.term(), next.term());
+        leading = next;
+    }
+    leading.resign().await.unwrap();
+    observing.abort();
+    for c in [a, b, watcher] {
+        c.shutdown().await;
+    }
+}
+
+/// The first leader an observer's items (from a task, errors left out) name with value
+/// `want`, within a few session timeouts.
+async fn until_seen(
+    want: &str,
+    seen: &mut tokio::sync::mpsc::UnboundedReceiver<Option<Leader>>,
+) -> Option<Leader> {
+    let mut last = None;
+    let deadline = Instant::now() + ELECTION_SESSION * 4;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left, seen.recv()).await {
+            Ok(Some(item)) => {
+                let value = item.as_ref().and_then(|l| l.value_str().map(str::to_owned));
+                if value.as_deref() == Some(want) {
+                    return item;
+                }
+                last = Some(value);
+            }
+            _ => panic!("the observer never saw {want:?} (last: {last:?})"),
+        }
+    }
+}
+
+/// A candidate in line dies (its link swallows every byte) while the leader leads; the leader
+/// resigns: the live candidate behind the dead one leads within the dead one's session timeout
+/// (and some slack) of its death, not later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_candidate_in_line_delays_the_next_by_its_session_at_most() {
+    let ns = test_namespace!();
+    let server = shared_zookeeper();
+    let proxy = Proxy::start(server.port());
+    let connect = server.connect_string();
+    let dead = client(
+        &format!("127.0.0.1:{}", proxy.port()),
+        &ns,
+        ELECTION_SESSION,
+    )
+    .await;
+    let (a, live) = (
+        client(&connect, &ns, ELECTION_SESSION).await,
+        client(&connect, &ns, ELECTION_SESSION).await,
+    );
+    let zk = raw(&connect).await;
+    let path = format!("/{ns}/e");
+
+    let leading = a.election("e").campaign("a").await.unwrap();
+    let doomed = tokio::spawn(dead.election("e").campaign("dead"));
+    until_contenders(&zk, &path, 2).await;
+    let waiting = spawn_timed(live.election("e").campaign("live"));
+    until_contenders(&zk, &path, 3).await;
+
+    proxy.blackhole();
+    let died = Instant::now();
+    sleep(Duration::from_millis(200)).await;
+    leading.resign().await.unwrap();
+    let (at, next) = timeout(ELECTION_SESSION * 5, waiting)
+        .await
+        .expect("the live candidate never led")
+        .unwrap();
+    let next = next.unwrap();
+    let waited = at - died;
+    println!("a dead candidate in line: the live one led {waited:?} after its death");
+    assert!(
+        waited < ELECTION_SESSION + EXPIRY_SLACK,
+        "the live candidate led {waited:?} after the one ahead died (session {ELECTION_SESSION:?})"
+    );
+    // The dead one never led.
+    assert!(!doomed.is_finished() || doomed.await.unwrap().is_err());
+    next.resign().await.unwrap();
+    for c in [a, live, dead] {
+        c.shutdown().await;
+    }
 }

@@ -274,7 +274,8 @@ impl_guard!(
     distlock::MutexGuard,
     distlock::RwLockReadGuard,
     distlock::RwLockWriteGuard,
-    distlock::SemaphorePermit
+    distlock::SemaphorePermit,
+    distlock::Leadership
 );
 
 /// An acquisition (`lock()`, `write()`, ...) in its own task that notes when it was granted.
