@@ -38,7 +38,13 @@ pub(crate) const FORMS: [&str; 7] = [
 ];
 
 /// The backends with elections (the `election` form).
-pub(crate) const ELECTIONS: &[&str] = &["memory", "postgres", "postgres-pgbouncer"];
+pub(crate) const ELECTIONS: &[&str] = &[
+    "memory",
+    "postgres",
+    "postgres-pgbouncer",
+    "zookeeper",
+    "zookeeper-ensemble",
+];
 
 /// The keys a form's holders take.
 pub(crate) fn keys_of(primitive: &str) -> Vec<&'static str> {
