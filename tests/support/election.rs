@@ -249,9 +249,10 @@ pub async fn observers_see_the_latest_leader(env: &Env, name: &str) {
     }
 }
 
-/// A leader stops renewing (it hangs: its lease, or its session, runs out) while two candidates wait, the first
-/// of them dead (its campaign dropped): the live one leads within the lease and some slack, with
-/// a higher term; the old leader's guard reports the loss, and an observer sees the new leader.
+/// A leader stops renewing (it hangs: its lease runs out; on ZooKeeper its link goes silent,
+/// so its session does) while two candidates wait, the first of them dead (its campaign
+/// dropped): the live one leads within the lease and some slack, with a higher term; the old
+/// leader's guard reports the loss, and an observer sees the new leader.
 pub async fn a_dead_leader_is_replaced_within_its_lease(env: &Env, name: &str, ttl: Duration) {
     let ((a, hang), dead, b, watcher) = (
         env.client_to_hang(Some(ttl)).await,
@@ -331,12 +332,10 @@ pub async fn cancelled_campaigns_leave_nothing_behind(env: &Env, name: &str, rou
     // The dropped campaigns' clean-ups run in the background: their places in line go.
     env.until_queued(name, 0).await;
     leader.resign().await.unwrap();
-    // A dropped campaign's withdrawal may still be on its way (a spawned task): a fresh
-    // candidate may wait for it, never for the service to give up on it.
-    let fresh = timeout(SOON, others[0].election(name).campaign("fresh"))
+    let fresh = timeout(SOON, others[0].election(name).try_campaign("fresh"))
         .await
-        .expect("a dropped campaign was still in line or leading")
-        .unwrap();
+        .expect("a fresh candidate waited")
+        .expect("a dropped campaign was still in line or leading");
     fresh.resign().await.unwrap();
     leader_client.shutdown().await;
     for c in others {
