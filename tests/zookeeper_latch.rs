@@ -10,6 +10,7 @@ mod support;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distlock::LockClient;
+use futures::StreamExt;
 use support::curator::Curator;
 use support::server::zookeeper::shared_zookeeper;
 use support::zk::{assert_no_znodes, children, client_at, raw, until_contenders};
@@ -266,4 +267,94 @@ async fn a_proclaim_does_not_strand_a_campaign_right_behind() {
     a.shutdown().await;
     b.shutdown().await;
     assert_no_znodes(&zk, &ns).await;
+}
+
+/// Observers end when their client shuts down, whether they were waiting at the time or made
+/// afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_end_when_their_client_shuts_down() {
+    let ns = test_namespace!();
+    let watcher = client(&ns).await;
+    let election = watcher.election("e");
+    let mut changes = Box::pin(election.observe());
+    assert!(changes.next().await.unwrap().unwrap().is_none());
+    let waiting =
+        tokio::spawn(async move { changes.next().await.map(|r| r.map_err(|e| e.kind())) });
+    sleep(Duration::from_millis(200)).await;
+    watcher.shutdown().await;
+    let ended = timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("an observer waiting at shutdown did not end")
+        .unwrap();
+    assert!(ended.is_none(), "{ended:?}");
+    let mut after = Box::pin(election.observe());
+    let item = timeout(Duration::from_secs(3), after.next())
+        .await
+        .expect("an observer made after shutdown hung");
+    assert!(item.is_none() || item.unwrap().is_err());
+}
+
+/// A leader removed by an operator cannot proclaim any more, and its value never shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaim_after_the_loss_is_refused() {
+    let ns = test_namespace!();
+    let (a, op) = (client(&ns).await, client(&ns).await);
+    let leading = a.election("e").campaign("a").await.unwrap();
+    op.force_release("e").await.unwrap();
+    let b = op.election("e").campaign("b").await.unwrap();
+    let err = leading.proclaim("a is back").await.unwrap_err();
+    assert_eq!(err.kind(), distlock::ErrorKind::Lost, "{err}");
+    timeout(Duration::from_secs(3), leading.lost())
+        .await
+        .expect("the removed leader was never told");
+    let now = op.election("e").leader().await.unwrap().unwrap();
+    assert_eq!((now.term(), now.value_str()), (b.term(), Some("b")));
+    b.resign().await.unwrap();
+    drop(leading);
+    a.shutdown().await;
+    op.shutdown().await;
+}
+
+/// Values as large as a znode holds are campaigned with, read, observed and proclaimed over; a
+/// larger one is refused before it reaches the server, and the leadership is unharmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_values() {
+    let ns = test_namespace!();
+    let a = client(&ns).await;
+    let big = vec![0xA5u8; 900 << 10];
+    let leading = a.election("big").campaign(&big).await.unwrap();
+    let seen = a.election("big").leader().await.unwrap().unwrap();
+    assert_eq!(seen.value().len(), big.len());
+    let mut changes = Box::pin(a.election("big").observe());
+    let first = changes.next().await.unwrap().unwrap().unwrap();
+    assert_eq!(first.value().len(), big.len());
+    leading.proclaim(b"small").await.unwrap();
+    let next = timeout(Duration::from_secs(3), changes.next())
+        .await
+        .expect("the observer missed the proclaim")
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.value(), b"small");
+    // Over what a znode holds: refused at once, not sent (a server drops the connection of a
+    // request over its `jute.maxbuffer`, and each retry would cost the session a reconnect).
+    let started = std::time::Instant::now();
+    let huge = vec![0x5Au8; 2 << 20];
+    let err = leading.proclaim(&huge).await.unwrap_err();
+    assert_eq!(err.kind(), distlock::ErrorKind::Unsupported, "{err}");
+    let err = timeout(Duration::from_secs(5), a.election("huge").campaign(&huge))
+        .await
+        .expect("a campaign with a 2 MiB value hung")
+        .unwrap_err();
+    assert_eq!(err.kind(), distlock::ErrorKind::Unsupported, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused after {:?}",
+        started.elapsed()
+    );
+    let still = a.election("big").leader().await.unwrap().unwrap();
+    assert_eq!(still.value(), b"small");
+    assert!(!leading.is_lost(), "a refused value cost the leadership");
+    leading.resign().await.unwrap();
+    a.shutdown().await;
 }

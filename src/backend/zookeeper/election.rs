@@ -87,6 +87,7 @@ impl Inner {
             }
         };
         let value = claim.value();
+        recipe::validate_value(claim.key(), &value)?;
         let give_up = Instant::now() + self.hub.now().timeout;
         loop {
             let patience = give_up.saturating_duration_since(Instant::now());

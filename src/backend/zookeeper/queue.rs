@@ -290,6 +290,9 @@ impl Inner {
         wait: bool,
     ) -> Result<Attempt> {
         let kind = claim.kind();
+        if kind == LockKind::Leader {
+            recipe::validate_value(claim.key(), &claim.value())?;
+        }
         let queue = queue_path(claim);
         {
             let mut t = ticket.lock();

@@ -221,6 +221,22 @@ pub(super) fn other_family(kind: LockKind, children: &[String]) -> Option<Other>
     })
 }
 
+/// The most bytes a latch node may hold (a campaign's or a proclaim's value): a server drops
+/// the connection of a request larger than its `jute.maxbuffer` (1 MiB by default), path and
+/// ACLs included, which would cost the whole session's locks a reconnect, again at every retry.
+pub(super) const MAX_VALUE_LEN: usize = (1 << 20) - (16 << 10);
+
+/// Refuses a value a latch node cannot hold ([`MAX_VALUE_LEN`]), before any I/O.
+pub(super) fn validate_value(key: &str, value: &[u8]) -> Result<()> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::unsupported(format_args!(
+            "`{key}`: a zookeeper election value holds at most {MAX_VALUE_LEN} bytes, this one has {}",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Rejects keys that are not a clean relative ZooKeeper path: empty segments, `.` and `..`,
 /// and characters ZooKeeper refuses in paths.
 pub(super) fn validate_key(key: &str) -> Result<()> {
