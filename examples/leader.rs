@@ -7,7 +7,7 @@
 //! DISTLOCK_URL=postgres://postgres@127.0.0.1/postgres cargo run --example leader --all-features
 //! ```
 //!
-//! Elections are on memory and PostgreSQL so far; the other backends refuse them with an
+//! Elections are on memory, PostgreSQL and ZooKeeper so far; Redis and Redlock refuse them with an
 //! `Unsupported` error until they have them (issue 30).
 
 use std::time::Duration;

@@ -22,7 +22,7 @@
 //! lock's write side) or `permit` (a one-permit semaphore), each exclusive; `rw` (each round a
 //! read, a write, or a write downgraded to a read half-way), `permits` (a semaphore of 3, one
 //! or two permits a round with `acquire_many`), `multi` (a multi-lock of two of three keys) or
-//! `election` (leadership of an election, its term the token; memory and PostgreSQL so far).
+//! `election` (leadership of an election, its term the token; memory, PostgreSQL and ZooKeeper so far).
 //! Memory runs every form but downgrades (a plain write there). `--trace` makes every holder
 //! log at TRACE (to nowhere), so every event's fields are evaluated under faults.
 //!
