@@ -367,21 +367,7 @@ async fn postgres_large_values() {
         Duration::from_millis(300),
     )
     .await;
-    let big = vec![0xA5u8; 16 << 20];
-    let leading = a.election("big").campaign(&big).await.unwrap();
-    let seen = a.election("big").leader().await.unwrap().unwrap();
-    assert_eq!(seen.value().len(), big.len());
-    let mut changes = Box::pin(a.election("big").observe());
-    let first = changes.next().await.unwrap().unwrap().unwrap();
-    assert_eq!(first.value().len(), big.len());
-    leading.proclaim(b"small").await.unwrap();
-    let next = timeout(Duration::from_secs(3), changes.next())
-        .await
-        .expect("the observer missed the proclaim")
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(next.value(), b"small");
+    let leading = support::election::a_large_value_round_trips(&a, 16 << 20).await;
     leading.resign().await.unwrap();
     a.shutdown().await;
 }

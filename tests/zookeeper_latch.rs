@@ -321,21 +321,7 @@ async fn a_proclaim_after_the_loss_is_refused() {
 async fn large_values() {
     let ns = test_namespace!();
     let a = client(&ns).await;
-    let big = vec![0xA5u8; 900 << 10];
-    let leading = a.election("big").campaign(&big).await.unwrap();
-    let seen = a.election("big").leader().await.unwrap().unwrap();
-    assert_eq!(seen.value().len(), big.len());
-    let mut changes = Box::pin(a.election("big").observe());
-    let first = changes.next().await.unwrap().unwrap().unwrap();
-    assert_eq!(first.value().len(), big.len());
-    leading.proclaim(b"small").await.unwrap();
-    let next = timeout(Duration::from_secs(3), changes.next())
-        .await
-        .expect("the observer missed the proclaim")
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(next.value(), b"small");
+    let leading = support::election::a_large_value_round_trips(&a, 900 << 10).await;
     // Over what a znode holds: refused at once, not sent (a server drops the connection of a
     // request over its `jute.maxbuffer`, and each retry would cost the session a reconnect).
     let started = std::time::Instant::now();

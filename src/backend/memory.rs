@@ -192,12 +192,19 @@ impl MemoryBackend {
                 !ks.is_idle()
             });
         }
+        // Only an election someone observes needs its leader compared.
+        let observed = state.watches.contains_key(&name);
+        let leader = |ks: &KeyState| {
+            ks.leader()
+                .filter(|_| observed)
+                .map(|h| (h.fence, h.value.clone()))
+        };
         let ks = state.keys.entry(name.clone()).or_default();
-        let before = ks.leader().map(|h| (h.fence, h.value.clone()));
+        let before = leader(ks);
         ks.expire_holders(now);
         self.grant_pass(ks, now);
         let result = f(self, ks, now);
-        let changed = ks.leader().map(|h| (h.fence, h.value.clone())) != before;
+        let changed = leader(ks) != before;
         if ks.is_idle() {
             state.keys.remove(&name);
         }

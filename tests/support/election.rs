@@ -508,3 +508,24 @@ pub async fn a_crashed_leader_is_replaced_within_its_lease(svc: &Service, ns: &s
     drop(leading);
     next.shutdown().await;
 }
+
+/// A value of `len` bytes is campaigned with, read by `leader()` and an observer, and replaced
+/// by a proclaim the observer sees. Returns the leadership, still held.
+pub async fn a_large_value_round_trips(client: &LockClient, len: usize) -> distlock::Leadership {
+    let big = vec![0xA5u8; len];
+    let leading = client.election("big").campaign(&big).await.unwrap();
+    let seen = client.election("big").leader().await.unwrap().unwrap();
+    assert_eq!(seen.value().len(), big.len());
+    let mut changes = Box::pin(client.election("big").observe());
+    let first = changes.next().await.unwrap().unwrap().unwrap();
+    assert_eq!(first.value().len(), big.len());
+    leading.proclaim(b"small").await.unwrap();
+    let next = timeout(HEARD, changes.next())
+        .await
+        .expect("the observer missed the proclaim")
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.value(), b"small");
+    leading
+}
