@@ -72,6 +72,7 @@ macro_rules! group {
             election_dead_leader_is_replaced_within_its_lease,
             election_cancelled_campaigns_leave_nothing_behind,
             election_and_locks_do_not_mix,
+            election_a_refused_proclaim_keeps_the_accepted_value,
             election_lead_stops_the_work_when_leadership_is_lost);
     };
 }

@@ -20,17 +20,22 @@ pub(crate) struct Held {
     handle: Handle,
     fence: u64,
     armed: bool,
+    /// What the service last accepted as the claim's value (a leadership's): the value it was
+    /// granted with, then each value a proclaim published.
+    accepted: StdMutex<Arc<[u8]>>,
 }
 
 impl Held {
     pub(crate) fn new(client: Arc<Core>, lease: Arc<Lease>, handle: Handle) -> Self {
         let fence = lease.fence();
+        let accepted = StdMutex::new(lease.claim.value());
         Self {
             client,
             lease,
             handle,
             fence,
             armed: true,
+            accepted,
         }
     }
 
@@ -42,9 +47,9 @@ impl Held {
         self.fence
     }
 
-    /// What the claim proclaims (a leadership's value).
+    /// What the claim proclaims (a leadership's value), as the service last accepted it.
     pub(crate) fn claim_value(&self) -> Arc<[u8]> {
-        self.lease.claim.value()
+        self.accepted.locked().clone()
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -153,14 +158,16 @@ impl Held {
             return Err(Error::lost(self.key()));
         }
         let claim = &self.lease.claim;
-        claim.set_value(value);
+        claim.set_value(value.clone());
         let done = self
             .client
             .backend
             .proclaim(claim, &self.lease.ticket)
             .await;
-        if done.as_ref().is_err_and(Error::is_lost) {
-            claim.mark_lost();
+        match &done {
+            Ok(()) => *self.accepted.locked() = value,
+            Err(e) if e.is_lost() => claim.mark_lost(),
+            Err(_) => {}
         }
         done
     }

@@ -71,8 +71,9 @@ impl Leadership {
         self.held.fencing_token()
     }
 
-    /// What this leader proclaims now: the value it campaigned with, or the last it
-    /// proclaimed.
+    /// What this leader proclaims now, as the service last accepted it: the value it
+    /// campaigned with, or the last value a [`proclaim`](Self::proclaim) published. A proclaim
+    /// that failed, or was cancelled, leaves it as it was.
     ///
     /// # Examples
     ///
@@ -97,12 +98,14 @@ impl Leadership {
     ///
     /// [`Lost`](crate::ErrorKind::Lost) if leadership was lost (the guard then reports it),
     /// [`Backend`](crate::ErrorKind::Backend) if the service fails (the old value may still
-    /// show; proclaiming again is safe).
+    /// show; proclaiming again is safe). Either way [`value`](Self::value) keeps the value
+    /// the service last accepted.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe in the sense that dropping the future leaves either value proclaimed, and
-    /// nothing else behind; [`value`](Self::value) already returns the new one.
+    /// nothing else behind; [`value`](Self::value) returns the new one only once the service
+    /// accepted it.
     ///
     /// # Examples
     ///

@@ -361,6 +361,26 @@ pub async fn elections_and_locks_do_not_mix(env: &Env) {
     b.shutdown().await;
 }
 
+/// A proclaim the service refuses (an operator took leadership away) leaves the guard's
+/// `value()` at the last value the service accepted, not the refused one.
+pub async fn a_refused_proclaim_keeps_the_accepted_value(env: &Env) {
+    let (a, op) = (env.client().await, env.client().await);
+    let leading = a.election("proclaimed").campaign("first").await.unwrap();
+    leading.proclaim("second").await.unwrap();
+    assert_eq!(&*leading.value(), b"second");
+    op.force_release("proclaimed").await.unwrap();
+    let err = leading.proclaim("refused").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    assert_eq!(
+        String::from_utf8_lossy(&leading.value()),
+        "second",
+        "value() shows a value the service refused"
+    );
+    drop(leading);
+    a.shutdown().await;
+    op.shutdown().await;
+}
+
 /// Sets its flag when dropped.
 struct DropFlag(Arc<AtomicBool>);
 

@@ -283,6 +283,11 @@ pub async fn election_and_locks_do_not_mix(env: &Env, _: &Sizes) {
     env.assert_clean().await;
 }
 
+pub async fn election_a_refused_proclaim_keeps_the_accepted_value(env: &Env, _: &Sizes) {
+    election::a_refused_proclaim_keeps_the_accepted_value(env).await;
+    env.assert_clean().await;
+}
+
 pub async fn election_lead_stops_the_work_when_leadership_is_lost(env: &Env, s: &Sizes) {
     election::lead_stops_the_work_when_leadership_is_lost(env, "elect", s.lease_ttl).await;
     env.assert_clean().await;
