@@ -123,7 +123,8 @@ impl PgBackendBuilder {
     }
 
     /// The lease a lock handed to a waiter gets until the waiter confirms it (at its first
-    /// renewal, a third of the way in). Bounds how long a lock handed to a waiter that died
+    /// renewal, a third of the way in; an election's candidate confirms before its campaign
+    /// returns, and leads only then). Bounds how long a lock handed to a waiter that died
     /// just before stays stuck. Defaults to 2 seconds.
     pub fn handoff_ttl(mut self, ttl: Duration) -> Self {
         self.handoff_ttl = ttl;

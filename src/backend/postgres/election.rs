@@ -1,5 +1,8 @@
-//! Elections on PostgreSQL: the leader is the holder of the key (mode `l`), its value in its
-//! claim row; changes are announced on the hub's elections channel.
+//! Elections on PostgreSQL: the leader is the holder of the key (mode `l`) whose grant is
+//! confirmed, its value in its claim row; changes are announced on the hub's elections
+//! channel. A grant handed on to a candidate is `provisional` until the candidate's client
+//! confirms it (`PgBackend::wait` makes it ask again), so a candidate whose host died in line
+//! is never reported as leading.
 
 use std::time::Duration;
 

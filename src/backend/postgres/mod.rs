@@ -10,7 +10,8 @@
 //! A release hands the lock straight to the live head of the queue (fencing token, short
 //! unconfirmed lease) and NOTIFYs the one client that owns it, on that client's own channel
 //! (`distlock_<client id>`). The new owner learns of its grant from the message and confirms it
-//! with its first renewal. Notifications are sent only by transactions that hand a lock on, so an
+//! with its first renewal; an election's candidate confirms it by asking again before its
+//! campaign returns, and only a confirmed grant makes it the leader (see `election.rs`). Notifications are sent only by transactions that hand a lock on, so an
 //! uncontended acquire never takes the server-wide lock a notifying commit takes. A waiter that
 //! misses a message re-checks at the holder's lease deadline, or when the LISTEN connection
 //! comes back.
@@ -380,11 +381,15 @@ impl Backend for PgBackend {
 
     async fn wait(
         &self,
-        _claim: &Claim,
+        claim: &Claim,
         ticket: &PgTicket,
         recheck_at: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        wait_for_handoff(&ticket.0, recheck_at).await
+        let grant = wait_for_handoff(&ticket.0, recheck_at).await?;
+        // An election handed to this candidate is provisional on the server (not its leader,
+        // not announced) until the candidate confirms it: it asks again (`None`), which
+        // confirms it with a full lease and announces it, before the campaign returns.
+        Ok(grant.filter(|_| claim.kind() != LockKind::Leader))
     }
 
     async fn release(&self, claim: &Claim, ticket: &PgTicket) -> Result<bool> {

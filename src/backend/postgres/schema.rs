@@ -6,8 +6,10 @@ use super::commands::pg_error;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The schema version this build speaks: 2 added elections (a claim's value, their functions
-/// and notifications) and changed how handoff hints reach past dead waiters.
-pub(crate) const VERSION: i32 = 2;
+/// and notifications) and changed how handoff hints reach past dead waiters; 3 made an
+/// election's handed-on grant provisional (a claim's `provisional`) until its candidate
+/// confirms it, so only a confirmed leader is reported and announced.
+pub(crate) const VERSION: i32 = 3;
 
 /// The SQL that creates the schema (tables, functions, version row), for one transaction.
 pub(crate) const SQL: &str = include_str!("schema.sql");

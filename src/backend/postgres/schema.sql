@@ -1,14 +1,19 @@
--- distlock's PostgreSQL schema, version 2. Applied by the library on first use (or by you,
+-- distlock's PostgreSQL schema, version 3. Applied by the library on first use (or by you,
 -- from `PgBackend::schema_sql()`), in one transaction, under an advisory lock so concurrent
 -- first uses do not race.
 --
 -- keys    one row per lock key in use (and for an hour after): its family and fence counter.
 -- claims  one row per holder or waiter: FIFO by `seq`, `fence` NULL while queued, `deadline`
 --         the lease (holders) or liveness (waiters) on the server's clock, `value` what a
---         candidate of an election proclaims.
+--         candidate of an election proclaims, `provisional` an election's lead handed to a
+--         candidate that has not confirmed it yet.
 --
--- A change of an election's leader (a grant, a release, a lease run out, a new value) is
--- NOTIFYed on `distlock_elections` as '<ns>:<key>', for observers.
+-- An election's leader is its holder whose grant is confirmed: taken directly, or handed on
+-- (`provisional`) and then confirmed by the candidate's client asking again (`acquire`). A
+-- candidate whose host died in line is handed the lead and never confirms it: it is not
+-- reported, and the next one in line leads once its provisional lease ends.
+-- A change of an election's leader (a confirmed grant, a leader's release, its lease run out,
+-- a new value) is NOTIFYed on `distlock_elections` as '<ns>:<key>', for observers.
 --
 -- Every function serialises on the key's row, so each is one short transaction in one round
 -- trip: nothing is kept on a connection between calls (PgBouncer in transaction mode works).
@@ -43,6 +48,7 @@ CREATE TABLE distlock.claims (
   fence    bigint,                                 -- NULL while queued
   deadline timestamptz NOT NULL,
   value    bytea,                                  -- what a candidate proclaims ('l')
+  provisional boolean NOT NULL DEFAULT false,      -- 'l' handed on, not confirmed yet
   PRIMARY KEY (ns, key, owner),
   FOREIGN KEY (ns, key) REFERENCES distlock.keys (ns, key)
 );
@@ -93,8 +99,8 @@ BEGIN
   IF FOUND THEN
     WITH gone AS (
       DELETE FROM distlock.claims WHERE ns = p_ns AND key = p_key AND deadline <= p_now
-        RETURNING mode, fence)
-    SELECT bool_or(mode = 'l' AND fence IS NOT NULL) INTO leader FROM gone;
+        RETURNING mode, fence, provisional)
+    SELECT bool_or(mode = 'l' AND fence IS NOT NULL AND NOT provisional) INTO leader FROM gone;
     IF leader THEN
       PERFORM distlock.announce(p_ns, p_key);
     END IF;
@@ -144,7 +150,8 @@ END $$;
 -- Grants the queue from its head while the head fits beside the holders (readers queued
 -- together go together; a claim that does not fit stops the pass, so nothing overtakes it).
 -- Each grant gets a provisional lease of `p_handoff_ms` and a message to its client:
--- '<owner> <fence> <server ms> <px>'. If anything was granted, the claims now in line are told
+-- '<owner> <fence> <server ms> <px>'. An election's grant is `provisional` (not its leader, and
+-- not announced) until the candidate confirms it (`acquire`). If anything was granted, the claims now in line are told
 -- when those leases end (`hint_next`). `p_quiet` (the caller) gets no
 -- message. Says whether `p_quiet` was granted, whether anyone still waits, and what the holders
 -- hold now.
@@ -181,15 +188,13 @@ BEGIN
     END IF;
     f := distlock.next_fence(p_ns, p_key, p_now);
     UPDATE distlock.claims
-      SET fence = f, deadline = p_now + p_handoff_ms * interval '1 millisecond'
+      SET fence = f, deadline = p_now + p_handoff_ms * interval '1 millisecond',
+          provisional = c.mode = 'l'
       WHERE ns = p_ns AND key = p_key AND owner = c.owner;
     n_held := n_held + 1;
     writer := writer OR c.mode IN ('x', 'w', 'l');
     used := used + c.permits;
     granted := true;
-    IF c.mode = 'l' THEN
-      PERFORM distlock.announce(p_ns, p_key);
-    END IF;
     IF c.owner = p_quiet THEN
       quiet_granted := true;
     ELSE
@@ -253,7 +258,7 @@ END $$;
 -- p_mode: 'x' mutex, 'r' read, 'w' write, 'p' p_count of p_max permits, 'l' leadership of an
 -- election proclaiming p_value.
 -- Returns (1, fence, server ms, NULL) when the lock is ours (a grant handed to us is confirmed
--- with a full lease); (0, ms until the earliest holder's lease ends or -1, server ms, NULL)
+-- with a full lease, and an election's leader so confirmed is announced); (0, ms until the earliest holder's lease ends or -1, server ms, NULL)
 -- when queued or busy; (-1, 0, server ms, '<family>[:<max>]') when the key is another family.
 CREATE FUNCTION distlock.acquire(
   p_ns text, p_key text, p_owner text, p_mode text, p_count integer, p_max integer,
@@ -270,6 +275,7 @@ DECLARE
   f bigint;
   queued boolean;
   ours boolean;
+  pending boolean;
   left_ms bigint;
 BEGIN
   SELECT t.family, t.max_permits INTO k FROM distlock.lock_key(p_ns, p_key, now_) t;
@@ -304,19 +310,24 @@ BEGIN
       WHERE ns = p_ns AND key = p_key;
   END IF;
 
-  SELECT c.fence INTO f FROM distlock.claims c
+  SELECT c.fence, c.provisional INTO f, pending FROM distlock.claims c
     WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner;
   queued := FOUND AND f IS NULL;
   ours := f IS NOT NULL;
   IF NOT ours THEN
     SELECT * INTO g FROM distlock.grant_pass(p_ns, p_key, now_, p_handoff_ms, p_max, p_owner);
     ours := g.quiet_granted;
+    pending := ours AND p_mode = 'l';
   END IF;
   IF ours THEN
-    -- Ours (handed to us, now or before, or asked again): confirm the full lease.
-    UPDATE distlock.claims c SET deadline = now_ + ttl
+    -- Ours (handed to us, now or before, or asked again): confirm the full lease. An
+    -- election's candidate leads from here, and observers are told.
+    UPDATE distlock.claims c SET deadline = now_ + ttl, provisional = false
       WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
       RETURNING c.fence INTO f;
+    IF pending THEN
+      PERFORM distlock.announce(p_ns, p_key);
+    END IF;
     RETURN QUERY SELECT 1, f, distlock.ms(now_), NULL::text;
     RETURN;
   END IF;
@@ -363,7 +374,8 @@ BEGIN
     RETURN 0;
   END IF;
   DELETE FROM distlock.claims c WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
-    RETURNING c.fence IS NOT NULL AND c.deadline > now_, c.fence IS NOT NULL AND c.mode = 'l'
+    RETURNING c.fence IS NOT NULL AND c.deadline > now_,
+              c.fence IS NOT NULL AND c.mode = 'l' AND NOT c.provisional
     INTO held, leader;
   IF leader THEN
     PERFORM distlock.announce(p_ns, p_key);
@@ -449,7 +461,7 @@ BEGIN
   PERFORM distlock.lock_key(p_ns, p_key, now_);
   UPDATE distlock.claims c SET value = p_value
     WHERE c.ns = p_ns AND c.key = p_key AND c.owner = p_owner
-      AND c.fence IS NOT NULL AND c.deadline > now_;
+      AND c.fence IS NOT NULL AND NOT c.provisional AND c.deadline > now_;
   IF NOT FOUND THEN
     RETURN 0;
   END IF;
@@ -457,8 +469,8 @@ BEGIN
   RETURN 1;
 END $$;
 
--- Elections: the key's family and, if it is held, its holder's value, fencing token (the term)
--- and lease left; no row for a key nobody used lately.
+-- Elections: the key's family and, if it has a leader (a holder whose grant is confirmed), its
+-- value, fencing token (the term) and lease left; no row for a key nobody used lately.
 CREATE FUNCTION distlock.leader(p_ns text, p_key text)
 RETURNS TABLE (family text, value bytea, fence bigint, left_ms bigint)
 LANGUAGE sql STABLE AS $$
@@ -466,11 +478,11 @@ LANGUAGE sql STABLE AS $$
          c.value, c.fence, distlock.ms(c.deadline) - distlock.ms(clock_timestamp())
     FROM distlock.keys k
     LEFT JOIN distlock.claims c
-      ON c.ns = k.ns AND c.key = k.key AND c.fence IS NOT NULL
+      ON c.ns = k.ns AND c.key = k.key AND c.fence IS NOT NULL AND NOT c.provisional
          AND c.deadline > clock_timestamp()
     WHERE k.ns = p_ns AND k.key = p_key
     ORDER BY c.seq
     LIMIT 1
 $$;
 
-INSERT INTO distlock.meta (version) VALUES (2);
+INSERT INTO distlock.meta (version) VALUES (3);
