@@ -9,17 +9,26 @@ local owner, ttl, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 client_clock(ARGV[7])
 
-local holder, family, queued = unpack(redis.call('HMGET', lock, 'o', 't', 'q'))
-if family then
-  return {-1, family_of(lock, queue)}
-end
-if holder == owner then
-  -- Ours already (handed to us, or asked again): confirm the full lease.
-  redis.call('PEXPIRE', lock, ttl)
-  return {1, tonumber(redis.call('HGET', lock, 'f')), 0}
+-- The path most calls take, two commands: nobody may be queued (the counter carries no mark,
+-- so it counts on) and the key is free (SET NX). A token drawn for a key that turns out busy
+-- is skipped: tokens only need to increase.
+local drawn = next_fence(fence, fence_ttl, true)
+if drawn and redis.call('SET', lock, mutex_value(drawn, owner, false), 'NX', 'PX', ttl) then
+  return {1, drawn, 0}
 end
 
-if not holder then
+local m = mutex_at(lock)
+if m == false then
+  return {-1, family_of(lock, queue)}
+end
+if m and m.o == owner then
+  -- Ours already (handed to us, or asked again): confirm the full lease.
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, tonumber(m.f), 0}
+end
+
+if not m then
+  -- Free, yet a waiter may be queued (the counter is marked).
   local head, head_owner = live_head(queue, waiters)
   if head and head ~= head_owner then
     -- A read-write lock's or semaphore's queue (its hash expired): not a mutex.
@@ -29,13 +38,15 @@ if not holder then
     if head then
       redis.call('LPOP', queue)
       redis.call('ZREM', waiters, owner)
+    else
+      unmark(fence)
     end
     -- Queued ourselves: others may be queued behind us.
     return {1, grant(lock, fence, owner, ttl, fence_ttl, nil, head ~= nil), 0}
   end
   -- Free, but another live waiter is first (the last holder expired): it gets the lock.
   hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
-  queued = true
+  m = mutex_at(lock)
 end
 
 local now = clock()
@@ -44,13 +55,20 @@ if wait then
   -- New in the waiters set, so not queued yet (the two hold the same owners).
   if redis.call('ZADD', waiters, now + ttl, owner) == 1 then
     redis.call('RPUSH', queue, owner)
-  end
-  if not queued and left > 0 then
-    -- The hold we queue behind looks at the queue when it is released.
-    redis.call('HSET', lock, 'q', '1')
+    if drawn then
+      -- Unmarked until now (else INCR refused).
+      mark_queued(fence, drawn)
+    end
   end
   keep(queue, 2 * ttl)
   keep(waiters, 2 * ttl)
-  tell(lock, queue, now, left, handoff_ttl)
+  if m and left > 0 then
+    -- The hold we queue behind looks at the queue when it is released, and keeps what we
+    -- were told.
+    local told = next_told(m.w, queue, now, left, handoff_ttl)
+    if told or not m.q then
+      redis.call('SET', lock, mutex_value(m.f, m.o, true, told or told_of(m)), 'KEEPTTL')
+    end
+  end
 end
 return {0, left, now}

@@ -1,20 +1,24 @@
 -- Shared by every distlock script. Per lock key (one hash tag, so one Cluster slot):
---   base     hash  a mutex: o = owner token, f = fencing token, PX = lease, q = set once
---                  anyone may be queued behind this hold (unset: its release need not
---                  look at the queue)
---                  any: w = the latest moment (server ms) a waiter was told to re-check
---                  at, if later than a provisional lease would end, and wq = the queue's
---                  last entry then (see `tell`)
---                  a read-write lock or semaphore: t = rw | sem, m = permits (sem),
+--   base     a mutex: a string "m <fence> <q> <owner>[ <w> <wq>]" while it is held, whose
+--                  expiry is the holder's lease (see `mutex_value`): q = 1 once anyone may be
+--                  queued behind this hold (0: its release need not look at the queue); w and
+--                  wq as below
+--            hash  a read-write lock or semaphore: t = rw | sem, m = permits (sem),
 --                  u = permits in use (sem), wr = the writer (rw), f:<owner> = each holder's
---                  fencing token, n:<owner> = each holder's permits (sem)
+--                  fencing token, n:<owner> = each holder's permits (sem); w and wq as below
+--            any:  w = the latest moment (server ms) a waiter was told to re-check at, if
+--                  later than a provisional lease would end, and wq = the queue's last entry
+--                  then (see `next_told`)
 --   holders  zset  owner -> lease deadline (server ms): read-write locks and semaphores
 --   queue    list  a mutex: owner tokens; the others: "<r|w|count>:<owner>", in arrival order
 --                  (Redlock: a zset of the same entries by priority, see `Q`)
 --   waiters  zset  owner token -> liveness deadline (server ms)
---   fence    string counter, long TTL; restarts at server time in microseconds
--- Owner tokens are "<client id>.<claim id>". Every time is the server's TIME; no client clock
--- reaches a score (a client's clock only lifts fencing tokens: see `next_fence`).
+--   fence    string counter, long TTL; restarts at server time in microseconds. A "q" after
+--                  the number marks that a mutex waiter may be queued (see `mark_queued`): an
+--                  uncontended mutex acquire then learns from its INCR alone that it need not
+--                  look at the queue, and it takes the lock with one `SET NX PX`.
+-- Owner tokens are "<client id>.<claim id>" (no spaces). Every time is the server's TIME; no
+-- client clock reaches a score (a client's clock only lifts fencing tokens: see `next_fence`).
 
 -- How the queue is kept, whether the node may grant, how grants are announced, whether
 -- tokens stay above the server's clock, and what else a call starts afresh. Here: a list in
@@ -33,6 +37,9 @@ local Q = {
   publish = function(channel, message) return redis.call('PUBLISH', channel, message) end,
   fence_floor = false,
   hint_always = false,
+  -- Whether mutex waiters mark the fence key (see `mark_queued`): Redlock's acquire always
+  -- looks at its queue, so it keeps no mark.
+  marks = true,
   fresh = function() end,
 }
 
@@ -81,10 +88,24 @@ local function keep(key, ms)
   end
 end
 
+-- The counter in the fence key's value `v` (0 if there is none) and its mark ('q' or '').
+-- Anything else there is not ours: reading it as a number raises the server's error.
+local function fence_parts(fence, v)
+  if not v then
+    return 0, ''
+  end
+  local n, mark = string.match(v, '^(%d+)(q?)$')
+  if not n then
+    redis.call('INCR', fence)
+  end
+  return tonumber(n), mark
+end
+
 -- The next fencing token: one more than the last; a new counter (the old one expired, which
 -- it does `fence_ttl` after it was created) starts at server time in microseconds. Grants come
 -- far less often than once a microsecond, so that is above every token handed out before, and
--- the counter itself cannot leak.
+-- the counter itself cannot leak. With `unmarked`, a counter marked (see `mark_queued`) is
+-- left alone and nil is returned: the caller looks at the queue instead.
 --
 -- With `Q.fence_floor` no token is below server time in µs, nor below the calling client's
 -- clock in µs (`client_clock`), at all: a counter that a failover set back (its last
@@ -95,8 +116,17 @@ end
 -- time by the time its counter expires (it lives `fence_ttl` from that write), so the restart
 -- at server time stays above it; and a wild client clock cannot push tokens out of the range
 -- a Lua number holds exactly.
-local function next_fence(fence, fence_ttl)
-  local f = redis.call('INCR', fence)
+local function next_fence(fence, fence_ttl, unmarked)
+  local f = redis.pcall('INCR', fence)
+  local mark = ''
+  if type(f) ~= 'number' then
+    if unmarked then
+      return nil
+    end
+    f, mark = fence_parts(fence, redis.call('GET', fence))
+    f = f + 1
+  end
+  local lifted = false
   if f == 1 or Q.fence_floor then
     local _, now_us = clock()
     local floor = now_us
@@ -104,45 +134,117 @@ local function next_fence(fence, fence_ttl)
       floor = math.max(floor, math.min(CLIENT_US, now_us + fence_ttl * 500))
     end
     if f < floor then
-      f = floor
-      redis.call('SET', fence, int(f), 'PX', fence_ttl)
+      f, lifted = floor, true
     end
+  end
+  if lifted then
+    redis.call('SET', fence, int(f) .. mark, 'PX', fence_ttl)
+  elseif mark ~= '' then
+    redis.call('SET', fence, int(f) .. mark, 'KEEPTTL')
   end
   return f
 end
 
--- Makes `owner` the mutex's holder for `px` ms; `told` (if any: the 'w' and 'wq' of `tell`) is
--- kept on the hold, and `queued` marks it as having waiters behind it ('q').
-local function grant(lock, fence, owner, px, fence_ttl, told, queued)
-  local f = next_fence(fence, fence_ttl)
-  local fields = {'o', owner, 'f', int(f)}
-  if told then
-    fields[#fields + 1], fields[#fields + 2] = 'w', told[1]
-    fields[#fields + 1], fields[#fields + 2] = 'wq', told[2]
+-- Marks the fence key while a mutex waiter may be queued: its value `f`, as `next_fence` just
+-- drew it unmarked, becomes "<f>q", which INCR refuses, so every acquire looks at the queue
+-- (a holder whose lease ran out must not be barged past).
+local function mark_queued(fence, f)
+  redis.call('SET', fence, int(f) .. 'q', 'KEEPTTL')
+end
+
+-- Takes the mark off once the queue was seen empty.
+local function unmark(fence)
+  if not Q.marks then
+    return
   end
+  local v = redis.call('GET', fence)
+  local f, mark = fence_parts(fence, v)
+  if mark ~= '' then
+    redis.call('SET', fence, int(f), 'KEEPTTL')
+  end
+end
+
+-- A mutex hold's value (see the layout above): fencing token `f` (a number, or the string
+-- kept), `owner`, whether anyone may be queued behind it, and `told` ({w, wq}, or nil).
+local function mutex_value(f, owner, queued, told)
+  if type(f) == 'number' then
+    f = int(f)
+  end
+  local q = '0'
   if queued then
-    fields[#fields + 1], fields[#fields + 2] = 'q', '1'
+    q = '1'
   end
-  redis.call('HSET', lock, unpack(fields))
-  redis.call('PEXPIRE', lock, px)
+  local v = 'm ' .. f .. ' ' .. q .. ' ' .. owner
+  if told then
+    v = v .. ' ' .. told[1] .. ' ' .. told[2]
+  end
+  return v
+end
+
+-- The mutex hold at `lock`: {o = owner, f = token (a string), q = anyone may be queued,
+-- w, wq (nil unless told)}; nil if the key is missing (nobody holds a mutex there), false if
+-- it is no string (a read-write lock or semaphore). A string that is not a hold raises the
+-- server's WRONGTYPE error: the key is not ours.
+local function mutex_at(lock)
+  local v = redis.pcall('GET', lock)
+  if type(v) == 'table' then
+    return false
+  elseif not v then
+    return nil
+  end
+  local f, q, o, rest = string.match(v, '^m (%d+) ([01]) (%S+)(.*)$')
+  if not f then
+    redis.call('HGET', lock, 'o')
+  end
+  local w, wq = string.match(rest, '^ (%d+) (%S+)$')
+  return {o = o, f = f, q = q == '1', w = w, wq = wq}
+end
+
+-- What `mutex_at` read as {w, wq}, or nil.
+local function told_of(m)
+  if m and m.w then
+    return {m.w, m.wq}
+  end
+  return nil
+end
+
+-- Whether `base` is a read-write lock's or semaphore's hash.
+local function is_shared(base)
+  return redis.pcall('HEXISTS', base, 't') == 1
+end
+
+-- Makes `owner` the mutex's holder for `px` ms, with token `f` if the caller drew one (else
+-- the next); `told` (if any: the w and wq of `next_told`) is kept on the hold, and `queued`
+-- marks it as having waiters behind it.
+local function grant(lock, fence, owner, px, fence_ttl, told, queued, f)
+  f = f or next_fence(fence, fence_ttl)
+  redis.call('SET', lock, mutex_value(f, owner, queued, told), 'PX', px)
   return f
 end
 
 -- A waiter re-checks on its own at the moment it was told (when the lease it queued behind
 -- ends, `ms` from `now`). A provisional lease handed out later may end sooner: the waiter then
 -- next in line must hear of it (`hint_next`) in case its new holder died before confirming
--- it, but only if it was told a moment later than that lease ends. So `key` keeps the latest
--- such moment told ('w') and the queue's last entry then ('wq'): no waiter behind that entry
--- was told one, so once it is served, no hint is needed.
-local function tell(key, queue, now, ms, handoff_ttl)
+-- it, but only if it was told a moment later than that lease ends. So the lock keeps the latest
+-- such moment told (w) and the queue's last entry then (wq): no waiter behind that entry was
+-- told one, so once it is served, no hint is needed. Returns the new {w, wq} given the last w
+-- kept (or nil), or nil if nothing need be kept.
+local function next_told(last, queue, now, ms, handoff_ttl)
   if ms <= handoff_ttl then
-    return
+    return nil
   end
-  local last = redis.call('HGET', key, 'w')
   if last and tonumber(last) > now + ms then
     now, ms = tonumber(last), 0
   end
-  redis.call('HSET', key, 'w', int(now + ms), 'wq', Q.last(queue))
+  return {int(now + ms), Q.last(queue)}
+end
+
+-- `next_told` kept in a read-write lock's or semaphore's hash `key`.
+local function tell(key, queue, now, ms, handoff_ttl)
+  local told = next_told(redis.call('HGET', key, 'w'), queue, now, ms, handoff_ttl)
+  if told then
+    redis.call('HSET', key, 'w', told[1], 'wq', told[2])
+  end
 end
 
 -- Whether the waiter now next in line may have been told to re-check later than a provisional
@@ -188,14 +290,24 @@ end
 
 -- What the key is while anyone holds or waits for it: 'mutex', 'rw' or 'sem:<permits>'; nil
 -- when it is free. (A read-write lock's or semaphore's hash lives while anyone waits; a
--- mutex's only while it is held, so a free mutex with waiters is known by its queue.)
+-- mutex's value only while it is held, so a free mutex with waiters is known by its queue.)
+-- A key of any other kind raises the server's WRONGTYPE error.
 local function family_of(base, queue)
-  local t, o, m = unpack(redis.call('HMGET', base, 't', 'o', 'm'))
+  local fields = redis.pcall('HMGET', base, 't', 'o', 'm')
+  if fields.err then
+    -- No hash: a mutex's hold, or not ours.
+    if mutex_at(base) then
+      return 'mutex'
+    end
+    redis.call('HMGET', base, 't')
+  end
+  local t, o, m = unpack(fields)
   if t == 'rw' then
     return 'rw'
   elseif t == 'sem' then
     return 'sem:' .. m
   elseif o then
+    -- A mutex hold as an older version of distlock kept it.
     return 'mutex'
   end
   local head = Q.first(queue)
@@ -264,25 +376,24 @@ local function hint_next(prefix, queue, px)
 end
 
 -- Gives the mutex to the live head of the queue, for a short unconfirmed lease, and announces
--- it; says whether it did. `told` is what the released hold kept of `tell` (or nil), passed on
--- while it matters. With `replacing`, the released hold's hash is still there (it is
--- overwritten, not deleted first).
-local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told,
-                        replacing)
+-- it; says whether it did. `told` is what the released hold kept of `next_told` (or nil),
+-- passed on while it matters. The released hold's value, if any, is overwritten. A queue found
+-- empty loses its mark (see `mark_queued`).
+local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told)
   if not Q.may_grant() then
     return false
   end
   local head, owner = live_head(queue, waiters)
-  if not head or head ~= owner then
-    -- Nobody waits, or this is another kind of lock's queue.
+  if not head then
+    unmark(fence)
+    return false
+  elseif head ~= owner then
+    -- Another kind of lock's queue.
     return false
   end
   Q.pop(queue)
   redis.call('ZREM', waiters, head)
   local hint = needs_hint(told, told and told[2] == head, handoff_ttl)
-  if replacing and told and not hint then
-    redis.call('HDEL', lock, 'w', 'wq')
-  end
   -- Others may still wait behind the new holder (not counted: its release looks).
   local f = grant(lock, fence, head, handoff_ttl, fence_ttl, hint and told or nil, true)
   announce(prefix, head, f, handoff_ttl)

@@ -10,10 +10,10 @@ local family = family_of(base, queue) or ''
 local held, waiting = {}, {}
 
 if family == 'mutex' then
-  local f = redis.call('HGET', base, 'f')
+  local m = mutex_at(base)
   local left = redis.call('PTTL', base)
-  if f and left > 0 then
-    held = {'x', f, left}
+  if m and left > 0 then
+    held = {'x', m.f, left}
   end
 elseif family ~= '' then
   local writer = redis.call('HGET', base, 'wr')

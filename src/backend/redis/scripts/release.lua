@@ -8,20 +8,17 @@ local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, fence_ttl, handoff_ttl, prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 client_clock(ARGV[5])
 
-local holder, family, w, wq, queued = unpack(redis.call('HMGET', lock, 'o', 't', 'w', 'wq', 'q'))
-if family then
+local m = mutex_at(lock)
+if m == false then
   -- A read-write lock or semaphore: a mutex claim was refused there and left nothing.
   return 0
 end
-local told = nil
-if w then
-  told = {w, wq}
-end
-if holder == owner then
+if m and m.o == owner then
   -- Handed on in place (overwritten), or deleted if nobody waits (nobody queued behind this
-  -- hold if it is not marked: then the queue is not even looked at).
-  if not (queued and hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told,
-                              true)) then
+  -- hold if it is not marked: then the queue is not even looked at). The fencing counter
+  -- outlives it in its own key.
+  if not (m.q and hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix,
+                           told_of(m))) then
     redis.call('DEL', lock)
   end
   return 1
@@ -29,7 +26,7 @@ end
 if redis.call('ZREM', waiters, owner) == 1 then
   redis.call('LREM', queue, 1, owner)
 end
-if not holder then
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, nil, false)
+if not m then
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
 end
 return 0

@@ -7,7 +7,8 @@
 
 -- Extends `owner`'s mutex lease to at least `ttl` ms if it holds the mutex.
 local function extend_mutex(base, owner, ttl)
-  if redis.call('HGET', base, 'o') == owner then
+  local m = mutex_at(base)
+  if m and m.o == owner then
     if redis.call('PTTL', base) < ttl then
       redis.call('PEXPIRE', base, ttl)
     end
@@ -38,9 +39,9 @@ local function keep_waiting(base, waiters, queue, owner, ttl)
     redis.call('ZADD', waiters, clock() + ttl, owner)
     keep(queue, 2 * ttl)
     keep(waiters, 2 * ttl)
-    -- A read-write lock's or semaphore's hash lives while anyone waits. (A mutex's hash TTL
+    -- A read-write lock's or semaphore's hash lives while anyone waits. (A mutex's value's TTL
     -- is its holder's lease: a waiter must never touch it.)
-    if redis.call('HEXISTS', base, 't') == 1 then
+    if is_shared(base) then
       keep(base, 2 * ttl)
     end
     return 2

@@ -8,7 +8,7 @@
 -- otherwise.
 local function release_shared(base, holders, queue, waiters, fence, owner, fence_ttl,
                               handoff_ttl, prefix, entry)
-  if redis.call('HEXISTS', base, 't') == 0 then
+  if not is_shared(base) then
     -- Not a read-write lock or semaphore (free now, or a mutex that refused this claim): only
     -- our own queue entry may be left, nothing else is ours to touch.
     if redis.call('ZREM', waiters, owner) == 1 then
@@ -41,6 +41,10 @@ end
 -- told so, since a write claim's owner token reads only once it was downgraded.
 local function downgrade(base, holders, queue, waiters, fence, owner, ttl, fence_ttl,
                          handoff_ttl, prefix)
+  if not is_shared(base) then
+    -- Free, or a mutex now (force-released, then taken): not ours.
+    return {0, 0}
+  end
   purge(base, holders)
   if redis.call('HGET', base, 'wr') ~= owner then
     if not redis.call('ZSCORE', holders, owner) then
@@ -75,25 +79,22 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
   local top = 0
 
   -- Keeps the counter at `top` at least: never below a token handed out, even if it expired.
+  -- A mark on it stays (see `mark_queued`).
   local function lift_fence()
-    local f = tonumber(redis.call('GET', fence) or '0')
+    local f, mark = fence_parts(fence, redis.call('GET', fence))
     if top > f then
-      redis.call('SET', fence, int(top), 'PX', fence_ttl)
+      redis.call('SET', fence, int(top) .. mark, 'PX', fence_ttl)
     end
   end
 
   if family == 'mutex' then
-    local owner, f, w, wq = unpack(redis.call('HMGET', base, 'o', 'f', 'w', 'wq'))
-    if owner then
+    local m = mutex_at(base)
+    if m then
       local left = redis.call('PTTL', base)
-      removed = {owner, 'x', f or '0', left}
-      top = tonumber(f or '0')
+      removed = {m.o, 'x', m.f, left}
+      top = tonumber(m.f)
       lift_fence()
-      local told = nil
-      if w then
-        told = {w, wq}
-      end
-      if not hand_off(base, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told, true) then
+      if not hand_off(base, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told_of(m)) then
         redis.call('DEL', base)
       end
     end

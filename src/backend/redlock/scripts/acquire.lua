@@ -12,12 +12,13 @@ local owner, ttl, wait, priority = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', A
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local rejoin_ms = tonumber(ARGV[8])
 
-local holder, family = unpack(redis.call('HMGET', lock, 'o', 't'))
-if family then
+local m = mutex_at(lock)
+if m == false then
   return {-1, family_of(lock, queue), 0}
 end
+local holder = m and m.o
 if holder == owner then
-  return {1, tonumber(redis.call('HGET', lock, 'f')), redis.call('PTTL', lock)}
+  return {1, tonumber(m.f), redis.call('PTTL', lock)}
 end
 if not holder then
   local head, head_owner = live_head(queue, waiters)

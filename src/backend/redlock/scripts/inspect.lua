@@ -8,10 +8,10 @@ local now = clock()
 local family = family_of(lock, queue) or ''
 local held = {}
 if family == 'mutex' then
-  local owner, f = unpack(redis.call('HMGET', lock, 'o', 'f'))
+  local m = mutex_at(lock)
   local left = redis.call('PTTL', lock)
-  if owner and left > 0 then
-    held = {owner, 'x', f or '0', left}
+  if m and left > 0 then
+    held = {m.o, 'x', m.f, left}
   end
 elseif family == 'rw' then
   local writer = redis.call('HGET', lock, 'wr')

@@ -20,6 +20,8 @@ Q.len = function(queue) return redis.call('ZCARD', queue) end
 -- A Redlock waiter re-checks at a moment merged from several nodes, which no node knows: the
 -- waiter next in line always hears when a provisional lease ends.
 Q.hint_always = true
+-- Every acquire here looks at the queue: the fence key carries no mark.
+Q.marks = false
 
 -- How many ms the node must still sit out: a node that lost its data (restarted) may have
 -- forgotten a grant, so it grants nothing until every lease it could have held has run out,

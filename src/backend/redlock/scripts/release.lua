@@ -7,7 +7,8 @@ local lock, queue, waiters, fence, born = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KE
 local owner, fence_ttl, handoff_ttl, prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local rejoin_ms = tonumber(ARGV[5])
 
-local holder = redis.call('HGET', lock, 'o')
+local m = mutex_at(lock)
+local holder = m and m.o
 local held = 0
 if holder == owner then
   redis.call('DEL', lock)

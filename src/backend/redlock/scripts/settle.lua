@@ -16,14 +16,14 @@ if ARGV[5] == '1' then
   keep(holders, 2 * px)
   redis.call('HSET', lock, 'f:' .. owner, int(token))
 else
-  if redis.call('HGET', lock, 'o') ~= owner then
+  local m = mutex_at(lock)
+  if not (m and m.o == owner) then
     return 0
   end
-  redis.call('PEXPIRE', lock, px)
-  redis.call('HSET', lock, 'f', int(token))
+  redis.call('SET', lock, mutex_value(token, owner, m.q, told_of(m)), 'PX', px)
 end
 -- Any later grant on this node, by anyone, gets a larger token than ours.
-if tonumber(redis.call('GET', fence) or '0') < token then
+if fence_parts(fence, redis.call('GET', fence)) < token then
   redis.call('SET', fence, int(token), 'PX', fence_ttl)
 end
 return 1

@@ -9,7 +9,8 @@ local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, priority, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 
-if redis.call('HGET', lock, 'o') ~= owner then
+local m = mutex_at(lock)
+if not (m and m.o == owner) then
   return 0
 end
 if served_before_us(queue, waiters, priority, owner) then
