@@ -2,9 +2,10 @@
 //! commands per uncontended acquisition counted by the server itself (`INFO commandstats`,
 //! script-internal calls included), fencing tokens that increase across a lease that ran out,
 //! across release and re-acquire and across a counter that expired, a waiter that a newcomer
-//! cannot barge past once the holder's lease ran out, and the family checks between a mutex
-//! and a read-write lock on one key. Each test has its own `redis-server` where it reads the
-//! server's statistics or its keys.
+//! cannot barge past once the holder's lease ran out, the family checks between a mutex and a
+//! read-write lock on one key, and coalescing: the calls one client has in flight at once go
+//! as one, each claim with its own reply, and a claim cancelled mid-batch leaves nothing
+//! behind. Each test that reads the server's statistics has its own `redis-server`.
 #![cfg(feature = "redis")]
 
 mod support;
@@ -13,7 +14,8 @@ use std::time::Duration;
 
 use distlock::backend::RedisBackend;
 use distlock::LockClient;
-use support::redis::{connection as raw, libraries};
+use futures::FutureExt;
+use support::redis::{connection as raw, libraries, until_only_fences};
 use support::server::redis::{shared_redis, RedisServer};
 use tokio::time::sleep;
 
@@ -37,8 +39,14 @@ async fn commandstats(con: &mut redis::aio::MultiplexedConnection) -> Vec<(Strin
     info.lines()
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
-            (!name.starts_with("info") && !name.starts_with("config")).then(|| (name.to_owned(), calls))
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            (!name.starts_with("info") && !name.starts_with("config"))
+                .then(|| (name.to_owned(), calls))
         })
         .collect()
 }
@@ -54,7 +62,14 @@ async fn an_uncontended_acquisition_costs_at_most_six_commands() {
     let client = client_at(&server.url(), &ns, Duration::from_secs(10), true).await;
     let keys: Vec<String> = (0..200).map(|i| format!("order:{i}")).collect();
     for key in &keys {
-        client.mutex(key).lock().await.unwrap().release().await.unwrap();
+        client
+            .mutex(key)
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
     }
     let mut con = raw(&server.url()).await;
     let _: () = redis::cmd("CONFIG")
@@ -63,7 +78,14 @@ async fn an_uncontended_acquisition_costs_at_most_six_commands() {
         .await
         .unwrap();
     for key in &keys {
-        client.mutex(key).lock().await.unwrap().release().await.unwrap();
+        client
+            .mutex(key)
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
     }
     let stats = commandstats(&mut con).await;
     let total: u64 = stats.iter().map(|(_, calls)| calls).sum();
@@ -170,9 +192,8 @@ async fn a_newcomer_does_not_barge_past_a_waiter_once_the_lease_ran_out() {
     newcomer.shutdown().await;
 }
 
-/// A mutex held, or only waited for, refuses a read-write lock claim on its key, and a
-/// read-write lock held refuses a mutex claim; once each is released the other kind may take
-/// the key.
+/// A mutex held refuses a read-write lock or semaphore claim on its key, and a read-write lock
+/// held refuses a mutex claim; once each is released the other kind may take the key.
 #[tokio::test]
 async fn a_mutex_and_a_read_write_lock_refuse_each_other() {
     let ns = test_namespace!();
@@ -192,4 +213,99 @@ async fn a_mutex_and_a_read_write_lock_refuse_each_other() {
     a.mutex("k").lock().await.unwrap().release().await.unwrap();
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// Many tasks sharing one client lock distinct keys at once: their acquire calls (and then
+/// their releases) go to the server coalesced, fewer function calls than claims, and each
+/// claim gets its own answer: a grant with its own token, or, for a key in use as a read-write
+/// lock, and for a key holding a foreign value, its own error while the others are granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_are_coalesced_with_a_reply_each() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let ns = test_namespace!();
+    let client = client_at(&url, &ns, Duration::from_secs(10), true).await;
+    let other = client_at(&url, &ns, Duration::from_secs(10), true).await;
+    let reader = other.rw_lock("k7").read().await.unwrap();
+    let mut con = raw(&url).await;
+    let _: () = redis::cmd("SET")
+        .arg(format!("{ns}:{{k9}}"))
+        .arg("not a lock")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let n = 200;
+    let attempts = futures::future::join_all((0..n).map(|i| {
+        let mutex = client.mutex(format!("k{i}"));
+        async move { mutex.lock().await }
+    }))
+    .await;
+    let mut guards = Vec::new();
+    for (i, attempt) in attempts.into_iter().enumerate() {
+        match (i, attempt) {
+            (7, Err(err)) => assert!(err.is_kind_mismatch(), "k7: {err:?}"),
+            (9, Err(err)) => assert!(err.to_string().contains("WRONGTYPE"), "k9: {err}"),
+            (7 | 9, Ok(_)) => panic!("k{i} was granted"),
+            (_, Ok(guard)) => guards.push(guard),
+            (_, Err(err)) => panic!("k{i}: {err:?}"),
+        }
+    }
+    let mut tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), n - 2, "tokens shared between claims");
+    for result in futures::future::join_all(guards.into_iter().map(|g| g.release())).await {
+        result.unwrap();
+    }
+    let stats = commandstats(&mut con).await;
+    let fcalls = stats
+        .iter()
+        .find(|(name, _)| name == "fcall")
+        .map_or(0, |(_, calls)| *calls);
+    println!("{n} claims, then their releases: {fcalls} function calls");
+    assert!(
+        fcalls < 2 * n as u64,
+        "{fcalls} function calls for {n} acquisitions and releases: nothing was coalesced"
+    );
+    reader.release().await.unwrap();
+    client.shutdown().await;
+    other.shutdown().await;
+}
+
+/// A claim whose future is dropped right after its call joined a batch (polled once, among
+/// 50 others, on a key another client holds, so the batch queues it) leaves nothing behind
+/// once its client shut down: no hold, no queue entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_cancelled_mid_batch_leaves_nothing_behind() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let holder = client_at(&url, &ns, Duration::from_secs(10), true).await;
+    let client = client_at(&url, &ns, Duration::from_secs(10), true).await;
+    for round in 0..20 {
+        let busy = format!("busy{round}");
+        let held = holder.mutex(&busy).lock().await.unwrap();
+        let others: Vec<_> = (0..50)
+            .map(|i| {
+                let mutex = client.mutex(format!("free{round}.{i}"));
+                tokio::spawn(async move { mutex.lock().await })
+            })
+            .collect();
+        // Polled once (its call queued for the batch being formed), then dropped.
+        let cancelled = client.mutex(&busy).lock().now_or_never();
+        assert!(cancelled.is_none(), "a busy key was granted");
+        let free = client.mutex(format!("free{round}.x")).lock().now_or_never();
+        drop(free);
+        for task in others {
+            task.await.unwrap().unwrap().release().await.unwrap();
+        }
+        held.release().await.unwrap();
+    }
+    client.shutdown().await;
+    holder.shutdown().await;
+    until_only_fences(&url, &ns).await;
 }

@@ -404,6 +404,7 @@ impl RedisBackendBuilder {
                 hub,
                 handoff_ttl: self.handoff_ttl,
                 client_id: wire::client_id(),
+                coalescer: Default::default(),
             }),
         })
     }

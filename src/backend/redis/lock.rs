@@ -82,11 +82,8 @@ impl RedisBackend {
             }),
             None => self.call(&release),
         };
-        let (held, in_doubt, _): (i64, bool, Instant) = self
-            .inner
-            .commands
-            .invoke_noting_doubt("release", &inv)
-            .await?;
+        let (held, in_doubt, _): (i64, bool, Instant) =
+            self.invoke_coalesced("release", &inv).await?;
         Ok(released(usize::from(held == 1), usize::from(in_doubt), 1))
     }
 
@@ -124,8 +121,8 @@ impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
             }),
             None => backend.call(&acquire),
         };
-        let (reply, sent): (Vec<::redis::Value>, Instant) =
-            backend.inner.commands.invoke_timed("acquire", &inv).await?;
+        let (reply, _, sent): (Vec<::redis::Value>, bool, Instant) =
+            backend.invoke_coalesced("acquire", &inv).await?;
         let (code, value, server_ms) = parse_acquire(claim, &reply)?;
         if code == 1 {
             return Ok(Attempt::Granted(granted("redis", claim, value, sent)?));

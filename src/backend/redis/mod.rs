@@ -26,6 +26,7 @@
 mod builder;
 #[cfg(feature = "redis-cluster")]
 mod cluster;
+mod coalesce;
 pub(crate) mod commands;
 mod inspect;
 mod keys;
@@ -120,6 +121,8 @@ struct Inner {
     handoff_ttl: Duration,
     /// This backend's part of every owner token, and of its channel names.
     client_id: String,
+    /// Acquire and release calls in flight at once, sent as one (see `coalesce.rs`).
+    coalescer: coalesce::Coalescer,
 }
 
 impl std::fmt::Debug for RedisBackend {

@@ -34,6 +34,8 @@ pub(crate) trait Args {
 pub(crate) struct Script {
     /// Its name in the library (its [`Part`]'s).
     name: &'static str,
+    /// The script's coalesced form (`<name>_many`).
+    many: bool,
     lua: ::redis::Script,
     function: String,
 }
@@ -51,6 +53,18 @@ pub(crate) struct Part {
     pub(crate) grows: bool,
     pub(crate) helpers: &'static [&'static str],
     pub(crate) body: &'static str,
+    /// The library also holds the script's coalesced form, `<name>_many`: many claims' calls
+    /// in one (see `coalesce.rs`).
+    pub(crate) many: bool,
+}
+
+/// What a coalesced script (`<name>_many`) runs: the script's body once per claim (see
+/// `scripts/many.lua`).
+const MANY_LUA: &str = include_str!("scripts/many.lua");
+
+/// The name of `name`'s coalesced form in its library.
+pub(crate) fn many_name(name: &str) -> String {
+    format!("{name}_many")
 }
 
 impl Part {
@@ -94,16 +108,25 @@ impl Library {
             scripts
                 .iter()
                 .map(|s| {
-                    format!(
-                        "redis.register_function{{function_name='{prefix}{}', callback=function(KEYS, ARGV)\nfresh()\n{}\nend, flags={{{}}}}}\n",
-                        s.name,
-                        s.body,
-                        s.flags()
-                    )
+                    let mut f = format!(
+                        "local function run_{name}(KEYS, ARGV)\nfresh()\n{body}\nend\nredis.register_function{{function_name='{prefix}{name}', callback=run_{name}, flags={{{flags}}}}}\n",
+                        name = s.name,
+                        body = s.body,
+                        flags = s.flags()
+                    );
+                    if s.many {
+                        f.push_str(&format!(
+                            "redis.register_function{{function_name='{prefix}{many}', callback=function(KEYS, ARGV) return many(run_{name}, KEYS, ARGV) end, flags={{{flags}}}}}\n",
+                            many = many_name(s.name),
+                            name = s.name,
+                            flags = s.flags()
+                        ));
+                    }
+                    f
                 })
                 .collect()
         };
-        let helpers = format!("{prelude}\n{}\n", helpers.join("\n"));
+        let helpers = format!("{prelude}\n{}\n{MANY_LUA}\n", helpers.join("\n"));
         let hash: String = ::redis::Script::new(&format!("{helpers}{}", functions("")))
             .get_hash()
             .chars()
@@ -114,22 +137,32 @@ impl Library {
             "#!lua name={name}\n{helpers}{}",
             functions(&format!("{name}_"))
         );
-        let scripts = scripts
-            .iter()
-            .map(|s| Script {
+        let mut all = Vec::new();
+        for s in scripts {
+            let helpers = s.helpers.join("\n");
+            all.push(Script {
                 name: s.name,
-                lua: ::redis::Script::new(&format!(
-                    "{prelude}\n{}\n{}",
-                    s.helpers.join("\n"),
-                    s.body
-                )),
+                many: false,
+                lua: ::redis::Script::new(&format!("{prelude}\n{helpers}\n{}", s.body)),
                 function: format!("{name}_{}", s.name),
-            })
-            .collect();
+            });
+            if s.many {
+                // By `EVALSHA`: the same loop around the body, each claim starting afresh.
+                all.push(Script {
+                    name: s.name,
+                    many: true,
+                    lua: ::redis::Script::new(&format!(
+                        "{prelude}\n{helpers}\n{MANY_LUA}\nlocal function run(KEYS, ARGV)\nfresh()\n{}\nend\nreturn many(run, KEYS, ARGV)",
+                        s.body
+                    )),
+                    function: format!("{name}_{}", many_name(s.name)),
+                });
+            }
+        }
         Self {
             code,
             name,
-            scripts,
+            scripts: all,
         }
     }
 
@@ -141,16 +174,79 @@ impl Library {
         args: &A,
     ) -> Call<'a> {
         let mut call = Call {
-            script: self.scripts.iter().find(|s| s.name == A::SCRIPT.name),
+            script: self.script(A::SCRIPT.name, false),
             name: A::SCRIPT.name,
             functions: None,
             fallback: true,
             keys: Vec::new(),
             args: Vec::new(),
-            clock: None,
+            clocks: Vec::new(),
         };
         args.push(&mut call);
         call.using(functions)
+    }
+
+    fn script(&self, name: &str, many: bool) -> Option<&Script> {
+        self.scripts
+            .iter()
+            .find(|s| s.name == name && s.many == many)
+    }
+
+    /// The call `parts` describe, alone.
+    pub(crate) fn call_parts<'a>(
+        &'a self,
+        functions: Option<&'a Functions>,
+        parts: &Parts,
+    ) -> Call<'a> {
+        Call {
+            script: self.script(parts.name, false),
+            name: parts.name,
+            functions: None,
+            fallback: true,
+            keys: parts.keys.clone(),
+            args: parts.args.clone(),
+            clocks: parts.clock.into_iter().collect(),
+        }
+        .using(functions)
+    }
+
+    /// One call of the coalesced form of the script every one of `claims` calls (see
+    /// `MANY_LUA`): their keys in turn, then the count of keys and of arguments each claim
+    /// has, then their arguments in turn. `None` unless all call one script with a coalesced
+    /// form, with as many keys and arguments each.
+    pub(crate) fn call_many<'a>(
+        &'a self,
+        functions: Option<&'a Functions>,
+        claims: &[&Parts],
+    ) -> Option<Call<'a>> {
+        let first = claims.first()?;
+        let (nk, na) = (first.keys.len(), first.args.len());
+        if na == 0
+            || claims
+                .iter()
+                .any(|c| c.name != first.name || c.keys.len() != nk || c.args.len() != na)
+        {
+            return None;
+        }
+        let script = self.script(first.name, true)?;
+        let mut call = Call {
+            script: Some(script),
+            name: first.name,
+            functions: None,
+            fallback: true,
+            keys: Vec::with_capacity(nk * claims.len()),
+            args: Vec::with_capacity(2 + na * claims.len()),
+            clocks: Vec::new(),
+        };
+        call.arg(nk).arg(na);
+        for claim in claims {
+            call.keys.extend(claim.keys.iter().cloned());
+            if let Some(i) = claim.clock {
+                call.clocks.push(call.args.len() + i);
+            }
+            call.args.extend(claim.args.iter().cloned());
+        }
+        Some(call.using(functions))
     }
 
     /// Loads the library on the server behind `con` (on a Cluster connection: on every
@@ -194,6 +290,15 @@ impl Functions {
     }
 }
 
+/// A call's script, keys and arguments, owned: what a coalesced call is made of (see
+/// [`Library::call_many`]).
+pub(crate) struct Parts {
+    pub(crate) name: &'static str,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+    clock: Option<usize>,
+}
+
 /// One call of a [`Script`] with its keys and arguments, as a function (`FCALL`) or by
 /// `EVALSHA`.
 pub(crate) struct Call<'a> {
@@ -208,9 +313,9 @@ pub(crate) struct Call<'a> {
     fallback: bool,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
-    /// The index in `args` that is this machine's clock, read as each attempt is sent (see
-    /// [`arg_clock`](Self::arg_clock)).
-    clock: Option<usize>,
+    /// The indexes in `args` that are this machine's clock, read as each attempt is sent (see
+    /// [`arg_clock`](Self::arg_clock)): one per claim.
+    clocks: Vec<usize>,
 }
 
 impl<'a> Call<'a> {
@@ -229,9 +334,27 @@ impl<'a> Call<'a> {
             fallback: self.fallback,
             keys: self.keys.clone(),
             args: self.args.clone(),
-            clock: self.clock,
+            clocks: self.clocks.clone(),
         }
         .using(functions)
+    }
+
+    /// The call's parts, owned, if its script has a coalesced form and it is sent as a
+    /// function (by `EVALSHA` every call goes alone).
+    pub(crate) fn parts(&self) -> Option<Parts> {
+        let script = self.script?;
+        let many = self.functions.is_some()
+            && self.fallback
+            && self.clocks.len() <= 1
+            && self
+                .functions
+                .is_some_and(|f| f.library.script(script.name, true).is_some());
+        many.then(|| Parts {
+            name: script.name,
+            keys: self.keys.clone(),
+            args: self.args.clone(),
+            clock: self.clocks.first().copied(),
+        })
     }
 
     fn using(mut self, functions: Option<&'a Functions>) -> Self {
@@ -255,21 +378,22 @@ impl Call<'_> {
 
     /// Adds this machine's wall clock in µs since 1970 as an argument, read anew each time the
     /// call is sent (a call sent again after a failover carries the clock of then, not of the
-    /// first attempt). A clock before 1970 is sent as 0. One per call.
+    /// first attempt). A clock before 1970 is sent as 0. One per call (a coalesced call has one
+    /// per claim).
     pub(crate) fn arg_clock(&mut self) -> &mut Self {
-        self.clock = Some(self.args.len());
+        self.clocks.push(self.args.len());
         self.args.push(Vec::new());
         self
     }
 
     /// The arguments as this attempt sends them: the clock argument, if any, read now.
     fn sent_args(&self) -> impl Iterator<Item = std::borrow::Cow<'_, [u8]>> {
-        let now = self.clock.map(|_| wall_clock_us().to_string().into_bytes());
+        let now = (!self.clocks.is_empty()).then(|| wall_clock_us().to_string().into_bytes());
         self.args
             .iter()
             .enumerate()
             .map(move |(i, arg)| match &now {
-                Some(now) if self.clock == Some(i) => std::borrow::Cow::Owned(now.clone()),
+                Some(now) if self.clocks.contains(&i) => std::borrow::Cow::Owned(now.clone()),
                 _ => std::borrow::Cow::Borrowed(arg.as_slice()),
             })
     }
@@ -374,6 +498,7 @@ mod tests {
         grows: true,
         helpers: &[],
         body: "return 1",
+        many: false,
     };
 
     /// The arguments of `ONE`, in its order: a key, then a number and a word.
@@ -438,5 +563,39 @@ mod tests {
         assert_eq!(call.keys, vec![b"k".to_vec()]);
         assert_eq!(call.args, vec![b"7".to_vec(), b"w".to_vec()]);
         assert!(library.call(None, &Other).script.is_none());
+    }
+
+    /// `ONE` with a clock argument after its own.
+    struct Clocked;
+
+    impl Args for Clocked {
+        const SCRIPT: Part = Part { many: true, ..ONE };
+
+        fn push(&self, call: &mut Call<'_>) {
+            call.key("k").arg(7).arg_clock();
+        }
+    }
+
+    #[test]
+    fn a_coalesced_call_lays_out_its_claims_in_turn_after_their_counts() {
+        let library = Library::build("local function fresh() end", &[Clocked::SCRIPT]);
+        assert!(library.code.contains(&format!("{}_one_many", library.name)));
+        let functions = super::Functions::new(Box::leak(Box::new(Library::build(
+            "local function fresh() end",
+            &[Clocked::SCRIPT],
+        ))));
+        let functions = Some(&functions);
+        let one = library.call(functions, &Clocked).parts().unwrap();
+        let two = library.call(functions, &Clocked).parts().unwrap();
+        let call = library.call_many(functions, &[&one, &two]).unwrap();
+        assert!(call.script.is_some_and(|s| s.many));
+        assert_eq!(call.keys, vec![b"k".to_vec(), b"k".to_vec()]);
+        assert_eq!(
+            &call.args[..4],
+            &[b"1".to_vec(), b"2".to_vec(), b"7".to_vec(), vec![]]
+        );
+        assert_eq!(call.clocks, vec![3, 5]);
+        // By EVALSHA every call goes alone.
+        assert!(library.call(None, &Clocked).parts().is_none());
     }
 }

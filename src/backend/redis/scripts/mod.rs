@@ -54,6 +54,7 @@ const fn writing(name: &'static str, helpers: &'static [&'static str], body: &'s
         grows: false,
         helpers,
         body,
+        many: false,
     }
 }
 
@@ -66,6 +67,12 @@ const fn growing(name: &'static str, helpers: &'static [&'static str], body: &'s
     }
 }
 
+/// `part`, with a coalesced form: the calls one client has in flight at once go as one (see
+/// `coalesce.rs`).
+const fn coalesced(part: Part) -> Part {
+    Part { many: true, ..part }
+}
+
 /// A script that writes nothing (its function may run on a replica too).
 pub(crate) const fn reading(name: &'static str, body: &'static str) -> Part {
     Part {
@@ -74,6 +81,7 @@ pub(crate) const fn reading(name: &'static str, body: &'static str) -> Part {
         grows: false,
         helpers: &[],
         body,
+        many: false,
     }
 }
 
@@ -118,7 +126,7 @@ impl Acquire<'_> {
 }
 
 impl Args for Acquire<'_> {
-    const SCRIPT: Part = growing("acquire", &[], include_str!("acquire.lua"));
+    const SCRIPT: Part = coalesced(growing("acquire", &[], include_str!("acquire.lua")));
 
     fn push(&self, call: &mut Call<'_>) {
         push_mutex_keys(call, self.keys);
@@ -159,7 +167,7 @@ pub(crate) struct Release<'a> {
 }
 
 impl Args for Release<'_> {
-    const SCRIPT: Part = writing("release", &[], include_str!("release.lua"));
+    const SCRIPT: Part = coalesced(writing("release", &[], include_str!("release.lua")));
 
     fn push(&self, call: &mut Call<'_>) {
         push_mutex_keys(call, self.keys);

@@ -47,6 +47,7 @@ const fn writing(name: &'static str, body: &'static str) -> Part {
         grows: false,
         helpers: &[],
         body,
+        many: false,
     }
 }
 

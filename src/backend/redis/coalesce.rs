@@ -1,0 +1,177 @@
+//! Coalescing: the acquire (and release) calls one backend has in flight at the same moment go
+//! to the server as ONE function call, with a reply per claim (issue 29). A busy service whose
+//! tasks lock many keys through one client pays one script call, and one request, for many
+//! locks: the per-call cost (reading the request, starting the function, writing the reply) is
+//! what dominates the server's CPU per lock once the scripts are lean.
+//!
+//! Each script with a coalesced form (`<name>_many`, see `script.rs`) has a lane: calls queue
+//! there, and one task at a time sends what has queued, alone if it is one call (no cost added
+//! while the client is quiet), as one coalesced call otherwise. While it is out, new calls
+//! queue behind it, so the batches grow with the load. The task is spawned, not run by the
+//! caller: a caller dropped after queueing does not drop the others' replies, and its own call
+//! is still sent and answered, as a single call whose request was sent runs on the server after
+//! its caller went. The acquisition's drop guard waits for that answer before it releases (see
+//! `core/acquire.rs`), exactly as for a single call.
+//!
+//! Coalescing is off on a Cluster (one call's keys must share a slot, and a busy service's keys
+//! rarely do) and where scripts go by `EVALSHA`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use ::redis::{FromRedisValue, Value};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::commands::redis_error;
+use super::script::{Call, Parts};
+use super::RedisBackend;
+use crate::error::{Error, ErrorKind, Result};
+use crate::sync::LockExt;
+
+/// The most claims one coalesced call carries.
+const MAX_BATCH: usize = 128;
+
+/// A claim's reply: the value, whether an earlier attempt may have run, when it was sent.
+type Reply = Result<(Value, bool, Instant)>;
+
+/// The lanes of one backend, by script name.
+#[derive(Default)]
+pub(super) struct Coalescer {
+    lanes: Mutex<HashMap<&'static str, Lane>>,
+}
+
+/// The calls of one script waiting to be sent, and whether a task is sending.
+#[derive(Default)]
+struct Lane {
+    queued: Vec<(Parts, oneshot::Sender<Reply>)>,
+    sending: bool,
+}
+
+impl RedisBackend {
+    /// Runs `call` like [`Commands::invoke_noting_doubt`](super::commands::Commands), coalesced
+    /// with the calls of the same script this backend has in flight at the same moment.
+    ///
+    /// # Cancel safety
+    /// Once this has queued the call, dropping it does not unsend it: the call goes out with
+    /// its batch, and its reply is dropped.
+    pub(super) async fn invoke_coalesced<T: FromRedisValue>(
+        &self,
+        what: &'static str,
+        call: &Call<'_>,
+    ) -> Result<(T, bool, Instant)> {
+        let parts = if self.inner.cluster {
+            None
+        } else {
+            call.parts()
+        };
+        let Some(parts) = parts else {
+            return self.inner.commands.invoke_noting_doubt(what, call).await;
+        };
+        let name = parts.name;
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut lanes = self.inner.coalescer.lanes.locked();
+            let lane = lanes.entry(parts.name).or_default();
+            lane.queued.push((parts, tx));
+            !std::mem::replace(&mut lane.sending, true)
+        };
+        if start {
+            tokio::spawn(self.clone().send_lane(what, name));
+        }
+        let (value, in_doubt, sent) = rx.await.map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                format!("redis {what}: the coalesced call was lost"),
+            )
+        })??;
+        let value = T::from_redis_value(value).map_err(|e| redis_error(what, e.into()))?;
+        Ok((value, in_doubt, sent))
+    }
+
+    /// Sends the lane's queued calls, a batch at a time, until none is left.
+    async fn send_lane(self, what: &'static str, name: &'static str) {
+        loop {
+            let batch: Vec<_> = {
+                let mut lanes = self.inner.coalescer.lanes.locked();
+                let Some(lane) = lanes.get_mut(name) else {
+                    return;
+                };
+                if lane.queued.is_empty() {
+                    lane.sending = false;
+                    return;
+                }
+                let n = lane.queued.len().min(MAX_BATCH);
+                lane.queued.drain(..n).collect()
+            };
+            self.send_batch(what, batch).await;
+        }
+    }
+
+    /// Sends one batch and hands each claim its reply.
+    async fn send_batch(&self, what: &'static str, batch: Vec<(Parts, oneshot::Sender<Reply>)>) {
+        let (scripts, functions) = (self.inner.scripts, self.inner.functions.as_ref());
+        if let [(parts, _)] = batch.as_slice() {
+            let call = scripts.call_parts(functions, parts);
+            let reply = self.inner.commands.invoke_noting_doubt(what, &call).await;
+            if let Some((_, tx)) = batch.into_iter().next() {
+                let _ = tx.send(reply);
+            }
+            return;
+        }
+        let claims: Vec<&Parts> = batch.iter().map(|(parts, _)| parts).collect();
+        let reply: Result<(Vec<Value>, bool, Instant)> = match scripts.call_many(functions, &claims)
+        {
+            Some(call) => self.inner.commands.invoke_noting_doubt(what, &call).await,
+            None => Err(Error::new(
+                ErrorKind::Backend,
+                format!("redis {what}: calls of different shapes coalesced"),
+            )),
+        };
+        match reply {
+            Ok((values, in_doubt, sent)) if values.len() == batch.len() => {
+                for ((_, tx), value) in batch.into_iter().zip(values) {
+                    let reply = match value {
+                        Value::BulkString(text) => Err(claim_error(what, &text)),
+                        value => Ok((value, in_doubt, sent)),
+                    };
+                    let _ = tx.send(reply);
+                }
+            }
+            Ok((values, ..)) => {
+                let e = Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "redis {what}: {} replies to a coalesced call of {}",
+                        values.len(),
+                        batch.len()
+                    ),
+                );
+                for (_, tx) in batch {
+                    let _ = tx.send(Err(e.clone()));
+                }
+            }
+            Err(e) => {
+                for (_, tx) in batch {
+                    let _ = tx.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// A claim's error in a coalesced reply (the server's error text, see `MANY_LUA`), as the
+/// error the same call alone would have met.
+fn claim_error(what: &str, text: &[u8]) -> Error {
+    let mut resp = Vec::with_capacity(text.len() + 3);
+    resp.push(b'-');
+    resp.extend(text.iter().filter(|b| !matches!(b, b'\r' | b'\n')));
+    resp.extend_from_slice(b"\r\n");
+    match ::redis::parse_redis_value(&resp) {
+        Ok(Value::ServerError(e)) => redis_error(what, e.into()),
+        _ => Error::new(
+            ErrorKind::Backend,
+            format!("redis {what} failed: {}", String::from_utf8_lossy(text)),
+        ),
+    }
+}
