@@ -4,14 +4,16 @@
 //! locks: the per-call cost (reading the request, starting the function, writing the reply) is
 //! what dominates the server's CPU per lock once the scripts are lean.
 //!
-//! Each script with a coalesced form (`<name>_many`, see `script.rs`) has a lane: calls queue
-//! there, and one task at a time sends what has queued, alone if it is one call (no cost added
-//! while the client is quiet), as one coalesced call otherwise. While it is out, new calls
-//! queue behind it, so the batches grow with the load. The task is spawned, not run by the
-//! caller: a caller dropped after queueing does not drop the others' replies, and its own call
-//! is still sent and answered, as a single call whose request was sent runs on the server after
-//! its caller went. The acquisition's drop guard waits for that answer before it releases (see
-//! `core/acquire.rs`), exactly as for a single call.
+//! Each script with a coalesced form (`<name>_many`, see `script.rs`) has a lane. A call that
+//! finds its lane idle goes at once, alone, from its caller (nothing added while the client is
+//! quiet). Calls that come while one is out queue behind it, and go as one coalesced call when
+//! it is answered, sent by a spawned task that goes on until none is left; so the batches grow
+//! with the load. Queued calls are sent by that task, not by a caller: a caller dropped after
+//! queueing does not drop the others' replies, and its own call is still sent and answered,
+//! as a single call whose request was sent runs on the server after its caller went. The
+//! acquisition's drop guard waits for that answer before it releases (see `core/acquire.rs`),
+//! exactly as for a single call. A caller that sent its call alone and is dropped leaves what
+//! queued behind it to a task as well.
 //!
 //! Coalescing is off on a Cluster (one call's keys must share a slot, and a busy service's keys
 //! rarely do) and where scripts go by `EVALSHA`.
@@ -60,31 +62,36 @@ impl RedisBackend {
         what: &'static str,
         call: &Call<'_>,
     ) -> Result<(T, bool, Instant)> {
-        let parts = if self.inner.cluster {
-            None
-        } else {
-            call.parts()
+        let name = match call.coalescible() {
+            Some(name) if !self.inner.cluster => name,
+            _ => return self.inner.commands.invoke_noting_doubt(what, call).await,
         };
-        let Some(parts) = parts else {
-            return self.inner.commands.invoke_noting_doubt(what, call).await;
-        };
-        let name = parts.name;
-        let (tx, rx) = oneshot::channel();
-        let start = {
+        let mut queued = None;
+        let first = {
             let mut lanes = self.inner.coalescer.lanes.locked();
-            let lane = lanes.entry(parts.name).or_default();
-            lane.queued.push((parts, tx));
-            !std::mem::replace(&mut lane.sending, true)
+            let lane = lanes.entry(name).or_default();
+            if lane.sending {
+                let (tx, rx) = oneshot::channel();
+                lane.queued.extend(call.parts().map(|parts| (parts, tx)));
+                queued = Some(rx);
+                false
+            } else {
+                lane.sending = true;
+                true
+            }
         };
-        if start {
-            tokio::spawn(self.clone().send_lane(what, name));
+        if first {
+            // Nothing out: this call goes at once, alone, and the calls that queue behind it
+            // meanwhile go as one when it is answered (or dropped).
+            let _next = SendNext {
+                backend: self,
+                what,
+                name,
+            };
+            return self.inner.commands.invoke_noting_doubt(what, call).await;
         }
-        let (value, in_doubt, sent) = rx.await.map_err(|_| {
-            Error::new(
-                ErrorKind::Backend,
-                format!("redis {what}: the coalesced call was lost"),
-            )
-        })??;
+        let rx = queued.ok_or_else(|| lost(what))?;
+        let (value, in_doubt, sent) = rx.await.map_err(|_| lost(what))??;
         let value = T::from_redis_value(value).map_err(|e| redis_error(what, e.into()))?;
         Ok((value, in_doubt, sent))
     }
@@ -158,6 +165,38 @@ impl RedisBackend {
             }
         }
     }
+}
+
+/// Sends what queued behind a call sent alone once it is answered or dropped, or marks the
+/// lane idle if nothing did.
+struct SendNext<'a> {
+    backend: &'a RedisBackend,
+    what: &'static str,
+    name: &'static str,
+}
+
+impl Drop for SendNext<'_> {
+    fn drop(&mut self) {
+        let mut lanes = self.backend.inner.coalescer.lanes.locked();
+        let Some(lane) = lanes.get_mut(self.name) else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if !lane.queued.is_empty() => {
+                drop(lanes);
+                runtime.spawn(self.backend.clone().send_lane(self.what, self.name));
+            }
+            // Nothing queued (or no runtime left to send it on: the client is gone).
+            _ => lane.sending = false,
+        }
+    }
+}
+
+fn lost(what: &str) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        format!("redis {what}: the coalesced call was lost"),
+    )
 }
 
 /// A claim's error in a coalesced reply (the server's error text, see `MANY_LUA`), as the

@@ -339,18 +339,22 @@ impl<'a> Call<'a> {
         .using(functions)
     }
 
-    /// The call's parts, owned, if its script has a coalesced form and it is sent as a
+    /// The call's script name, if the script has a coalesced form and the call is sent as a
     /// function (by `EVALSHA` every call goes alone).
-    pub(crate) fn parts(&self) -> Option<Parts> {
+    pub(crate) fn coalescible(&self) -> Option<&'static str> {
         let script = self.script?;
-        let many = self.functions.is_some()
-            && self.fallback
+        let many = self.fallback
             && self.clocks.len() <= 1
             && self
                 .functions
                 .is_some_and(|f| f.library.script(script.name, true).is_some());
-        many.then(|| Parts {
-            name: script.name,
+        many.then_some(script.name)
+    }
+
+    /// The call's parts, owned, if it is [`coalescible`](Self::coalescible).
+    pub(crate) fn parts(&self) -> Option<Parts> {
+        Some(Parts {
+            name: self.coalescible()?,
             keys: self.keys.clone(),
             args: self.args.clone(),
             clock: self.clocks.first().copied(),
