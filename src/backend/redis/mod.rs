@@ -4,12 +4,17 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<ns>:{<key>}` | hash | a mutex: `o` owner token, `f` fencing token; PX = lease. A read-write lock or semaphore: `t` = `rw`/`sem`, `m` permits, `u` in use, `wr` writer, `f:<owner>`, `n:<owner>` per holder |
+//! | `<ns>:{<key>}` | string | a mutex hold: `m <fencing token> <q> <owner>[ <w> <wq>]` (`q` = 1 once anyone may queue behind it); PX = lease |
+//! | `<ns>:{<key>}` | hash | a read-write lock or semaphore: `t` = `rw`/`sem`, `m` permits, `u` in use, `wr` writer, `f:<owner>`, `n:<owner>` per holder |
 //! | `<ns>:{<key>}:h` | zset | read-write lock or semaphore holder → lease deadline (server time, ms) |
 //! | `<ns>:{<key>}:q` | list | waiting owner tokens (`r:`/`w:`/`<n>:` before them for the shared kinds), in arrival order |
 //! | `<ns>:{<key>}:w` | zset | waiting owner → liveness deadline (server time, ms) |
-//! | `<ns>:{<key>}:fence` | string | fencing counter, expires after an hour unused |
+//! | `<ns>:{<key>}:fence` | string | fencing counter, expires an hour after it (re)started; `<n>q` while a mutex waiter may be queued |
 //! | `<ns>:{<key>}:c:<client>` | channel | messages for one client's waiters on this lock |
+//!
+//! An uncontended mutex acquire is `INCR` on the counter (refused while it is marked: then the
+//! queue is looked at) and `SET NX PX`; its release `GET` and `DEL`. The acquire and release
+//! calls one backend has in flight at once go as one function call (see `coalesce.rs`).
 //!
 //! Owner tokens are `<client>.<claim>`: the backend's random id, then the claim's. A release
 //! hands the lock straight to the live head of the queue (owner set, fence incremented, a short
