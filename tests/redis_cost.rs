@@ -309,3 +309,111 @@ async fn a_claim_cancelled_mid_batch_leaves_nothing_behind() {
     holder.shutdown().await;
     until_only_fences(&url, &ns).await;
 }
+
+/// The uncontended acquire goes by plain commands and leaves a hold without its token; the
+/// scripts read it as a hold all the same. Here a holder's hold is gone while a waiter sleeps
+/// until that holder's deadline (taken away by hand, as a lease that ran out with nobody told),
+/// so the key is free with a waiter queued and the counter marked: a newcomer's `SET NX` takes
+/// the key, its `INCR` is refused, and its settling must hand the lock to the waiter at once and
+/// queue the newcomer behind it: served in arrival order, tokens increasing, and no key left
+/// without an expiry once all is released.
+#[tokio::test]
+async fn a_newcomer_whose_plain_set_found_a_waiter_queued_hands_the_lock_on() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let holder = client_at(&url, &ns, Duration::from_secs(20), false).await;
+    let waiter = client_at(&url, &ns, Duration::from_secs(10), true).await;
+    let newcomer = client_at(&url, &ns, Duration::from_secs(10), true).await;
+    let held = holder.mutex("k").lock().await.unwrap();
+    let first = held.fencing_token();
+    let waiting = support::contract::spawn_timed_lock(waiter.mutex("k"));
+    support::redis::until_queued(&url, &ns, "k", 1).await;
+    let mut con = raw(&url).await;
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{ns}:{{k}}"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let asked = tokio::time::Instant::now();
+    let late = support::contract::spawn_timed_lock(newcomer.mutex("k"));
+    let (granted_at, next) = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the queued waiter was not handed the lock")
+        .unwrap();
+    let next = next.unwrap();
+    assert!(
+        granted_at - asked < Duration::from_secs(2),
+        "the waiter waited {:?} after the newcomer came",
+        granted_at - asked
+    );
+    assert!(next.fencing_token() > first);
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        !late.is_finished(),
+        "the newcomer got the lock past the waiter"
+    );
+    let waiter_token = next.fencing_token();
+    next.release().await.unwrap();
+    let (_, last) = tokio::time::timeout(Duration::from_secs(3), late)
+        .await
+        .expect("the newcomer was not served after the waiter")
+        .unwrap();
+    let last = last.unwrap();
+    assert!(last.fencing_token() > waiter_token);
+    last.release().await.unwrap();
+    std::mem::forget(held);
+    until_only_fences(&url, &ns).await;
+    holder.shutdown().await;
+    waiter.shutdown().await;
+    newcomer.shutdown().await;
+}
+
+/// Keys locked for the first time (no fencing counter yet: the plain `INCR` makes one) and again
+/// (the counter there): every key left behind expires, an inspection shows the holder (its token
+/// is not recorded on a plain hold), and an unlock of a plain hold moves the next token above the
+/// old holder's.
+#[tokio::test]
+async fn plain_holds_leave_only_expiring_keys_and_are_inspected_and_unlocked() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let client = client_at(&url, &ns, Duration::from_secs(10), true).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("order:{i}")).collect();
+    let mut tokens = std::collections::HashMap::new();
+    for _ in 0..2 {
+        for key in &keys {
+            let g = client.mutex(key).lock().await.unwrap();
+            let last = tokens.insert(key.clone(), g.fencing_token()).unwrap_or(0);
+            assert!(g.fencing_token() > last, "{key}: tokens must increase");
+            g.release().await.unwrap();
+        }
+    }
+    let mut con = raw(&url).await;
+    let left = support::redis::keys_in(&url, &ns).await;
+    assert_eq!(left.len(), keys.len(), "one counter per key: {left:?}");
+    for key in left {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{key} has no expiry ({ttl})");
+    }
+
+    let held = client.mutex("order:0").lock().await.unwrap();
+    let old = held.fencing_token();
+    let seen = client.inspect("order:0").await.unwrap();
+    assert_eq!(seen.holders.len(), 1, "{seen:?}");
+    assert!(
+        seen.holders[0].fencing_token.is_none_or(|t| t == old),
+        "{seen:?}"
+    );
+    let removed = client.force_release("order:0").await.unwrap();
+    assert_eq!(removed.removed.len(), 1, "{removed:?}");
+    tokio::time::timeout(Duration::from_secs(15), held.lost())
+        .await
+        .expect("the unlocked holder never learned it lost the lock");
+    let next = client.mutex("order:0").lock().await.unwrap();
+    assert!(next.fencing_token() > old);
+    next.release().await.unwrap();
+    client.shutdown().await;
+}

@@ -43,14 +43,15 @@ pub(crate) trait Listener {
 
 /// Asks for the lock. A waiting claim listens before it queues, so no handoff to it is
 /// published unheard; where listening costs I/O it looks first without queueing, so a free
-/// lock costs one round trip, and listens only if it must wait. A granted claim stops
-/// listening.
+/// lock costs one round trip, and listens only if it must wait (`seen_busy`: the caller just
+/// found it busy, so it need not look). A granted claim stops listening.
 pub(crate) async fn acquire<'a, B, T, N>(
     backend: &'a B,
     claim: &'a Claim,
     ticket: &'a T,
     names: &'a N,
     wait: bool,
+    seen_busy: bool,
 ) -> Result<Attempt>
 where
     Asking<'a, B, T, N>: Listener,
@@ -62,9 +63,11 @@ where
         names,
     };
     if wait && !asking.listening() {
-        let first = asking.ask(false).await?;
-        if matches!(first, Attempt::Granted(_)) {
-            return Ok(first);
+        if !seen_busy {
+            let first = asking.ask(false).await?;
+            if matches!(first, Attempt::Granted(_)) {
+                return Ok(first);
+            }
         }
         if let Some(instead) = asking.listen().await? {
             return Ok(instead);

@@ -376,7 +376,7 @@ impl Backend for PgBackend {
 
     async fn acquire(&self, claim: &Claim, ticket: &PgTicket, wait: bool) -> Result<Attempt> {
         let call = Call::new(claim, &self.inner.client_id);
-        handoff::acquire(self, claim, ticket, &call, wait).await
+        handoff::acquire(self, claim, ticket, &call, wait, false).await
     }
 
     async fn wait(

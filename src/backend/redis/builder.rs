@@ -405,6 +405,7 @@ impl RedisBackendBuilder {
                 handoff_ttl: self.handoff_ttl,
                 client_id: wire::client_id(),
                 coalescer: Default::default(),
+                plain: std::ptr::eq(scripts, &*PLAIN) && !cluster,
             }),
         })
     }

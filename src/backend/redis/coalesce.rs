@@ -57,7 +57,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Once this has queued the call, dropping it does not unsend it: the call goes out with
     /// its batch, and its reply is dropped.
-    pub(super) async fn invoke_coalesced<T: FromRedisValue>(
+    pub(super) async fn invoke_coalesced<T: FromRedisValue + Send>(
         &self,
         what: &'static str,
         call: &Call<'_>,

@@ -5,10 +5,11 @@
 //! server refused for now (a Cluster slot moving or without a primary) is sent again after a
 //! short back-off. A longer outage is reported as a transient error to the layer above.
 
+use std::future::Future;
 use std::time::Duration;
 
 use ::redis::aio::ConnectionManager;
-use ::redis::{FromRedisValue, RedisError};
+use ::redis::{FromRedisValue, RedisError, RedisResult};
 use tokio::time::Instant;
 
 use super::script::Call;
@@ -45,16 +46,51 @@ pub(crate) enum Commands {
 
 type Failure = retry::Failure<RedisError>;
 
+/// What goes over a connection as one request: a script call, or a pipeline of plain commands
+/// (the uncontended mutex acquire, `fast.rs`). Either may be sent again after a connection
+/// failure: both are safe to repeat.
+pub(crate) trait Request: Sync {
+    /// Sends the request over `con` and reads its reply.
+    fn send<C, T>(&self, con: &mut C) -> impl Future<Output = RedisResult<T>> + Send
+    where
+        C: ::redis::aio::ConnectionLike + Send,
+        T: FromRedisValue + Send;
+}
+
+impl Request for Call<'_> {
+    fn send<C, T>(&self, con: &mut C) -> impl Future<Output = RedisResult<T>> + Send
+    where
+        C: ::redis::aio::ConnectionLike + Send,
+        T: FromRedisValue + Send,
+    {
+        self.invoke_async(con)
+    }
+}
+
+impl Request for ::redis::Pipeline {
+    fn send<C, T>(&self, con: &mut C) -> impl Future<Output = RedisResult<T>> + Send
+    where
+        C: ::redis::aio::ConnectionLike + Send,
+        T: FromRedisValue + Send,
+    {
+        self.query_async(con)
+    }
+}
+
 impl Commands {
     /// Runs a script, retrying connection failures.
-    pub(crate) async fn invoke<T: FromRedisValue>(&self, what: &str, inv: &Call<'_>) -> Result<T> {
+    pub(crate) async fn invoke<T: FromRedisValue + Send>(
+        &self,
+        what: &str,
+        inv: &Call<'_>,
+    ) -> Result<T> {
         self.invoke_noting_doubt(what, inv).await.map(|(v, ..)| v)
     }
 
     /// Runs a script, retrying connection failures; also says when the attempt that was
     /// answered was sent (a lease the reply grants runs from then, not from a first attempt
     /// that timed out).
-    pub(crate) async fn invoke_timed<T: FromRedisValue>(
+    pub(crate) async fn invoke_timed<T: FromRedisValue + Send>(
         &self,
         what: &str,
         inv: &Call<'_>,
@@ -67,10 +103,10 @@ impl Commands {
     /// Runs a script, retrying connection failures, and says whether an earlier attempt may
     /// have run on the server (it failed after the request could have been sent), so the
     /// reply describes the state that attempt left, and when the answered attempt was sent.
-    pub(crate) async fn invoke_noting_doubt<T: FromRedisValue>(
+    pub(crate) async fn invoke_noting_doubt<T: FromRedisValue + Send>(
         &self,
         what: &str,
-        inv: &Call<'_>,
+        inv: &impl Request,
     ) -> Result<(T, bool, Instant)> {
         let mut retries = RETRIES;
         let mut not_now = Backoff::new(PASSING_PAUSE_MIN, PASSING_PAUSE_MAX);
@@ -168,24 +204,18 @@ impl Commands {
         }
     }
 
-    async fn invoke_once<T: FromRedisValue>(
+    async fn invoke_once<T: FromRedisValue + Send>(
         &self,
-        inv: &Call<'_>,
+        inv: &impl Request,
     ) -> std::result::Result<T, Failure> {
         match self {
-            Self::Own(conn) => inv
-                .invoke_async(&mut conn.clone())
-                .await
-                .map_err(Failure::Call),
+            Self::Own(conn) => inv.send(&mut conn.clone()).await.map_err(Failure::Call),
             #[cfg(feature = "redis-cluster")]
-            Self::Cluster(conn) => inv
-                .invoke_async(&mut conn.clone())
-                .await
-                .map_err(Failure::Call),
+            Self::Cluster(conn) => inv.send(&mut conn.clone()).await.map_err(Failure::Call),
             #[cfg(feature = "redis-sentinel")]
             Self::Sentinel(sentinel) => {
                 let mut conn = sentinel.connection().await.map_err(Failure::Call)?;
-                let reply = inv.invoke_async(&mut conn).await;
+                let reply = inv.send(&mut conn).await;
                 if let Err(e) = &reply {
                     if super::sentinel::stale(e) {
                         sentinel.forget();
@@ -196,7 +226,7 @@ impl Commands {
             #[cfg(feature = "redis-deadpool")]
             Self::Deadpool(pool) => {
                 let mut conn = pool.get().await.map_err(|e| Failure::pool("deadpool", e))?;
-                inv.invoke_async(&mut conn).await.map_err(Failure::Call)
+                inv.send(&mut conn).await.map_err(Failure::Call)
             }
             #[cfg(all(feature = "redis-deadpool", feature = "redis-cluster"))]
             Self::DeadpoolCluster(pool) => {
@@ -204,12 +234,12 @@ impl Commands {
                     .get()
                     .await
                     .map_err(|e| Failure::pool("deadpool cluster", e))?;
-                inv.invoke_async(&mut conn).await.map_err(Failure::Call)
+                inv.send(&mut conn).await.map_err(Failure::Call)
             }
             #[cfg(feature = "redis-bb8")]
             Self::Bb8(pool) => {
                 let mut conn = pool.get().await.map_err(|e| Failure::pool("bb8", e))?;
-                inv.invoke_async(&mut *conn).await.map_err(Failure::Call)
+                inv.send(&mut *conn).await.map_err(Failure::Call)
             }
         }
     }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::fast::Fast;
 use super::scripts::{Acquire, AcquireShared, Downgrade, Release, ReleaseShared};
 use super::{kind_code, Keys, RedisBackend, RedisTicket};
 use crate::backend::handoff::reply::{downgraded, granted, lease_left, queued, released};
@@ -48,7 +49,15 @@ impl RedisBackend {
         wait: bool,
     ) -> Result<Attempt> {
         let keys = ticket.keys(claim, &self.inner.client_id);
-        handoff::acquire(self, claim, ticket, keys, wait).await
+        let mut busy = false;
+        if self.goes_fast(claim) && ticket.first_call() {
+            match self.acquire_fast(claim, keys).await? {
+                Fast::Granted(grant) => return Ok(Attempt::Granted(grant)),
+                Fast::Busy => busy = wait,
+                Fast::Settle => {}
+            }
+        }
+        handoff::acquire(self, claim, ticket, keys, wait, busy).await
     }
 
     pub(super) async fn wait_claim(

@@ -33,6 +33,7 @@ mod builder;
 mod cluster;
 mod coalesce;
 pub(crate) mod commands;
+mod fast;
 mod inspect;
 mod keys;
 mod library;
@@ -128,6 +129,9 @@ struct Inner {
     client_id: String,
     /// Acquire and release calls in flight at once, sent as one (see `coalesce.rs`).
     coalescer: coalesce::Coalescer,
+    /// A single server's library (not a Cluster's or Sentinel's): an uncontended mutex acquire
+    /// goes by plain commands (see `fast.rs`).
+    plain: bool,
 }
 
 impl std::fmt::Debug for RedisBackend {

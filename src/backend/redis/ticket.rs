@@ -1,5 +1,6 @@
 //! What the backend keeps about one claim between calls.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::Duration;
 
@@ -21,6 +22,8 @@ pub struct RedisTicket {
     sub_pause: StdMutex<Option<Duration>>,
     /// Set while the claim holds the lock.
     holding: StdMutex<Option<Holding>>,
+    /// Set by the claim's first acquire call.
+    called: AtomicBool,
 }
 
 impl std::fmt::Debug for RedisTicket {
@@ -39,6 +42,12 @@ impl RedisTicket {
     /// The claim's keys and owner token, named at its first call (a ticket serves one claim).
     pub(super) fn keys(&self, claim: &Claim, client_id: &str) -> &Keys {
         self.keys.get_or_init(|| Keys::new(claim, client_id))
+    }
+
+    /// Whether this is the claim's first acquire call (it may go by plain commands, see
+    /// `fast.rs`; later ones keep or settle what the first left).
+    pub(super) fn first_call(&self) -> bool {
+        !self.called.swap(true, Ordering::Relaxed)
     }
 
     /// Marks the claim as holding (`Some`) or not (`None`).

@@ -32,7 +32,7 @@ impl RedlockBackend {
         wait: bool,
     ) -> Result<Attempt> {
         let keys = Keys::new(claim, &self.inner.client_id);
-        handoff::acquire(self, claim, ticket, &keys, wait).await
+        handoff::acquire(self, claim, ticket, &keys, wait, false).await
     }
 
     pub(super) async fn wait_claim(

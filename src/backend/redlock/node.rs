@@ -214,7 +214,7 @@ impl Node {
     /// Runs a script on this node within the node's deadline, as a function of the node's
     /// library while it keeps functions, else by `EVALSHA`; returns the reply and when the
     /// answered attempt was sent.
-    pub(super) async fn call<T: FromRedisValue>(
+    pub(super) async fn call<T: FromRedisValue + Send>(
         &self,
         what: &str,
         inv: &Call<'_>,
@@ -228,7 +228,7 @@ impl Node {
     /// A node known down fails at once, without I/O, unless more nodes are down than the set
     /// tolerates. A call that cannot reach the node (a connection refused or dropped, no reply
     /// in time, a server not ready) marks it down until a call reaches it again.
-    pub(super) async fn call_within<T: FromRedisValue>(
+    pub(super) async fn call_within<T: FromRedisValue + Send>(
         &self,
         limit: Duration,
         what: &str,
@@ -323,7 +323,7 @@ impl Link {
     /// One call within `limit`; a failure says whether the node could not be reached (no
     /// reply in time, or a failure the command layer counts as transient: the connection, a
     /// server not ready), as opposed to a reply refusing the call.
-    async fn call_within<T: FromRedisValue>(
+    async fn call_within<T: FromRedisValue + Send>(
         &self,
         limit: Duration,
         what: &str,

@@ -21,10 +21,33 @@ local m = mutex_at(lock)
 if m == false then
   return {-1, family_of(lock, queue)}
 end
-if m and m.o == owner then
+if m and m.o == owner and m.f then
   -- Ours already (handed to us, or asked again): confirm the full lease.
   redis.call('PEXPIRE', lock, ttl)
   return {1, tonumber(m.f), 0}
+elseif m and m.o == owner then
+  -- Taken by the client's own SET NX PX (`redis/fast.rs`), whose INCR found the counter
+  -- marked (a waiter may be queued: that SET may have barged past it) or new (below
+  -- FENCE_LOW), or whose reply came too late or not at all. The hold is settled here: handed to
+  -- the live head of the queue if another claim is first (this claim then queues like any
+  -- other), else ours, with a token drawn now.
+  local head, head_owner = live_head(queue, waiters)
+  if head and head ~= head_owner then
+    return {-1, family_of(lock, queue)}
+  end
+  if not head or head == owner then
+    if head then
+      redis.call('LPOP', queue)
+      redis.call('ZREM', waiters, owner)
+    else
+      unmark(fence)
+    end
+    local f = drawn or next_fence(fence, fence_ttl)
+    redis.call('SET', lock, mutex_value(f, owner, m.q or head ~= nil, told_of(m)), 'PX', ttl)
+    return {1, f, 0}
+  end
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told_of(m))
+  m = mutex_at(lock)
 end
 
 if not m then

@@ -101,8 +101,14 @@ local function fence_parts(fence, v)
   return tonumber(n), mark
 end
 
+-- A counter below this (2^40, twelve days after 1970 in µs) was not started by `next_fence`:
+-- made by an uncontended acquire's `INCR` on a key that had none (`redis/fast.rs`, which sends
+-- such a grant here to be lifted), so it restarts at server time like a new one.
+local FENCE_LOW = 1099511627776
+
 -- The next fencing token: one more than the last; a new counter (the old one expired, which
--- it does `fence_ttl` after it was created) starts at server time in microseconds. Grants come
+-- it does `fence_ttl` after it was created, or one below `FENCE_LOW`) starts at server time in
+-- microseconds. Grants come
 -- far less often than once a microsecond, so that is above every token handed out before, and
 -- the counter itself cannot leak. With `unmarked`, a counter marked (see `mark_queued`) is
 -- left alone and nil is returned: the caller looks at the queue instead.
@@ -127,7 +133,7 @@ local function next_fence(fence, fence_ttl, unmarked)
     f = f + 1
   end
   local lifted = false
-  if f == 1 or Q.fence_floor then
+  if f < FENCE_LOW or Q.fence_floor then
     local _, now_us = clock()
     local floor = now_us
     if CLIENT_US then
@@ -146,10 +152,11 @@ local function next_fence(fence, fence_ttl, unmarked)
 end
 
 -- Marks the fence key while a mutex waiter may be queued: its value `f`, as `next_fence` just
--- drew it unmarked, becomes "<f>q", which INCR refuses, so every acquire looks at the queue
+-- drew it unmarked (or what it holds now, if more: a token drawn since), becomes "<f>q", which INCR refuses, so every acquire looks at the queue
 -- (a holder whose lease ran out must not be barged past).
 local function mark_queued(fence, f)
-  redis.call('SET', fence, int(f) .. 'q', 'KEEPTTL')
+  local now = fence_parts(fence, redis.call('GET', fence))
+  redis.call('SET', fence, int(math.max(f, now)) .. 'q', 'KEEPTTL')
 end
 
 -- Takes the mark off once the queue was seen empty.
@@ -164,11 +171,13 @@ local function unmark(fence)
   end
 end
 
--- A mutex hold's value (see the layout above): fencing token `f` (a number, or the string
--- kept), `owner`, whether anyone may be queued behind it, and `told` ({w, wq}, or nil).
+-- A mutex hold's value (see the layout above): fencing token `f` (a number, the string kept,
+-- or nil where none was recorded: written '-'), `owner`, whether anyone may be queued behind it, and `told` ({w, wq}, or nil).
 local function mutex_value(f, owner, queued, told)
   if type(f) == 'number' then
     f = int(f)
+  elseif not f then
+    f = '-'
   end
   local q = '0'
   if queued then
@@ -181,23 +190,35 @@ local function mutex_value(f, owner, queued, told)
   return v
 end
 
--- The mutex hold at `lock`: {o = owner, f = token (a string), q = anyone may be queued,
--- w, wq (nil unless told)}; nil if the key is missing (nobody holds a mutex there), false if
--- it is no string (a read-write lock or semaphore). A string that is not a hold raises the
--- server's WRONGTYPE error: the key is not ours.
-local function mutex_at(lock)
-  local v = redis.pcall('GET', lock)
+-- The mutex hold a lock key's value `v` (as `GET` answered it, by `pcall`) describes:
+-- {o = owner, f = token (a string, nil if not recorded), q = anyone may be queued, w, wq (nil
+-- unless told)}; nil if the key is missing (nobody holds a mutex there), false if it is no
+-- string (a read-write lock or semaphore). A bare owner token (it holds no space) is a hold the
+-- client took with its own `SET NX PX` (the uncontended acquire, `redis/fast.rs`): its token
+-- is not recorded, and nobody was queued behind it then. A string that is not a hold raises
+-- the server's WRONGTYPE error: the key is not ours.
+local function mutex_of(lock, v)
   if type(v) == 'table' then
     return false
   elseif not v then
     return nil
+  elseif not string.find(v, ' ', 1, true) then
+    return {o = v, q = false}
   end
-  local f, q, o, rest = string.match(v, '^m (%d+) ([01]) (%S+)(.*)$')
+  local f, q, o, rest = string.match(v, '^m ([%d-]+) ([01]) (%S+)(.*)$')
   if not f then
     redis.call('HGET', lock, 'o')
   end
   local w, wq = string.match(rest, '^ (%d+) (%S+)$')
+  if f == '-' then
+    f = nil
+  end
   return {o = o, f = f, q = q == '1', w = w, wq = wq}
+end
+
+-- The mutex hold at `lock` (see `mutex_of`).
+local function mutex_at(lock)
+  return mutex_of(lock, redis.pcall('GET', lock))
 end
 
 -- What `mutex_at` read as {w, wq}, or nil.

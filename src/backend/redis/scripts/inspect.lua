@@ -13,7 +13,8 @@ if family == 'mutex' then
   local m = mutex_at(base)
   local left = redis.call('PTTL', base)
   if m and left > 0 then
-    held = {'x', m.f, left}
+    -- A token the hold did not record (see `mutex_of`) is reported as ''.
+    held = {'x', m.f or '', left}
   end
 elseif family ~= '' then
   local writer = redis.call('HGET', base, 'wr')

@@ -5,10 +5,19 @@
 --       in µs (see `next_fence`)
 -- Returns 1 if the owner held the lock, 0 otherwise.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, fence_ttl, handoff_ttl, prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-client_clock(ARGV[5])
+local owner = ARGV[1]
 
-local m = mutex_at(lock)
+-- The path most releases take: a hold the client took with its own SET NX PX, that no waiter
+-- has looked at since (its value is the bare owner token), is just deleted.
+local v = redis.pcall('GET', lock)
+if v == owner then
+  redis.call('DEL', lock)
+  return 1
+end
+
+local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+client_clock(ARGV[5])
+local m = mutex_of(lock, v)
 if m == false then
   -- A read-write lock or semaphore: a mutex claim was refused there and left nothing.
   return 0

@@ -91,8 +91,10 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
     local m = mutex_at(base)
     if m then
       local left = redis.call('PTTL', base)
-      removed = {m.o, 'x', m.f, left}
-      top = tonumber(m.f)
+      -- A token the hold did not record (see `mutex_of`) is reported as '', and the counter
+      -- is above it already.
+      removed = {m.o, 'x', m.f or '', left}
+      top = tonumber(m.f) or 0
       lift_fence()
       if not hand_off(base, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told_of(m)) then
         redis.call('DEL', base)

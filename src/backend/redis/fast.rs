@@ -1,0 +1,147 @@
+//! The uncontended mutex acquire as plain commands, without a script (issue 29).
+//!
+//! Most acquisitions of a busy service find their key free. For those, one pipeline of three
+//! plain commands takes the lock: `SET <lock> <owner> NX PX <ttl>` (the hold: the bare owner
+//! token, expiring with the lease), `INCR <fence>` (the fencing token) and
+//! `PEXPIRE <fence> <FENCE_TTL> NX` (a counter that `INCR` just made gets its expiry in the same
+//! request, so it cannot outlive its use). A script call costs the server several times what a
+//! plain command does (see benches/README.md, "Web-service shape"), so this path runs none; the
+//! release's script deletes such a hold at its first comparison.
+//!
+//! The grant is taken as is only when all three hold true; anything else goes to the acquire
+//! script, which settles it (`acquire.lua`, the hold that is ours without a recorded token):
+//! - The `SET` took the lock. If it did not, the lock is busy: a waiting claim goes on to
+//!   listen and queue (the script's first look would tell it nothing more), a try goes to the
+//!   script, which tells a busy mutex from another kind of lock.
+//! - The `INCR` counted: the counter carries no mark. A mark (`<n>q`, which `INCR` refuses)
+//!   says a waiter may be queued, and a holder whose lease ran out may have left it in line:
+//!   the `SET` may have barged past it, so the script hands the lock to the live head of the
+//!   queue, if there is one, and queues this claim behind it.
+//! - The token is one `next_fence` started (at least `FENCE_LOW`): a counter `INCR` just made,
+//!   or one made so and never lifted, restarts at server time in the script.
+//! - The reply came within half the TTL of the request. Tokens must increase in the order of
+//!   the grants, and `INCR` runs just after the `SET` that granted, so an earlier holder's
+//!   token could only be the larger if its own `INCR` ran after its hold expired: after its
+//!   whole TTL. Its reply then comes later than that, so it never takes the grant as is.
+//!
+//! Off where the scripts lift tokens above the clocks (Sentinel: a failover can set a counter
+//! back) and on a Cluster (its library keeps no mark on the counter).
+
+use ::redis::Value;
+use tokio::time::Instant;
+
+use super::keys::millis;
+use super::lock::FENCE_TTL;
+use super::{Keys, RedisBackend};
+use crate::backend::handoff::reply::granted;
+use crate::backend::{Claim, Grant, LockKind};
+use crate::error::Result;
+
+/// The least token `next_fence` hands out (`FENCE_LOW` in `scripts/common.lua`): below it, a
+/// counter was made by `INCR` alone.
+const FENCE_LOW: i64 = 1 << 40;
+
+/// What the pipeline found.
+pub(super) enum Fast {
+    /// The lock, with its token, under a lease from when the pipeline was sent.
+    Granted(Grant),
+    /// Held by someone else (or another kind of lock's key).
+    Busy,
+    /// Ours, maybe, but not to be taken as is: the acquire script settles it.
+    Settle,
+}
+
+impl RedisBackend {
+    /// Whether `claim` tries the plain commands first.
+    pub(super) fn goes_fast(&self, claim: &Claim) -> bool {
+        self.inner.plain && claim.kind() == LockKind::Exclusive
+    }
+
+    /// Sends the pipeline for `claim` (see the module's docs).
+    pub(super) async fn acquire_fast(&self, claim: &Claim, keys: &Keys) -> Result<Fast> {
+        let mut pipe = ::redis::pipe();
+        pipe.ignore_errors()
+            .cmd("SET")
+            .arg(&keys.lock)
+            .arg(&keys.owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(claim.ttl()))
+            .cmd("INCR")
+            .arg(&keys.fence)
+            .cmd("PEXPIRE")
+            .arg(&keys.fence)
+            .arg(millis(FENCE_TTL))
+            .arg("NX");
+        let (reply, _, sent): (Vec<Value>, bool, Instant) = self
+            .inner
+            .commands
+            .invoke_noting_doubt("acquire", &pipe)
+            .await?;
+        Ok(read(claim, &reply, sent, Instant::now()))
+    }
+}
+
+/// Reads the pipeline's reply, sent at `sent` and read at `now`.
+fn read(claim: &Claim, reply: &[Value], sent: Instant, now: Instant) -> Fast {
+    match reply {
+        [Value::Nil, ..] => Fast::Busy,
+        [Value::Okay | Value::SimpleString(_), Value::Int(fence), _]
+            if *fence >= FENCE_LOW && now.saturating_duration_since(sent) < claim.ttl() / 2 =>
+        {
+            granted("redis", claim, *fence, sent).map_or(Fast::Settle, Fast::Granted)
+        }
+        _ => Fast::Settle,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn claim() -> Claim {
+        Claim::new(
+            "ns".into(),
+            "k".into(),
+            Duration::from_secs(10),
+            LockKind::Exclusive,
+            "redis",
+        )
+    }
+
+    #[test]
+    fn only_a_prompt_grant_with_a_started_counter_is_taken_as_is() {
+        let (claim, sent) = (claim(), Instant::now());
+        let reply = |set: Value, incr: Value| vec![set, incr, Value::Int(0)];
+        let started = Value::Int(FENCE_LOW + 7);
+        let taken = |reply: &[Value], after: Duration| read(&claim, reply, sent, sent + after);
+
+        match taken(
+            &reply(Value::Okay, started.clone()),
+            Duration::from_millis(2),
+        ) {
+            Fast::Granted(grant) => assert_eq!(grant.fence, 1 << 40 | 7),
+            _ => panic!("a prompt grant was not taken"),
+        }
+        assert!(matches!(
+            taken(&reply(Value::Nil, started.clone()), Duration::ZERO),
+            Fast::Busy
+        ));
+        // The counter marked (INCR refused), new, or the reply late: the script settles it.
+        let refused = ::redis::parse_redis_value(b"-ERR value is not an integer\r\n")
+            .expect("a server error's text");
+        for (incr, after) in [
+            (refused, Duration::ZERO),
+            (Value::Int(1), Duration::ZERO),
+            (started, Duration::from_secs(5)),
+        ] {
+            assert!(matches!(
+                taken(&reply(Value::Okay, incr), after),
+                Fast::Settle
+            ));
+        }
+        assert!(matches!(taken(&[], Duration::ZERO), Fast::Settle));
+    }
+}
