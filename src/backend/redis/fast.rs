@@ -24,6 +24,10 @@
 //!   token could only be the larger if its own `INCR` ran after its hold expired: after its
 //!   whole TTL. Its reply then comes later than that, so it never takes the grant as is.
 //!
+//! A key this client waited on a moment ago (its channel still subscribed: it lingers two
+//! seconds after its last waiter) skips the pipeline: busy keys stay busy, and there it would
+//! cost a round trip and three commands for nothing before the claim queues.
+//!
 //! Off where the scripts lift tokens above the clocks (Sentinel: a failover can set a counter
 //! back) and on a Cluster (its library keeps no mark on the counter).
 

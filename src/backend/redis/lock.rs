@@ -50,7 +50,10 @@ impl RedisBackend {
     ) -> Result<Attempt> {
         let keys = ticket.keys(claim, &self.inner.client_id);
         let mut busy = false;
-        if self.goes_fast(claim) && ticket.first_call() {
+        // A key this client waited on a moment ago (its channel still subscribed) is likely
+        // busy: the plain commands would cost a round trip for nothing there.
+        if self.goes_fast(claim) && ticket.first_call() && !self.inner.hub.listens_to(&keys.channel)
+        {
             match self.acquire_fast(claim, keys).await? {
                 Fast::Granted(grant) => return Ok(Attempt::Granted(grant)),
                 Fast::Busy => busy = wait,

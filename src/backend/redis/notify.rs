@@ -301,6 +301,16 @@ impl Hub {
         ))
     }
 
+    /// Whether the hub is subscribed to `channel`: a claim of this client waits on it, or did
+    /// a moment ago (an idle channel lingers before it is left).
+    pub(crate) fn listens_to(&self, channel: &str) -> bool {
+        self.inner
+            .channels
+            .locked()
+            .get(channel)
+            .is_some_and(|c| c.subscribed)
+    }
+
     /// Registers `owner`'s mailbox on `channel` and makes sure the channel is subscribed before
     /// returning, so no message published after this call is missed.
     pub(crate) async fn subscribe(&self, channel: &str, owner: &str) -> Result<Subscription> {
