@@ -58,7 +58,10 @@ async fn newcomer_after_a_dead_holder(counter_expired: bool) {
         !barged,
         "a newcomer took the lock past a live queued waiter (counter expired: {counter_expired})"
     );
-    let b_guard = b_guard.expect("the waiter was never granted").unwrap().unwrap();
+    let b_guard = b_guard
+        .expect("the waiter was never granted")
+        .unwrap()
+        .unwrap();
     drop(b_guard);
     drop(held);
     for cl in [a, b, c] {
