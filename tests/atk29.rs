@@ -81,3 +81,180 @@ async fn a_newcomer_does_not_barge_past_a_queued_waiter_when_the_holder_dies() {
 async fn a_newcomer_does_not_barge_past_a_queued_waiter_after_the_counter_expired() {
     newcomer_after_a_dead_holder(true).await;
 }
+
+/// A small deterministic generator (no rand in the dev-dependencies).
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// What the test knows of one key: whether someone in this process holds it, and the last
+/// fencing token granted there.
+#[derive(Default)]
+struct Seen {
+    held: bool,
+    last: u64,
+}
+
+/// Many tasks of three clients lock a few keys at once (so each client's acquire and release
+/// calls are coalesced into batches), a good share of them cancelled at random moments
+/// (before, while or after their call was queued), one key in ten being a foreign LIST
+/// (its claims fail, alone in their batches). Asserts: never two holders at once, tokens
+/// strictly increasing per key, every foreign claim an error (not a hang, not a grant),
+/// every other claim either granted or cancelled, and nothing left behind but fencing
+/// counters, each with a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_batches_with_cancellations_and_a_failing_claim_keep_the_contract() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let mut con = connection(&url).await;
+    let _: () = redis::cmd("RPUSH")
+        .arg(format!("{ns}:{{bad}}"))
+        .arg("not a lock")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let (ttl, handoff) = (Duration::from_secs(3), Duration::from_millis(300));
+    let clients = [
+        client(&url, &ns, ttl, handoff, true).await,
+        client(&url, &ns, ttl, handoff, true).await,
+        client(&url, &ns, ttl, handoff, true).await,
+    ];
+    let keys = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"];
+    let seen: Arc<HashMap<&str, Mutex<Seen>>> =
+        Arc::new(keys.iter().map(|k| (*k, Mutex::default())).collect());
+    let before = fcalls(&url).await;
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let (mut granted, mut cancelled, mut foreign) = (0, 0, 0);
+    for round in 0..6 {
+        let mut tasks = Vec::new();
+        for i in 0..300 {
+            let r = next(&mut state);
+            let key = if r % 10 == 0 {
+                "bad"
+            } else {
+                keys[(r / 10 % 9) as usize]
+            };
+            let mutex = clients[i % 3].mutex(key);
+            let patience = Duration::from_millis(next(&mut state) % 40);
+            let hold = Duration::from_micros(next(&mut state) % 2000);
+            let seen = seen.clone();
+            tasks.push(tokio::spawn(async move {
+                match timeout(patience, mutex.lock()).await {
+                    Err(_) => "cancelled",
+                    Ok(Err(e)) if key == "bad" => {
+                        assert!(!e.is_would_block(), "{e:?}");
+                        "foreign"
+                    }
+                    Ok(Err(e)) => panic!("round {round}: {key}: {e:?}"),
+                    Ok(Ok(guard)) => {
+                        assert_ne!(key, "bad", "a claim on a foreign LIST was granted");
+                        let token = guard.fencing_token();
+                        {
+                            let mut s = seen[key].lock().unwrap();
+                            assert!(!s.held, "two holders of {key} at once");
+                            assert!(token > s.last, "{key}: token {token} after {}", s.last);
+                            s.held = true;
+                            s.last = token;
+                        }
+                        sleep(hold).await;
+                        seen[key].lock().unwrap().held = false;
+                        guard.release().await.unwrap();
+                        "granted"
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            match t.await.unwrap() {
+                "granted" => granted += 1,
+                "cancelled" => cancelled += 1,
+                _ => foreign += 1,
+            }
+        }
+    }
+    let after = fcalls(&url).await;
+    eprintln!(
+        "granted {granted}, cancelled {cancelled}, foreign {foreign}; FCALLs on the server: {}",
+        after - before
+    );
+    assert!(granted > 0 && cancelled > 0 && foreign > 0);
+    for c in clients {
+        c.shutdown().await;
+    }
+    // The foreign key is the user's: gone, nothing but counters may be left, and they expire.
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{ns}:{{bad}}"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    support::redis::until_only_fences(&url, &ns).await;
+    for key in support::redis::keys_in(&url, &ns).await {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert!(pttl > 0, "{key} left with PTTL {pttl}");
+    }
+}
+
+/// FCALL calls the server has run so far (INFO commandstats).
+async fn fcalls(url: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection(url).await)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A client built in one runtime and used from another too (the renewal engine restarts on
+/// whichever runtime calls next once its own is gone): that other runtime shuts down while
+/// its calls are out, one sent and others queued behind it to be coalesced. The client's
+/// later calls, from its own runtime, must still be sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_shut_down_mid_call_does_not_stall_the_clients_later_calls() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let (ttl, handoff) = (Duration::from_secs(2), Duration::from_millis(300));
+    let c = client(&url, &ns, ttl, handoff, true).await;
+    let other = c.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for i in 0..50 {
+                tokio::spawn(other.mutex(format!("r{i}")).lock());
+            }
+            // Each task makes its call (one goes, the others queue behind it), then the
+            // runtime is dropped with them all out.
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
+        });
+        drop(rt);
+    })
+    .join()
+    .unwrap();
+    let later = timeout(Duration::from_secs(10), c.mutex("later").lock()).await;
+    assert!(
+        later.is_ok(),
+        "the client's acquire never returned once another runtime went away mid-call"
+    );
+    drop(later);
+    timeout(Duration::from_secs(10), c.shutdown())
+        .await
+        .expect("shutdown hung");
+}
