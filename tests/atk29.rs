@@ -258,3 +258,57 @@ async fn a_runtime_shut_down_mid_call_does_not_stall_the_clients_later_calls() {
         .await
         .expect("shutdown hung");
 }
+
+/// An acquisition dropped while its call waits in the coalescing lane: the cleanup waits for
+/// that call at most its bound (the claim's TTL, at least 5 s), then releases. Behind a first
+/// call whose replies come 6 s late (its attempt times out and is sent again), the queued call
+/// goes only when the first is answered, after the release ran: it then takes the lock for no
+/// one. Asserts that nothing holds the key once its only claim was dropped and released (on
+/// `main`, whose call went at once, its hold ends with that release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_claim_queued_in_the_lane_does_not_take_the_lock_after_its_release() {
+    use support::proxy::Which;
+
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let proxy = Proxy::start(shared_redis().port());
+    let (ttl, handoff) = (Duration::from_secs(3), Duration::from_millis(300));
+    // The function library is loaded over a direct connection: its text says "subscribed",
+    // which would make the proxy count x's command connection as a pub/sub one.
+    client(&url, &ns, ttl, handoff, true).await.shutdown().await;
+    let x = client(&via(&proxy), &ns, ttl, handoff, true).await;
+    // Warm the connection, then slow the server's replies on it.
+    drop(x.mutex("warm").lock().await.unwrap());
+    sleep(Duration::from_millis(200)).await;
+    proxy.delay_replies(Which::Commands, Duration::from_millis(6000));
+    let first = tokio::spawn(x.mutex("a").lock());
+    sleep(Duration::from_millis(50)).await;
+    // Queued behind the first call, then dropped.
+    let dropped = timeout(Duration::from_millis(100), x.mutex("k").lock()).await;
+    assert!(dropped.is_err(), "{dropped:?}");
+    let start = tokio::time::Instant::now();
+    let mut con = connection(&url).await;
+    let mut held_at = Vec::new();
+    while start.elapsed() < Duration::from_secs(16) {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(format!("{ns}:{{k}}"))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        // Its release is sent 5 s after the drop (the cleanup's bound on the call it waits
+        // for): from then on nothing may hold the key.
+        if n == 1 && start.elapsed() > Duration::from_secs(6) {
+            held_at.push(start.elapsed().as_millis());
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    proxy.pass();
+    let _ = timeout(Duration::from_secs(10), first).await;
+    let _ = timeout(Duration::from_secs(10), x.shutdown()).await;
+    assert!(
+        held_at.is_empty(),
+        "`k` was held (ms after its claim was dropped: {:?}..{:?}) though its one claim was dropped and released",
+        held_at.first(),
+        held_at.last()
+    );
+}
