@@ -346,3 +346,48 @@ async fn a_dropped_claim_queued_in_the_lane_does_not_take_the_lock_after_its_rel
         held_at.last()
     );
 }
+
+/// README (issue 29): the fencing counter "outlives holds (an hour unused)". Fails on h29 (and
+/// is the root of the barging test above): on a single server the counter's TTL is set when it
+/// (re)starts and never moved by later grants (`INCR` keeps it), so a busy key's counter, and
+/// the `q` mark on it, goes an hour after it started, waiters or not. Prints the PTTL before
+/// and after 1.5 s of grants and queued waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fencing_counter_lives_an_hour_after_its_last_use() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let (ttl, handoff) = (Duration::from_secs(2), Duration::from_millis(300));
+    let a = client(&url, &ns, ttl, handoff, true).await;
+    let b = client(&url, &ns, ttl, handoff, true).await;
+    drop(a.mutex("k").lock().await.unwrap());
+    let fence = format!("{ns}:{{k}}:fence");
+    let pttl = |fence: String| {
+        let url = url.clone();
+        async move {
+            let n: i64 = redis::cmd("PTTL")
+                .arg(fence)
+                .query_async(&mut connection(&url).await)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    let first = pttl(fence.clone()).await;
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < Duration::from_millis(1500) {
+        let held = a.mutex("k").lock().await.unwrap();
+        let waiter = tokio::spawn(b.mutex("k").lock());
+        until_queued(&url, &ns, "k", 1).await;
+        held.release().await.unwrap();
+        waiter.await.unwrap().unwrap().release().await.unwrap();
+    }
+    let last = pttl(fence).await;
+    eprintln!("fence PTTL {first} ms, then {last} ms after 1.5 s of grants and waiters");
+    assert!(
+        first - last < 1000,
+        "the counter's TTL went down by {} ms while the key was busy",
+        first - last
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
