@@ -109,8 +109,18 @@ impl RedisBackend {
                     return;
                 }
                 let n = lane.queued.len().min(MAX_BATCH);
-                lane.queued.drain(..n).collect()
+                // An acquire whose caller and cleanup both gave up waiting for it is not sent:
+                // the cleanup's release went (or goes) out already, and the acquire would
+                // overtake it and take the lock for no one (see `core/acquire.rs`). A release
+                // always goes.
+                lane.queued
+                    .drain(..n)
+                    .filter(|(parts, tx)| parts.name != "acquire" || !tx.is_closed())
+                    .collect()
             };
+            if batch.is_empty() {
+                continue;
+            }
             self.send_batch(what, batch).await;
         }
     }
