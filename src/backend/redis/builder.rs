@@ -404,7 +404,7 @@ impl RedisBackendBuilder {
                 hub,
                 handoff_ttl: self.handoff_ttl,
                 client_id: wire::client_id(),
-                coalescer: Default::default(),
+                coalescer: super::coalesce::Coalescer::new(),
                 plain: std::ptr::eq(scripts, &*PLAIN) && !cluster,
             }),
         })

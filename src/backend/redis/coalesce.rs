@@ -38,9 +38,22 @@ const MAX_BATCH: usize = 128;
 type Reply = Result<(Value, bool, Instant)>;
 
 /// The lanes of one backend, by script name.
-#[derive(Default)]
 pub(super) struct Coalescer {
     lanes: Mutex<HashMap<&'static str, Lane>>,
+    /// The runtime the backend was built in (its connections' tasks run there): queued calls
+    /// are sent from a task on it, not on the runtime of whichever caller went first, which may
+    /// be shut down with the task unrun.
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+impl Coalescer {
+    /// Lanes whose queued calls are sent on the current runtime.
+    pub(super) fn new() -> Self {
+        Self {
+            lanes: Mutex::default(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        }
+    }
 }
 
 /// The calls of one script waiting to be sent, and whether a task is sending.
@@ -191,8 +204,10 @@ impl Drop for SendNext<'_> {
         let Some(lane) = lanes.get_mut(self.name) else {
             return;
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) if !lane.queued.is_empty() => {
+        let runtime = (self.backend.inner.coalescer.runtime.clone())
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        match runtime {
+            Some(runtime) if !lane.queued.is_empty() => {
                 drop(lanes);
                 runtime.spawn(self.backend.clone().send_lane(self.what, self.name));
             }
