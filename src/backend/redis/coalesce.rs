@@ -12,8 +12,10 @@
 //! queueing does not drop the others' replies, and its own call is still sent and answered,
 //! as a single call whose request was sent runs on the server after its caller went. The
 //! acquisition's drop guard waits for that answer before it releases (see `core/acquire.rs`),
-//! exactly as for a single call. A caller that sent its call alone and is dropped leaves what
-//! queued behind it to a task as well.
+//! exactly as for a single call; if it gives up waiting (its bound is the claim's TTL) and
+//! releases, the queued acquire, not sent yet, is not sent at all. A caller that sent its call
+//! alone and is dropped leaves what queued behind it to a task as well, on the runtime the
+//! backend was built in.
 //!
 //! Coalescing is off on a Cluster (one call's keys must share a slot, and a busy service's keys
 //! rarely do) and where scripts go by `EVALSHA`.
@@ -69,7 +71,8 @@ impl RedisBackend {
     ///
     /// # Cancel safety
     /// Once this has queued the call, dropping it does not unsend it: the call goes out with
-    /// its batch, and its reply is dropped.
+    /// its batch, and its reply is dropped. Except an acquire still queued: dropped, it is left
+    /// out of its batch (its only owner, an acquisition's cleanup, drops it only to release).
     pub(super) async fn invoke_coalesced<T: FromRedisValue + Send>(
         &self,
         what: &'static str,
