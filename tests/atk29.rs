@@ -166,7 +166,7 @@ async fn stress(ns: String, cuts: Option<Proxy>) {
         let mut tasks = Vec::new();
         for i in 0..300 {
             let r = next(&mut state);
-            let key = if r % 10 == 0 {
+            let key = if r.is_multiple_of(10) {
                 "bad"
             } else {
                 keys[(r / 10 % 9) as usize]
@@ -217,7 +217,7 @@ async fn stress(ns: String, cuts: Option<Proxy>) {
     }
     let after = fcalls(&url).await;
     eprintln!("{counts:?}; FCALLs on the server: {}", after - before);
-    assert!(counts.get("granted").is_some() && counts.get("foreign").is_some());
+    assert!(counts.contains_key("granted") && counts.contains_key("foreign"));
     for c in clients {
         c.shutdown().await;
     }
