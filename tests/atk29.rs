@@ -347,8 +347,9 @@ async fn a_dropped_claim_queued_in_the_lane_does_not_take_the_lock_after_its_rel
     );
 }
 
-/// README (issue 29): the fencing counter "outlives holds (an hour unused)". Fails on h29 (and
-/// is the root of the barging test above): on a single server the counter's TTL is set when it
+/// README (issue 29): the fencing counter "outlives holds (an hour unused)". Fails on h29 and
+/// on main alike (`src/backend/redis/mod.rs` on h29 says it right: "an hour after it
+/// (re)started"); harmless on main, it is on h29 the root of the barging test above: on a single server the counter's TTL is set when it
 /// (re)starts and never moved by later grants (`INCR` keeps it), so a busy key's counter, and
 /// the `q` mark on it, goes an hour after it started, waiters or not. Prints the PTTL before
 /// and after 1.5 s of grants and queued waiters.
