@@ -417,3 +417,56 @@ async fn plain_holds_leave_only_expiring_keys_and_are_inspected_and_unlocked() {
     next.release().await.unwrap();
     client.shutdown().await;
 }
+
+/// The acquire script's own uncontended path (what a client takes where the plain commands are
+/// off, or on a key it waited on a moment ago) must not barge either once the counter that
+/// carried the waiter's mark expired: a restarted counter has lost the mark, so it looks at the
+/// queue.
+#[tokio::test]
+async fn the_acquire_script_does_not_barge_past_a_waiter_on_a_restarted_counter() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let ns = test_namespace!();
+    let a = client_at(&url, &ns, Duration::from_millis(300), false).await;
+    let held = a.mutex("k").lock().await.unwrap();
+    let [library] = libraries(&url).await.try_into().unwrap();
+    let lock = format!("{ns}:{{k}}");
+    let mut con = raw(&url).await;
+    let acquire = |owner: &'static str, wait: u8| {
+        let mut call = redis::cmd("FCALL");
+        call.arg(format!("{library}_acquire"))
+            .arg(4)
+            .arg(&lock)
+            .arg(format!("{lock}:q"))
+            .arg(format!("{lock}:w"))
+            .arg(format!("{lock}:fence"))
+            .arg(owner)
+            .arg(60_000)
+            .arg(wait)
+            .arg(3_600_000)
+            .arg(5_000)
+            .arg(format!("{lock}:c:"))
+            .arg(0);
+        call
+    };
+    // A waiter queued by hand: alive for 60 s, it never re-checks.
+    let reply: Vec<redis::Value> = acquire("patient.1", 1).query_async(&mut con).await.unwrap();
+    assert_eq!(redis::from_redis_value_ref::<i64>(&reply[0]).unwrap(), 0);
+    sleep(Duration::from_millis(500)).await;
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{lock}:fence"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let reply: Vec<redis::Value> = acquire("newcomer.1", 0)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        redis::from_redis_value_ref::<i64>(&reply[0]).unwrap(),
+        0,
+        "the script took the lock past a live waiter on a restarted counter: {reply:?}"
+    );
+    drop(held);
+    a.shutdown().await;
+}

@@ -3,8 +3,8 @@
 //! Most acquisitions of a busy service find their key free. For those, one pipeline of three
 //! plain commands takes the lock: `SET <lock> <owner> NX PX <ttl>` (the hold: the bare owner
 //! token, expiring with the lease), `INCR <fence>` (the fencing token) and
-//! `PEXPIRE <fence> <FENCE_TTL> NX` (a counter that `INCR` just made gets its expiry in the same
-//! request, so it cannot outlive its use). A script call costs the server several times what a
+//! `PEXPIRE <fence> <FENCE_TTL>` (the counter lives an hour past its last use, and one that
+//! `INCR` just made gets its expiry in the same request, so it cannot outlive its use). A script call costs the server several times what a
 //! plain command does (see benches/README.md, "Web-service shape"), so this path runs none; the
 //! release's script deletes such a hold at its first comparison.
 //!
@@ -18,7 +18,8 @@
 //!   the `SET` may have barged past it, so the script hands the lock to the live head of the
 //!   queue, if there is one, and queues this claim behind it.
 //! - The token is one `next_fence` started (at least `FENCE_LOW`): a counter `INCR` just made,
-//!   or one made so and never lifted, restarts at server time in the script.
+//!   or one made so and never lifted, restarts at server time in the script, which looks at
+//!   the queue too (a counter that expired took its mark with it).
 //! - The reply came within half the TTL of the request. Tokens must increase in the order of
 //!   the grants, and `INCR` runs just after the `SET` that granted, so an earlier holder's
 //!   token could only be the larger if its own `INCR` ran after its hold expired: after its
@@ -75,8 +76,7 @@ impl RedisBackend {
             .arg(&keys.fence)
             .cmd("PEXPIRE")
             .arg(&keys.fence)
-            .arg(millis(FENCE_TTL))
-            .arg("NX");
+            .arg(millis(FENCE_TTL));
         let (reply, _, sent): (Vec<Value>, bool, Instant) = self
             .inner
             .commands

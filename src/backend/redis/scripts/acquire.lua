@@ -10,10 +10,11 @@ local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARG
 client_clock(ARGV[7])
 
 -- The path most calls take, two commands: nobody may be queued (the counter carries no mark,
--- so it counts on) and the key is free (SET NX). A token drawn for a key that turns out busy
+-- so it counts on, and did not restart: a new counter has lost any mark the old one had) and
+-- the key is free (SET NX). A token drawn for a key that turns out busy
 -- is skipped: tokens only need to increase.
-local drawn = next_fence(fence, fence_ttl, true)
-if drawn and redis.call('SET', lock, mutex_value(drawn, owner, false), 'NX', 'PX', ttl) then
+local drawn, restarted = next_fence(fence, fence_ttl, true)
+if drawn and not restarted and redis.call('SET', lock, mutex_value(drawn, owner, false), 'NX', 'PX', ttl) then
   return {1, drawn, 0}
 end
 
@@ -40,7 +41,7 @@ elseif m and m.o == owner then
       redis.call('LPOP', queue)
       redis.call('ZREM', waiters, owner)
     else
-      unmark(fence)
+      unmark(fence, fence_ttl)
     end
     local f = drawn or next_fence(fence, fence_ttl)
     redis.call('SET', lock, mutex_value(f, owner, m.q or head ~= nil, told_of(m)), 'PX', ttl)
@@ -62,7 +63,7 @@ if not m then
       redis.call('LPOP', queue)
       redis.call('ZREM', waiters, owner)
     else
-      unmark(fence)
+      unmark(fence, fence_ttl)
     end
     -- Queued ourselves: others may be queued behind us.
     return {1, grant(lock, fence, owner, ttl, fence_ttl, nil, head ~= nil), 0}
@@ -80,7 +81,7 @@ if wait then
     redis.call('RPUSH', queue, owner)
     if drawn then
       -- Unmarked until now (else INCR refused).
-      mark_queued(fence, drawn)
+      mark_queued(fence, drawn, fence_ttl)
     end
   end
   keep(queue, 2 * ttl)

@@ -122,6 +122,10 @@ local FENCE_LOW = 1099511627776
 -- time by the time its counter expires (it lives `fence_ttl` from that write), so the restart
 -- at server time stays above it; and a wild client clock cannot push tokens out of the range
 -- a Lua number holds exactly.
+--
+-- Also says whether the counter restarted (it was missing, or below `FENCE_LOW`): whatever
+-- mark it carried is gone with it, so a caller that may grant past a queue must look at the
+-- queue. A counter written here (lifted, or marked) lives `fence_ttl` from then.
 local function next_fence(fence, fence_ttl, unmarked)
   local f = redis.pcall('INCR', fence)
   local mark = ''
@@ -132,6 +136,7 @@ local function next_fence(fence, fence_ttl, unmarked)
     f, mark = fence_parts(fence, redis.call('GET', fence))
     f = f + 1
   end
+  local restarted = f < FENCE_LOW
   local lifted = false
   if f < FENCE_LOW or Q.fence_floor then
     local _, now_us = clock()
@@ -143,31 +148,30 @@ local function next_fence(fence, fence_ttl, unmarked)
       f, lifted = floor, true
     end
   end
-  if lifted then
+  if lifted or mark ~= '' then
     redis.call('SET', fence, int(f) .. mark, 'PX', fence_ttl)
-  elseif mark ~= '' then
-    redis.call('SET', fence, int(f) .. mark, 'KEEPTTL')
   end
-  return f
+  return f, restarted
 end
 
 -- Marks the fence key while a mutex waiter may be queued: its value `f`, as `next_fence` just
--- drew it unmarked (or what it holds now, if more: a token drawn since), becomes "<f>q", which INCR refuses, so every acquire looks at the queue
--- (a holder whose lease ran out must not be barged past).
-local function mark_queued(fence, f)
+-- drew it unmarked (or what it holds now, if more: a token drawn since), becomes "<f>q", which
+-- INCR refuses, so every acquire looks at the queue (a holder whose lease ran out must not be
+-- barged past). A busy key's counter so lives `fence_ttl` past its last mark.
+local function mark_queued(fence, f, fence_ttl)
   local now = fence_parts(fence, redis.call('GET', fence))
-  redis.call('SET', fence, int(math.max(f, now)) .. 'q', 'KEEPTTL')
+  redis.call('SET', fence, int(math.max(f, now)) .. 'q', 'PX', fence_ttl)
 end
 
 -- Takes the mark off once the queue was seen empty.
-local function unmark(fence)
+local function unmark(fence, fence_ttl)
   if not Q.marks then
     return
   end
   local v = redis.call('GET', fence)
   local f, mark = fence_parts(fence, v)
   if mark ~= '' then
-    redis.call('SET', fence, int(f), 'KEEPTTL')
+    redis.call('SET', fence, int(f), 'PX', fence_ttl)
   end
 end
 
@@ -238,7 +242,14 @@ end
 -- the next); `told` (if any: the w and wq of `next_told`) is kept on the hold, and `queued`
 -- marks it as having waiters behind it.
 local function grant(lock, fence, owner, px, fence_ttl, told, queued, f)
-  f = f or next_fence(fence, fence_ttl)
+  if not f then
+    local restarted
+    f, restarted = next_fence(fence, fence_ttl)
+    if restarted and queued and Q.marks then
+      -- The counter's mark went with it; others may still wait behind this holder.
+      mark_queued(fence, f, fence_ttl)
+    end
+  end
   redis.call('SET', lock, mutex_value(f, owner, queued, told), 'PX', px)
   return f
 end
@@ -406,7 +417,7 @@ local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, pre
   end
   local head, owner = live_head(queue, waiters)
   if not head then
-    unmark(fence)
+    unmark(fence, fence_ttl)
     return false
   elseif head ~= owner then
     -- Another kind of lock's queue.

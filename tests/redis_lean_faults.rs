@@ -1,5 +1,6 @@
-//! Attack review of issue 29 (the Redis mutex as one string value, the `q` mark on the fencing
-//! counter, coalesced calls), against a real `redis-server`.
+//! Faults against issue 29's lean Redis mutex (one string value per hold, the plain-command
+//! acquire, the `q` mark on the fencing counter, coalesced calls), from its attack review,
+//! against a real `redis-server`.
 #![cfg(feature = "redis")]
 
 mod support;
@@ -74,9 +75,10 @@ async fn a_newcomer_does_not_barge_past_a_queued_waiter_when_the_holder_dies() {
     newcomer_after_a_dead_holder(false).await;
 }
 
-/// Fails on h29: the `q` mark lives on the fencing counter, which expires an hour after it
-/// (re)started whatever the traffic; once it has, nothing marks the waiter still queued, and
-/// the uncontended path (`INCR` + `SET NX`) takes the free key past it.
+/// The `q` mark lives on the fencing counter, which expires an hour after its last use; once
+/// it has, nothing marks the waiter still queued, so an acquire that finds the counter
+/// restarted looks at the queue (before that fix the uncontended path took the free key past
+/// the waiter).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_does_not_barge_past_a_queued_waiter_after_the_counter_expired() {
     newcomer_after_a_dead_holder(true).await;
@@ -347,12 +349,9 @@ async fn a_dropped_claim_queued_in_the_lane_does_not_take_the_lock_after_its_rel
     );
 }
 
-/// README (issue 29): the fencing counter "outlives holds (an hour unused)". Fails on h29 and
-/// on main alike (`src/backend/redis/mod.rs` on h29 says it right: "an hour after it
-/// (re)started"); harmless on main, it is on h29 the root of the barging test above: on a single server the counter's TTL is set when it
-/// (re)starts and never moved by later grants (`INCR` keeps it), so a busy key's counter, and
-/// the `q` mark on it, goes an hour after it started, waiters or not. Prints the PTTL before
-/// and after 1.5 s of grants and queued waiters.
+/// The fencing counter lives an hour past its last use, not an hour past its start: a busy
+/// key's counter (and the `q` mark on it) is not dropped while grants and waiters come and go.
+/// Prints the PTTL before and after 1.5 s of grants and queued waiters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fencing_counter_lives_an_hour_after_its_last_use() {
     let ns = test_namespace!();
