@@ -30,6 +30,26 @@ async fn client_at(url: &str, ns: &str, ttl: Duration, renew: bool) -> LockClien
 }
 
 /// The server's command counts by name (`INFO commandstats`), the statistics commands left out.
+/// The library's acquire function called by hand for `owner` on the mutex `lock` (a 60 s TTL;
+/// `wait` 1 queues it), as a client would call it.
+fn fcall_acquire(library: &str, lock: &str, owner: &str, wait: u8) -> redis::Cmd {
+    let mut call = redis::cmd("FCALL");
+    call.arg(format!("{library}_acquire"))
+        .arg(4)
+        .arg(lock)
+        .arg(format!("{lock}:q"))
+        .arg(format!("{lock}:w"))
+        .arg(format!("{lock}:fence"))
+        .arg(owner)
+        .arg(60_000)
+        .arg(wait)
+        .arg(3_600_000)
+        .arg(5_000)
+        .arg(format!("{lock}:c:"))
+        .arg(0);
+    call
+}
+
 async fn commandstats(con: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -162,20 +182,7 @@ async fn a_newcomer_does_not_barge_past_a_waiter_once_the_lease_ran_out() {
     let [library] = libraries(&url).await.try_into().unwrap();
     let lock = format!("{ns}:{{k}}");
     let mut con = raw(&url).await;
-    let reply: Vec<redis::Value> = redis::cmd("FCALL")
-        .arg(format!("{library}_acquire"))
-        .arg(4)
-        .arg(&lock)
-        .arg(format!("{lock}:q"))
-        .arg(format!("{lock}:w"))
-        .arg(format!("{lock}:fence"))
-        .arg("patient.1")
-        .arg(60_000)
-        .arg(1)
-        .arg(3_600_000)
-        .arg(5_000)
-        .arg(format!("{lock}:c:"))
-        .arg(0)
+    let reply: Vec<redis::Value> = fcall_acquire(&library, &lock, "patient.1", 1)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -432,23 +439,7 @@ async fn the_acquire_script_does_not_barge_past_a_waiter_on_a_restarted_counter(
     let [library] = libraries(&url).await.try_into().unwrap();
     let lock = format!("{ns}:{{k}}");
     let mut con = raw(&url).await;
-    let acquire = |owner: &'static str, wait: u8| {
-        let mut call = redis::cmd("FCALL");
-        call.arg(format!("{library}_acquire"))
-            .arg(4)
-            .arg(&lock)
-            .arg(format!("{lock}:q"))
-            .arg(format!("{lock}:w"))
-            .arg(format!("{lock}:fence"))
-            .arg(owner)
-            .arg(60_000)
-            .arg(wait)
-            .arg(3_600_000)
-            .arg(5_000)
-            .arg(format!("{lock}:c:"))
-            .arg(0);
-        call
-    };
+    let acquire = |owner: &str, wait: u8| fcall_acquire(&library, &lock, owner, wait);
     // A waiter queued by hand: alive for 60 s, it never re-checks.
     let reply: Vec<redis::Value> = acquire("patient.1", 1).query_async(&mut con).await.unwrap();
     assert_eq!(redis::from_redis_value_ref::<i64>(&reply[0]).unwrap(), 0);

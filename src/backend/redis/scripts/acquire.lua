@@ -22,33 +22,19 @@ local m = mutex_at(lock)
 if m == false then
   return {-1, family_of(lock, queue)}
 end
-if m and m.o == owner and m.f then
+-- A hold of ours taken by the client's own SET NX PX (`redis/fast.rs`, no token recorded),
+-- whose INCR found the counter marked (a waiter may be queued: that SET may have barged past
+-- it) or new (below FENCE_LOW), or whose reply came too late or not at all, is settled as if
+-- the key were free: handed to the live head of the queue if another claim is first (this one
+-- then queues like any other), else ours, with a token drawn now.
+local settling
+if m and m.o == owner and not m.f then
+  settling, m = m, nil
+end
+if m and m.o == owner then
   -- Ours already (handed to us, or asked again): confirm the full lease.
   redis.call('PEXPIRE', lock, ttl)
   return {1, tonumber(m.f), 0}
-elseif m and m.o == owner then
-  -- Taken by the client's own SET NX PX (`redis/fast.rs`), whose INCR found the counter
-  -- marked (a waiter may be queued: that SET may have barged past it) or new (below
-  -- FENCE_LOW), or whose reply came too late or not at all. The hold is settled here: handed to
-  -- the live head of the queue if another claim is first (this claim then queues like any
-  -- other), else ours, with a token drawn now.
-  local head, head_owner = live_head(queue, waiters)
-  if head and head ~= head_owner then
-    return {-1, family_of(lock, queue)}
-  end
-  if not head or head == owner then
-    if head then
-      redis.call('LPOP', queue)
-      redis.call('ZREM', waiters, owner)
-    else
-      unmark(fence, fence_ttl)
-    end
-    local f = drawn or next_fence(fence, fence_ttl)
-    redis.call('SET', lock, mutex_value(f, owner, m.q or head ~= nil, told_of(m)), 'PX', ttl)
-    return {1, f, 0}
-  end
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told_of(m))
-  m = mutex_at(lock)
 end
 
 if not m then
@@ -58,6 +44,7 @@ if not m then
     -- A read-write lock's or semaphore's queue (its hash expired): not a mutex.
     return {-1, family_of(lock, queue)}
   end
+  local told = told_of(settling)
   if not head or head == owner then
     if head then
       redis.call('LPOP', queue)
@@ -65,11 +52,13 @@ if not m then
     else
       unmark(fence, fence_ttl)
     end
-    -- Queued ourselves: others may be queued behind us.
-    return {1, grant(lock, fence, owner, ttl, fence_ttl, nil, head ~= nil), 0}
+    -- Queued ourselves (or others queued behind our unsettled hold): others may be queued
+    -- behind us.
+    local queued = head ~= nil or (settling ~= nil and settling.q)
+    return {1, grant(lock, fence, owner, ttl, fence_ttl, told, queued), 0}
   end
   -- Free, but another live waiter is first (the last holder expired): it gets the lock.
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told)
   m = mutex_at(lock)
 end
 
