@@ -86,6 +86,7 @@ pub(crate) fn kind_code(kind: LockKind) -> Option<String> {
 pub(crate) fn kind_of_code(code: &str, max: u32) -> Option<LockKind> {
     Some(match code {
         "x" => LockKind::Exclusive,
+        "l" => LockKind::Leader,
         "r" => LockKind::Read,
         "w" => LockKind::Write,
         n => LockKind::Permits {

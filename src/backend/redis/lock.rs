@@ -48,6 +48,9 @@ impl RedisBackend {
         ticket: &RedisTicket,
         wait: bool,
     ) -> Result<Attempt> {
+        if claim.kind() == LockKind::Leader {
+            super::election::validate_value(claim.key(), &claim.value())?;
+        }
         let keys = ticket.keys(claim, &self.inner.client_id);
         let mut busy = false;
         // A key this client waited on a moment ago (its channel still subscribed) is likely
@@ -65,14 +68,17 @@ impl RedisBackend {
 
     pub(super) async fn wait_claim(
         &self,
-        _claim: &Claim,
+        claim: &Claim,
         ticket: &RedisTicket,
         recheck_at: Option<Instant>,
     ) -> Result<Option<Grant>> {
         let heard = wait_for_handoff(&ticket.handoff, recheck_at).await?;
         // A handoff must be acknowledged like any grant: `acquire` confirms it (a write of
-        // ours, replicated after the handoff) and waits for the replicas.
-        let heard = heard.filter(|_| self.inner.replicas_ack.is_none());
+        // ours, replicated after the handoff) and waits for the replicas. A lead handed to an
+        // election's candidate is provisional (not reported, not announced) until its client
+        // confirms it by asking again, before the campaign returns.
+        let heard =
+            heard.filter(|_| self.inner.replicas_ack.is_none() && claim.kind() != LockKind::Leader);
         if heard.is_some() {
             ticket.set_holding(Some(self.inner.hub.holding()));
         }
@@ -83,9 +89,11 @@ impl RedisBackend {
         ticket.handoff.set(None);
         ticket.set_holding(None);
         let keys = ticket.keys(claim, &self.inner.client_id);
+        let election = claim.kind() == LockKind::Leader;
         let release = Release {
             keys,
             handoff_ttl: self.inner.handoff_ttl,
+            election,
         };
         let inv = match Shared::of(claim.kind()) {
             Some(shared) => self.call(&ReleaseShared {
@@ -94,8 +102,14 @@ impl RedisBackend {
             }),
             None => self.call(&release),
         };
-        let (held, in_doubt, _): (i64, bool, Instant) =
-            self.invoke_coalesced("release", &inv).await?;
+        let (held, in_doubt, _): (i64, bool, Instant) = if election {
+            self.inner
+                .commands
+                .invoke_noting_doubt("release", &inv)
+                .await?
+        } else {
+            self.invoke_coalesced("release", &inv).await?
+        };
         Ok(released(usize::from(held == 1), usize::from(in_doubt), 1))
     }
 
@@ -119,11 +133,14 @@ impl RedisBackend {
 impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
     async fn ask(&self, wait: bool) -> Result<Attempt> {
         let (backend, claim, keys) = (self.backend, self.claim, self.names);
+        let value = claim.value();
+        let leads = (claim.kind() == LockKind::Leader).then_some(&*value);
         let acquire = Acquire {
             keys,
             ttl: claim.ttl(),
             wait,
             handoff_ttl: backend.inner.handoff_ttl,
+            leads,
         };
         let inv = match Shared::of(claim.kind()) {
             Some(shared) => backend.call(&AcquireShared {
@@ -133,8 +150,12 @@ impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
             }),
             None => backend.call(&acquire),
         };
-        let (reply, _, sent): (Vec<::redis::Value>, bool, Instant) =
-            backend.invoke_coalesced("acquire", &inv).await?;
+        let (reply, _, sent): (Vec<::redis::Value>, bool, Instant) = if leads.is_some() {
+            let commands = &backend.inner.commands;
+            commands.invoke_noting_doubt("acquire", &inv).await?
+        } else {
+            backend.invoke_coalesced("acquire", &inv).await?
+        };
         let (code, value, server_ms) = parse_acquire(claim, &reply)?;
         if code == 1 {
             return Ok(Attempt::Granted(granted("redis", claim, value, sent)?));

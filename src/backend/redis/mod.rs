@@ -4,13 +4,14 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<ns>:{<key>}` | string | a mutex hold: `m <fencing token> <q> <owner>[ <w> <wq>]` (`q` = 1 once anyone may queue behind it); PX = lease |
+//! | `<ns>:{<key>}` | string | a mutex hold: `m <fencing token> <q> <owner>[ <w> <wq>]` (`q` = 1 once anyone may queue behind it); PX = lease. An election's: the same, then `\n?` (a provisional lead) or `\n=<value>` (its leader) |
 //! | `<ns>:{<key>}` | hash | a read-write lock or semaphore: `t` = `rw`/`sem`, `m` permits, `u` in use, `wr` writer, `f:<owner>`, `n:<owner>` per holder |
 //! | `<ns>:{<key>}:h` | zset | read-write lock or semaphore holder → lease deadline (server time, ms) |
 //! | `<ns>:{<key>}:q` | list | waiting owner tokens (`r:`/`w:`/`<n>:` before them for the shared kinds), in arrival order |
 //! | `<ns>:{<key>}:w` | zset | waiting owner → liveness deadline (server time, ms) |
 //! | `<ns>:{<key>}:fence` | string | fencing counter, expires an hour after it (re)started; `<n>q` while a mutex waiter may be queued |
 //! | `<ns>:{<key>}:c:<client>` | channel | messages for one client's waiters on this lock |
+//! | `<ns>:{<key>}:e` | channel | an election's changes of leader, for its observers (see `election.rs`) |
 //!
 //! An uncontended mutex acquire is `INCR` on the counter (refused while it is marked: then the
 //! queue is looked at) and `SET NX PX`; its release `GET` and `DEL`. The acquire and release
@@ -33,6 +34,7 @@ mod builder;
 mod cluster;
 mod coalesce;
 pub(crate) mod commands;
+mod election;
 mod fast;
 mod inspect;
 mod keys;
@@ -62,7 +64,7 @@ use self::commands::Commands;
 use self::notify::Hub;
 use self::replicas::Ack;
 use self::script::{Functions, Library};
-use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
+use super::{Attempt, Backend, Claim, Grant, Leader, LeaderWatch, LockKind, Renewal};
 use crate::error::Result;
 use crate::inspect::{ForceReleased, Inspection};
 
@@ -150,9 +152,8 @@ impl Backend for RedisBackend {
     type Ticket = RedisTicket;
     const RENEWS_WAITERS: bool = true;
 
-    fn supports(&self, kind: LockKind) -> bool {
-        // Elections are not on this backend yet (issue 30).
-        kind != LockKind::Leader
+    fn supports(&self, _kind: LockKind) -> bool {
+        true
     }
 
     fn name(&self) -> &'static str {
@@ -194,5 +195,17 @@ impl Backend for RedisBackend {
 
     async fn renew(&self, claims: &[(&Claim, &RedisTicket)]) -> Vec<Renewal> {
         self.renew_claims(claims).await
+    }
+
+    async fn proclaim(&self, claim: &Claim, ticket: &RedisTicket) -> Result<()> {
+        self.proclaim_claim(claim, ticket).await
+    }
+
+    async fn leader(&self, namespace: &str, key: &str) -> Result<Option<Leader>> {
+        self.leader_of(namespace, key).await
+    }
+
+    async fn watch_leader(&self, namespace: &str, key: &str) -> Result<LeaderWatch> {
+        self.watch_leader_of(namespace, key).await
     }
 }

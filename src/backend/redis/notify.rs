@@ -191,6 +191,20 @@ pub(crate) struct HubInner {
     cmd: mpsc::UnboundedSender<Arc<str>>,
     /// How many claims of this backend hold a lock now (see [`Holding`]).
     holding: AtomicUsize,
+    /// The elections observed here, by channel (`<lock>:e`): moved by every message there, and
+    /// all at once whenever messages may have been missed (see [`Hub::watch`]).
+    elections: StdMutex<HashMap<Arc<str>, watch::Sender<u64>>>,
+    /// Numbers the observers' registrations (each is a mailbox of its own on the channel).
+    observers: AtomicUsize,
+}
+
+impl HubInner {
+    /// Moves the counter of the election observed on `channel`, if any.
+    fn moved(&self, channel: &str) {
+        if let Some(changes) = self.elections.locked().get(channel) {
+            changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
 }
 
 impl Shared for HubInner {
@@ -217,6 +231,10 @@ impl Shared for HubInner {
     fn recheck_all(&self) {
         let channels = self.channels.locked();
         channels.values().for_each(|c| c.mailboxes.recheck());
+        drop(channels);
+        for changes in self.elections.locked().values() {
+            changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 
     fn anyone_waits(&self) -> bool {
@@ -263,6 +281,8 @@ impl Hub {
             common: Common::new(),
             cmd: cmd_tx,
             holding: AtomicUsize::new(0),
+            elections: StdMutex::new(HashMap::new()),
+            observers: AtomicUsize::new(0),
         });
         let link = PubSub {
             switched: switches(&source),
@@ -309,6 +329,33 @@ impl Hub {
             .locked()
             .get(channel)
             .is_some_and(|c| c.subscribed)
+    }
+
+    /// A counter that moves at every message on the election channel `channel` (and whenever
+    /// messages may have been missed: a reconnect, a subscription the server ended), with the
+    /// registration that keeps the channel subscribed while it lives. Subscribed before it
+    /// returns, so no message published after this call is missed.
+    pub(crate) async fn watch(
+        &self,
+        channel: &str,
+    ) -> Result<(watch::Receiver<u64>, Subscription)> {
+        let changes = {
+            let mut elections = self.inner.elections.locked();
+            match elections.get(channel) {
+                Some(changes) => changes.subscribe(),
+                None => {
+                    // Forget the elections nobody observes any more.
+                    elections.retain(|_, changes| changes.receiver_count() > 0);
+                    let (changes, rx) = watch::channel(0);
+                    elections.insert(channel.into(), changes);
+                    rx
+                }
+            }
+        };
+        // Owner tokens hold a '.', so no grant names this mailbox.
+        let n = self.inner.observers.fetch_add(1, Ordering::Relaxed);
+        let sub = self.subscribe(channel, &format!("observer-{n}")).await?;
+        Ok((changes, sub))
     }
 
     /// Registers `owner`'s mailbox on `channel` and makes sure the channel is subscribed before
@@ -557,6 +604,8 @@ impl Link for PubSub {
                             if let Some(c) = channels.get(channel.as_str()) {
                                 c.mailboxes.deliver(&payload);
                             }
+                            drop(channels);
+                            inner.moved(&channel);
                         }
                         Event::Dropped => {
                             tracing::debug!("a redis cluster pub/sub connection dropped; waiters re-check");
@@ -580,6 +629,8 @@ impl Link for PubSub {
                                 if let Some(c) = channels.get(channel.as_str()) {
                                     c.mailboxes.recheck();
                                 }
+                                drop(channels);
+                                inner.moved(&channel);
                             }
                         }
                     }

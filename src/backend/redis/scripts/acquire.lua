@@ -1,20 +1,27 @@
 -- Take the lock, or join (or keep our place in) its FIFO queue.
 -- KEYS: lock, queue, waiters, fence
 -- ARGV: owner, ttl ms, wait (1|0), fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:"),
---       the client's clock in µs (see `next_fence`)
+--       the client's clock in µs (see `next_fence`); for an election's candidate only, the
+--       value it proclaims
 -- Returns {1, fence, 0} when the lock is ours, {0, holder pttl, server ms} otherwise, and
--- {-1, family} if the key is in use as a read-write lock or semaphore.
+-- {-1, family} if the key is in use as another kind of lock.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 client_clock(ARGV[7])
+-- An election's candidate: the hold it takes says so, and carries its value once it leads.
+local said = ARGV[8]
+local leads = said and '=' .. said
 
 -- The path most calls take, two commands: nobody may be queued (the counter carries no mark,
 -- so it counts on, and did not restart: a new counter has lost any mark the old one had) and
 -- the key is free (SET NX). A token drawn for a key that turns out busy
 -- is skipped: tokens only need to increase.
 local drawn, restarted = next_fence(fence, fence_ttl, true)
-if drawn and not restarted and redis.call('SET', lock, mutex_value(drawn, owner, false), 'NX', 'PX', ttl) then
+if drawn and not restarted and redis.call('SET', lock, mutex_value(drawn, owner, false, nil, leads), 'NX', 'PX', ttl) then
+  if said then
+    leader_moved(lock)
+  end
   return {1, drawn, 0}
 end
 
@@ -32,9 +39,18 @@ if m and m.o == owner and not m.f then
   settling, m = m, nil
 end
 if m and m.o == owner then
-  -- Ours already (handed to us, or asked again): confirm the full lease.
-  redis.call('PEXPIRE', lock, ttl)
+  -- Ours already (handed to us, or asked again): confirm the full lease. A candidate handed
+  -- the lead leads from here, and its election's observers are told.
+  if said and not m.v then
+    redis.call('SET', lock, mutex_value(m.f, m.o, m.q, told_of(m), leads), 'PX', ttl)
+    leader_moved(lock)
+  else
+    redis.call('PEXPIRE', lock, ttl)
+  end
   return {1, tonumber(m.f), 0}
+elseif m and (m.t ~= nil) ~= (said ~= nil) then
+  -- A mutex's hold, and we campaign, or the other way round.
+  return {-1, family_of(lock, queue)}
 end
 
 if not m then
@@ -55,10 +71,14 @@ if not m then
     -- Queued ourselves (or others queued behind our unsettled hold): others may be queued
     -- behind us.
     local queued = head ~= nil or (settling ~= nil and settling.q)
-    return {1, grant(lock, fence, owner, ttl, fence_ttl, told, queued), 0}
+    local f = grant(lock, fence, owner, ttl, fence_ttl, told, queued, nil, leads)
+    if said then
+      leader_moved(lock)
+    end
+    return {1, f, 0}
   end
   -- Free, but another live waiter is first (the last holder expired): it gets the lock.
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told)
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told, said)
   m = mutex_at(lock)
 end
 
@@ -80,7 +100,7 @@ if wait then
     -- were told.
     local told = next_told(m.w, queue, now, left, handoff_ttl)
     if told or not m.q then
-      redis.call('SET', lock, mutex_value(m.f, m.o, true, told or told_of(m)), 'KEEPTTL')
+      redis.call('SET', lock, mutex_value(m.f, m.o, true, told or told_of(m), m.t), 'KEEPTTL')
     end
   end
 end

@@ -2,7 +2,9 @@
 --   base     a mutex: a string "m <fence> <q> <owner>[ <w> <wq>]" while it is held, whose
 --                  expiry is the holder's lease (see `mutex_value`): q = 1 once anyone may be
 --                  queued behind this hold (0: its release need not look at the queue); w and
---                  wq as below
+--                  wq as below. An election's leadership is held the same way, followed by
+--                  "\n?" while the lead handed to a candidate is provisional (it leads once
+--                  its client confirms it) or "\n=<value>" (its leader, proclaiming value)
 --            hash  a read-write lock or semaphore: t = rw | sem, m = permits (sem),
 --                  u = permits in use (sem), wr = the writer (rw), f:<owner> = each holder's
 --                  fencing token, n:<owner> = each holder's permits (sem); w and wq as below
@@ -177,7 +179,8 @@ end
 
 -- A mutex hold's value (see the layout above): fencing token `f` (a number, the string kept,
 -- or nil where none was recorded: written '-'), `owner`, whether anyone may be queued behind it, and `told` ({w, wq}, or nil).
-local function mutex_value(f, owner, queued, told)
+-- `tail` (nil for a mutex) makes it an election's: '?' (provisional) or '=<value>'.
+local function mutex_value(f, owner, queued, told, tail)
   if type(f) == 'number' then
     f = int(f)
   elseif not f then
@@ -191,12 +194,16 @@ local function mutex_value(f, owner, queued, told)
   if told then
     v = v .. ' ' .. told[1] .. ' ' .. told[2]
   end
+  if tail then
+    v = v .. '\n' .. tail
+  end
   return v
 end
 
 -- The mutex hold a lock key's value `v` (as `GET` answered it, by `pcall`) describes:
 -- {o = owner, f = token (a string, nil if not recorded), q = anyone may be queued, w, wq (nil
--- unless told)}; nil if the key is missing (nobody holds a mutex there), false if it is no
+-- unless told), t = an election's tail ('?' or '=<value>', nil for a mutex), v = the value
+-- its leader proclaims (nil unless confirmed)}; nil if the key is missing (nobody holds a mutex there), false if it is no
 -- string (a read-write lock or semaphore). A bare owner token (it holds no space) is a hold the
 -- client took with its own `SET NX PX` (the uncontended acquire, `redis/fast.rs`): its token
 -- is not recorded, and nobody was queued behind it then. A string that is not a hold raises
@@ -209,6 +216,14 @@ local function mutex_of(lock, v)
   elseif not string.find(v, ' ', 1, true) then
     return {o = v, q = false}
   end
+  local nl, t, said = string.find(v, '\n', 1, true), nil, nil
+  if nl then
+    t = string.sub(v, nl + 1)
+    v = string.sub(v, 1, nl - 1)
+    if string.byte(t, 1) == 61 then
+      said = string.sub(t, 2)
+    end
+  end
   local f, q, o, rest = string.match(v, '^m ([%d-]+) ([01]) (%S+)(.*)$')
   if not f then
     redis.call('HGET', lock, 'o')
@@ -217,7 +232,7 @@ local function mutex_of(lock, v)
   if f == '-' then
     f = nil
   end
-  return {o = o, f = f, q = q == '1', w = w, wq = wq}
+  return {o = o, f = f, q = q == '1', w = w, wq = wq, t = t, v = said}
 end
 
 -- The mutex hold at `lock` (see `mutex_of`).
@@ -240,8 +255,8 @@ end
 
 -- Makes `owner` the mutex's holder for `px` ms, with token `f` if the caller drew one (else
 -- the next); `told` (if any: the w and wq of `next_told`) is kept on the hold, and `queued`
--- marks it as having waiters behind it.
-local function grant(lock, fence, owner, px, fence_ttl, told, queued, f)
+-- marks it as having waiters behind it. `tail` makes it an election's (see `mutex_value`).
+local function grant(lock, fence, owner, px, fence_ttl, told, queued, f, tail)
   if not f then
     local restarted
     f, restarted = next_fence(fence, fence_ttl)
@@ -250,8 +265,13 @@ local function grant(lock, fence, owner, px, fence_ttl, told, queued, f)
       mark_queued(fence, f, fence_ttl)
     end
   end
-  redis.call('SET', lock, mutex_value(f, owner, queued, told), 'PX', px)
+  redis.call('SET', lock, mutex_value(f, owner, queued, told, tail), 'PX', px)
   return f
+end
+
+-- Tells an election's observers (on "<lock>:e") that its leader may have changed.
+local function leader_moved(lock)
+  Q.publish(lock .. ':e', 'leader')
 end
 
 -- A waiter re-checks on its own at the moment it was told (when the lease it queued behind
@@ -327,8 +347,11 @@ end
 local function family_of(base, queue)
   local fields = redis.pcall('HMGET', base, 't', 'o', 'm')
   if fields.err then
-    -- No hash: a mutex's hold, or not ours.
-    if mutex_at(base) then
+    -- No hash: a mutex's or an election's hold, or not ours.
+    local m = mutex_at(base)
+    if m and m.t then
+      return 'election'
+    elseif m then
       return 'mutex'
     end
     redis.call('HMGET', base, 't')
@@ -410,8 +433,10 @@ end
 -- Gives the mutex to the live head of the queue, for a short unconfirmed lease, and announces
 -- it; says whether it did. `told` is what the released hold kept of `next_told` (or nil),
 -- passed on while it matters. The released hold's value, if any, is overwritten. A queue found
--- empty loses its mark (see `mark_queued`).
-local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told)
+-- empty loses its mark (see `mark_queued`). `election`: the lock is an election's, so the new
+-- holder's lead is provisional ('?') until its client confirms it.
+local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told,
+                        election)
   if not Q.may_grant() then
     return false
   end
@@ -427,7 +452,11 @@ local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, pre
   redis.call('ZREM', waiters, head)
   local hint = needs_hint(told, told and told[2] == head, handoff_ttl)
   -- Others may still wait behind the new holder (not counted: its release looks).
-  local f = grant(lock, fence, head, handoff_ttl, fence_ttl, hint and told or nil, true)
+  local tail = nil
+  if election then
+    tail = '?'
+  end
+  local f = grant(lock, fence, head, handoff_ttl, fence_ttl, hint and told or nil, true, nil, tail)
   announce(prefix, head, f, handoff_ttl)
   if hint then
     hint_next(prefix, queue, handoff_ttl)

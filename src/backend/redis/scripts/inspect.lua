@@ -1,20 +1,21 @@
 -- Reads a lock without changing it: its family, its live holders and its live waiters.
 -- KEYS: base, holders, queue, waiters (fence is not read)
--- Returns {family, holders, waiters}: family '' (free), 'mutex', 'rw' or 'sem:<permits>';
+-- Returns {family, holders, waiters}: family '' (free), 'mutex', 'election', 'rw' or
+-- 'sem:<permits>';
 -- holders a flat list of kind, fencing token, lease ms left; waiters a flat list of kinds, in
--- queue order. Kinds: 'x' (mutex), 'r', 'w', or a permit count. Expired holders and dead
+-- queue order. Kinds: 'x' (mutex), 'l' (election), 'r', 'w', or a permit count. Expired holders and dead
 -- waiters are left out (the next script that writes purges them).
 local base, holders, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = clock()
 local family = family_of(base, queue) or ''
 local held, waiting = {}, {}
 
-if family == 'mutex' then
+if family == 'mutex' or family == 'election' then
   local m = mutex_at(base)
   local left = redis.call('PTTL', base)
   if m and left > 0 then
     -- A token the hold did not record (see `mutex_of`) is reported as ''.
-    held = {'x', m.f or '', left}
+    held = {m.t and 'l' or 'x', m.f or '', left}
   end
 elseif family ~= '' then
   local writer = redis.call('HGET', base, 'wr')
@@ -32,7 +33,7 @@ for _, entry in ipairs(redis.call('LRANGE', queue, 0, -1)) do
   local kind, owner = parse_entry(entry)
   local deadline = redis.call('ZSCORE', waiters, owner)
   if deadline and tonumber(deadline) > now then
-    table.insert(waiting, kind or 'x')
+    table.insert(waiting, kind or (family == 'election' and 'l') or 'x')
   end
 end
 return {family, held, waiting}

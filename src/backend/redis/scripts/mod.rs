@@ -33,7 +33,7 @@ pub(super) const FAILOVER_LUA: &str = include_str!("failover.lua");
 pub(super) const SHARDED_LUA: &str = include_str!("sharded.lua");
 
 /// The scripts of the library, every topology alike.
-pub(super) const ALL: [Part; 9] = [
+pub(super) const ALL: [Part; 11] = [
     Acquire::SCRIPT,
     Release::SCRIPT,
     Renew::SCRIPT,
@@ -42,6 +42,8 @@ pub(super) const ALL: [Part; 9] = [
     ReleaseShared::SCRIPT,
     Downgrade::SCRIPT,
     ForceRelease::SCRIPT,
+    LeaderOf::SCRIPT,
+    Proclaim::SCRIPT,
     Ping::SCRIPT,
 ];
 
@@ -110,6 +112,9 @@ pub(crate) struct Acquire<'a> {
     /// Queue if the lock is busy (else only look).
     pub(crate) wait: bool,
     pub(crate) handoff_ttl: Duration,
+    /// An election's candidate: the value it proclaims (`None` for every other kind). Such a
+    /// call is never coalesced: its arguments are one more than a mutex's.
+    pub(crate) leads: Option<&'a [u8]>,
 }
 
 impl Acquire<'_> {
@@ -133,6 +138,9 @@ impl Args for Acquire<'_> {
         self.push_args(call);
         // A second floor for the fencing token, besides the server's clock (`next_fence`).
         call.arg_clock();
+        if let Some(value) = self.leads {
+            call.arg(value);
+        }
     }
 }
 
@@ -164,6 +172,9 @@ impl Args for AcquireShared<'_> {
 pub(crate) struct Release<'a> {
     pub(crate) keys: &'a Keys,
     pub(crate) handoff_ttl: Duration,
+    /// An election's candidate (a lead it hands on is provisional). Such a call is never
+    /// coalesced: its arguments are one more than a mutex's.
+    pub(crate) election: bool,
 }
 
 impl Args for Release<'_> {
@@ -174,6 +185,9 @@ impl Args for Release<'_> {
         push_release_args(call, self.keys, self.handoff_ttl);
         // The tokens of the grants it hands on are floored by our clock too.
         call.arg_clock();
+        if self.election {
+            call.arg("l");
+        }
     }
 }
 
@@ -202,7 +216,9 @@ impl Args for ReleaseShared<'_> {
     );
 
     fn push(&self, call: &mut Call<'_>) {
-        let Release { keys, handoff_ttl } = self.release;
+        let Release {
+            keys, handoff_ttl, ..
+        } = self.release;
         push_shared_keys(call, keys);
         push_release_args(call, keys, handoff_ttl);
         call.arg(entry(keys, self.kind)).arg_clock();
@@ -258,6 +274,36 @@ impl Args for ForceRelease<'_> {
             .arg(millis(self.handoff_ttl))
             .arg(&self.keys.channels)
             .arg_clock();
+    }
+}
+
+/// `leader.lua`: who leads an election (its confirmed leader's term, lease left and value).
+pub(crate) struct LeaderOf<'a> {
+    pub(crate) keys: &'a Keys,
+}
+
+impl Args for LeaderOf<'_> {
+    const SCRIPT: Part = reading("leader", include_str!("leader.lua"));
+
+    /// Lock, queue.
+    fn push(&self, call: &mut Call<'_>) {
+        call.key(&self.keys.lock).key(&self.keys.queue);
+    }
+}
+
+/// `proclaim.lua`: replace what an election's leader proclaims, if the claim still leads.
+pub(crate) struct Proclaim<'a> {
+    pub(crate) keys: &'a Keys,
+    pub(crate) value: &'a [u8],
+}
+
+impl Args for Proclaim<'_> {
+    const SCRIPT: Part = growing("proclaim", &[], include_str!("proclaim.lua"));
+
+    fn push(&self, call: &mut Call<'_>) {
+        call.key(&self.keys.lock)
+            .arg(&self.keys.owner)
+            .arg(self.value);
     }
 }
 

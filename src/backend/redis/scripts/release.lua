@@ -2,7 +2,7 @@
 -- queue entry. Idempotent.
 -- KEYS: lock, queue, waiters, fence
 -- ARGV: owner, fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:"), the client's clock
---       in µs (see `next_fence`)
+--       in µs (see `next_fence`); 'l' for an election's candidate only
 -- Returns 1 if the owner held the lock, 0 otherwise.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = ARGV[1]
@@ -27,8 +27,12 @@ if m and m.o == owner then
   -- hold if it is not marked: then the queue is not even looked at). The fencing counter
   -- outlives it in its own key.
   if not (m.q and hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix,
-                           told_of(m))) then
+                           told_of(m), m.t)) then
     redis.call('DEL', lock)
+  end
+  if m.v then
+    -- An election's leader stepped down.
+    leader_moved(lock)
   end
   return 1
 end
@@ -36,6 +40,6 @@ if redis.call('ZREM', waiters, owner) == 1 then
   redis.call('LREM', queue, 1, owner)
 end
 if not m then
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, nil, ARGV[6] == 'l')
 end
 return 0

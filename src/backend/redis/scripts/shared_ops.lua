@@ -87,17 +87,21 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
     end
   end
 
-  if family == 'mutex' then
+  if family == 'mutex' or family == 'election' then
     local m = mutex_at(base)
     if m then
       local left = redis.call('PTTL', base)
       -- A token the hold did not record (see `mutex_of`) is reported as '', and the counter
       -- is above it already.
-      removed = {m.o, 'x', m.f or '', left}
+      removed = {m.o, m.t and 'l' or 'x', m.f or '', left}
       top = tonumber(m.f) or 0
       lift_fence()
-      if not hand_off(base, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told_of(m)) then
+      if not hand_off(base, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told_of(m),
+                      m.t) then
         redis.call('DEL', base)
+      end
+      if m.v then
+        leader_moved(base)
       end
     end
   elseif family ~= '' then

@@ -1,0 +1,105 @@
+//! Elections on Redis: a leadership claim is a mutex claim (one FIFO queue, direct handoff,
+//! renewal, the fencing counter's token as the term) whose hold also says it is an election's
+//! and, once its client confirmed the lead, carries the value it proclaims (see `common.lua`).
+//!
+//! A lead handed to a waiting candidate is provisional until the candidate's client confirms
+//! it by asking again (`wait_claim` turns the grant message into a re-ask): until then it is
+//! not reported, nor announced, so a candidate whose host died in line is never seen leading.
+//! Every change of the confirmed leader (a confirmed grant, a proclaim, a leader's release, an
+//! operator's unlock) is published on the election's channel, `<lock>:e`, where observers
+//! listen through the hub; a lease that runs out is not (observers re-read when it ends).
+
+use std::time::Duration;
+
+use ::redis::Value;
+
+use super::scripts::{LeaderOf, Proclaim};
+use super::{Keys, RedisBackend, RedisTicket};
+use crate::backend::wire::kind_mismatch;
+use crate::backend::{Claim, Leader, LeaderWatch, LockKind};
+use crate::error::{Error, ErrorKind, Result};
+
+/// The most bytes an election's value may hold (a campaign's or a proclaim's): the value lives
+/// in the leader's hold, which every renewal and every candidate's call reads on the server.
+pub(crate) const MAX_VALUE_LEN: usize = 1 << 20;
+
+/// Refuses a value larger than [`MAX_VALUE_LEN`], before any I/O.
+pub(super) fn validate_value(key: &str, value: &[u8]) -> Result<()> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::unsupported(format_args!(
+            "`{key}`: a redis election value holds at most {MAX_VALUE_LEN} bytes, this one has {}",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The channel an election's changes are published on: `<lock>:e` (the lock's hash tag, so
+/// its Cluster slot).
+fn channel_of(keys: &Keys) -> String {
+    format!("{}:e", keys.lock)
+}
+
+fn malformed() -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        "redis leader returned a malformed reply",
+    )
+}
+
+impl RedisBackend {
+    /// Publishes the claim's value as what its leader says.
+    pub(super) async fn proclaim_claim(&self, claim: &Claim, ticket: &RedisTicket) -> Result<()> {
+        let value = claim.value();
+        validate_value(claim.key(), &value)?;
+        let keys = ticket.keys(claim, &self.inner.client_id);
+        let inv = self.call(&Proclaim {
+            keys,
+            value: &value,
+        });
+        let leads: i64 = self.inner.commands.invoke("proclaim", &inv).await?;
+        match leads {
+            1 => Ok(()),
+            _ => Err(Error::lost(claim.key())),
+        }
+    }
+
+    /// Who leads the election `key` of `namespace`: its confirmed leader.
+    pub(super) async fn leader_of(&self, namespace: &str, key: &str) -> Result<Option<Leader>> {
+        let keys = Keys::named(namespace, key, &self.inner.client_id, "");
+        let inv = self.call(&LeaderOf { keys: &keys });
+        let reply: Vec<Value> = self.inner.commands.invoke("leader", &inv).await?;
+        let int = |i: usize| -> Option<i64> { ::redis::from_redis_value_ref(reply.get(i)?).ok() };
+        match int(0) {
+            Some(0) => Ok(None),
+            Some(-1) => {
+                let family: String = reply
+                    .get(1)
+                    .and_then(|v| ::redis::from_redis_value_ref(v).ok())
+                    .unwrap_or_default();
+                Err(kind_mismatch(key, &family, LockKind::Leader))
+            }
+            Some(1) => {
+                let term = int(1)
+                    .and_then(|t| u64::try_from(t).ok())
+                    .ok_or_else(malformed)?;
+                let left = int(2).ok_or_else(malformed)?;
+                let value: Vec<u8> = reply
+                    .get(3)
+                    .and_then(|v| ::redis::from_redis_value_ref(v).ok())
+                    .ok_or_else(malformed)?;
+                let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
+                Ok(Some(Leader::new(value, term, left)))
+            }
+            _ => Err(malformed()),
+        }
+    }
+
+    /// A signal the hub moves at every message on the election's channel (subscribed before
+    /// this returns) and whenever messages may have been missed.
+    pub(super) async fn watch_leader_of(&self, namespace: &str, key: &str) -> Result<LeaderWatch> {
+        let keys = Keys::named(namespace, key, &self.inner.client_id, "");
+        let (changes, subscription) = self.inner.hub.watch(&channel_of(&keys)).await?;
+        Ok(LeaderWatch::new(changes).keeping(subscription))
+    }
+}
