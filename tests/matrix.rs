@@ -206,18 +206,18 @@ matrix! {
     }, [mutex, rw, semaphore, lease, election];
 
     #[cfg(feature = "redis")]
-    redis: server::redis::env, Sizes { fifo: 64, ..BASE }, [mutex, rw, semaphore, lease]
-        skip [election];
+    redis: server::redis::env, Sizes { fifo: 64, ..BASE },
+        [mutex, rw, semaphore, lease, election];
 
     #[cfg(feature = "redis-cluster")]
     redis_cluster: server::cluster::env, Sizes {
         drops: Torture { cancel_rounds: 100, unit: Duration::from_millis(5), ..BASE.drops },
         ..REPLICATED
-    }, [mutex, rw, semaphore, lease] skip [election];
+    }, [mutex, rw, semaphore, lease, election];
 
     #[cfg(feature = "redis-sentinel")]
     redis_sentinel: server::sentinel::env, Sizes { fifo: 8, ..REPLICATED },
-        [mutex, rw, semaphore, lease] skip [election];
+        [mutex, rw, semaphore, lease, election];
 
     #[cfg(feature = "redlock")]
     redlock: server::redlock::env, Sizes {
