@@ -40,6 +40,9 @@ pub(crate) const FORMS: [&str; 7] = [
 /// The backends with elections (the `election` form).
 pub(crate) const ELECTIONS: &[&str] = &[
     "memory",
+    "redis",
+    "redis-sentinel",
+    "redis-cluster",
     "postgres",
     "postgres-pgbouncer",
     "zookeeper",

@@ -28,9 +28,9 @@ use crate::error::Result;
 /// time, in the order they asked.
 ///
 /// A cheap handle (no I/O until used); clone it or make a new one from the client at will.
-/// Backends: memory, PostgreSQL (direct or through PgBouncer) and ZooKeeper (a Curator
-/// `LeaderLatch` on the same path) today; the others refuse elections with
-/// [`Unsupported`](crate::ErrorKind::Unsupported) until they offer them.
+/// Backends: memory, Redis (single server, Cluster, Sentinel), PostgreSQL (direct or through
+/// PgBouncer) and ZooKeeper (a Curator `LeaderLatch` on the same path); Redlock refuses
+/// elections with [`Unsupported`](crate::ErrorKind::Unsupported).
 ///
 /// # Examples
 ///
