@@ -549,3 +549,31 @@ pub async fn a_large_value_round_trips(client: &LockClient, len: usize) -> distl
     assert_eq!(next.value(), b"small");
     leading
 }
+
+/// A value of `len` bytes, over what the service holds, is refused at once, before it reaches
+/// the server, by a proclaim of `leading` and by a campaign on `client`; the leadership is
+/// unharmed.
+pub async fn a_too_large_value_is_refused_before_io(
+    client: &LockClient,
+    leading: &distlock::Leadership,
+    len: usize,
+) {
+    let started = std::time::Instant::now();
+    let huge = vec![0x5Au8; len];
+    let err = leading.proclaim(&huge).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let err = timeout(
+        Duration::from_secs(5),
+        client.election("huge").campaign(&huge),
+    )
+    .await
+    .expect("a campaign with a value too large hung")
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused after {:?}",
+        started.elapsed()
+    );
+    assert!(!leading.is_lost());
+}

@@ -15,23 +15,17 @@ use ::redis::Value;
 
 use super::scripts::{LeaderOf, Proclaim};
 use super::{Keys, RedisBackend, RedisTicket};
-use crate::backend::wire::kind_mismatch;
+use crate::backend::wire::{check_value_len, kind_mismatch};
 use crate::backend::{Claim, Leader, LeaderWatch, LockKind};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The most bytes an election's value may hold (a campaign's or a proclaim's): the value lives
 /// in the leader's hold, which every renewal and every candidate's call reads on the server.
-pub(crate) const MAX_VALUE_LEN: usize = 1 << 20;
+pub(super) const MAX_VALUE_LEN: usize = 1 << 20;
 
 /// Refuses a value larger than [`MAX_VALUE_LEN`], before any I/O.
 pub(super) fn validate_value(key: &str, value: &[u8]) -> Result<()> {
-    if value.len() > MAX_VALUE_LEN {
-        return Err(Error::unsupported(format_args!(
-            "`{key}`: a redis election value holds at most {MAX_VALUE_LEN} bytes, this one has {}",
-            value.len()
-        )));
-    }
-    Ok(())
+    check_value_len("redis", key, value, MAX_VALUE_LEN)
 }
 
 /// The channel an election's changes are published on: `<lock>:e` (the lock's hash tag, so

@@ -228,13 +228,7 @@ pub(super) const MAX_VALUE_LEN: usize = (1 << 20) - (16 << 10);
 
 /// Refuses a value a latch node cannot hold ([`MAX_VALUE_LEN`]), before any I/O.
 pub(super) fn validate_value(key: &str, value: &[u8]) -> Result<()> {
-    if value.len() > MAX_VALUE_LEN {
-        return Err(Error::unsupported(format_args!(
-            "`{key}`: a zookeeper election value holds at most {MAX_VALUE_LEN} bytes, this one has {}",
-            value.len()
-        )));
-    }
-    Ok(())
+    crate::backend::wire::check_value_len("zookeeper", key, value, MAX_VALUE_LEN)
 }
 
 /// Rejects keys that are not a clean relative ZooKeeper path: empty segments, `.` and `..`,
