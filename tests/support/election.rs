@@ -459,6 +459,10 @@ pub async fn an_observer_cut_off_catches_up(svc: &Service, ns: &str) {
     changes.until("nobody leading", Option::is_none).await;
     let first = a.election("elect").campaign("a").await.unwrap();
     changes.until("the first leader", Option::is_some).await;
+    // The observer may have read the first leader before its announcement came, and would
+    // read again on that late wake-up, as fast as the changes below are made, without
+    // needing a message. Let it settle first, waiting for the next message.
+    sleep(Duration::from_millis(300)).await;
 
     proxy.blackhole_only(Which::Subscribers);
     let cut = Instant::now();
