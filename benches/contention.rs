@@ -17,7 +17,7 @@
 //! primitive on memory and Redis: `mutex` (default), `rwlock` (one write in ten, the rest
 //! reads; label `-rwlock90`), `semaphore` (4 permits, one each; label `-semaphore4`) or
 //! `election` (campaign, read the leader, resign: the turnover of leaders; label
-//! `-election`; memory, PostgreSQL and ZooKeeper so far). Redis runs start their own
+//! `-election`; memory, Redis, PostgreSQL and ZooKeeper). Redis runs start their own
 //! `redis-server` on a free loopback port (tests/support), shared by `redis` and `rslock`
 //! (`redis-evalsha`: the same server, as a user not allowed functions, so our scripts go by
 //! EVALSHA as before Redis 7);
