@@ -18,13 +18,14 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use super::handoff::{parse, Mailbox, Wake};
 use super::retry::Backoff;
+use crate::sync::LockExt;
 
 /// How long connecting may take, and how long a subscriber waits for the connection.
 pub(crate) const CONNECT_WAIT: Duration = Duration::from_secs(5);
@@ -36,6 +37,48 @@ pub(crate) const RECONNECT_MAX: Duration = Duration::from_secs(2);
 const PING_EVERY: Duration = Duration::from_secs(1);
 /// How long a ping may go unanswered before the connection is taken as dead.
 const PING_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The elections observed through a hub, by name: a counter each, moved when the service says
+/// its leader may have changed, and all at once whenever messages may have been missed.
+#[derive(Default)]
+pub(crate) struct Elections(StdMutex<HashMap<Arc<str>, watch::Sender<u64>>>);
+
+impl Elections {
+    /// A counter for the election `name`, shared by its observers here.
+    pub(crate) fn watch(&self, name: &str) -> watch::Receiver<u64> {
+        let mut elections = self.0.locked();
+        if let Some(changes) = elections.get(name) {
+            return changes.subscribe();
+        }
+        // Forget the elections nobody observes any more.
+        elections.retain(|_, changes| changes.receiver_count() > 0);
+        let (changes, rx) = watch::channel(0);
+        elections.insert(name.into(), changes);
+        rx
+    }
+
+    /// The leader of `name` may have changed.
+    pub(crate) fn moved(&self, name: &str) {
+        if let Some(changes) = self.0.locked().get(name) {
+            changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Any leader may have changed (messages may have been missed).
+    pub(crate) fn moved_all(&self) {
+        for changes in self.0.locked().values() {
+            changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Whether anyone observes an election here.
+    pub(crate) fn observed(&self) -> bool {
+        self.0
+            .locked()
+            .values()
+            .any(|changes| changes.receiver_count() > 0)
+    }
+}
 
 /// The mailboxes of waiting claims, by owner token.
 #[derive(Default)]
@@ -310,13 +353,10 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex as StdMutex;
-
     use tokio::sync::mpsc;
     use tokio::time::Instant;
 
     use super::*;
-    use crate::sync::LockExt;
 
     /// One waiting claim at most.
     struct State {

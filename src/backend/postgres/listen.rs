@@ -15,7 +15,6 @@
 //! reconnects, listens again and tells every mailbox to re-check, since notifications are not
 //! replayed.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -26,7 +25,7 @@ use tokio_postgres::{AsyncMessage, Client};
 use super::tls::Endpoint;
 
 use crate::backend::hub::{
-    self, keepalive, Alive, Common, Link, Mailboxes, Served, Shared, CONNECT_WAIT,
+    self, keepalive, Alive, Common, Elections, Link, Mailboxes, Served, Shared, CONNECT_WAIT,
 };
 use crate::sync::LockExt;
 
@@ -35,7 +34,7 @@ pub(crate) struct HubInner {
     mailboxes: StdMutex<Mailboxes>,
     /// The elections observed here, by `<ns>:<key>`: moved when the server says their leader
     /// may have changed, and all at once after a reconnect (messages are not replayed).
-    elections: StdMutex<HashMap<Arc<str>, watch::Sender<u64>>>,
+    elections: Elections,
     /// Whether the channel is listened to right now, and the reconnect counter.
     common: Common<()>,
     /// The last probe heard on the channel (see [`Hub::hears`]).
@@ -57,27 +56,11 @@ impl Shared for HubInner {
 
     fn recheck_all(&self) {
         self.mailboxes.locked().recheck();
-        for changes in self.elections.locked().values() {
-            changes.send_modify(|n| *n = n.wrapping_add(1));
-        }
+        self.elections.moved_all();
     }
 
     fn anyone_waits(&self) -> bool {
-        !self.mailboxes.locked().is_empty()
-            || self
-                .elections
-                .locked()
-                .values()
-                .any(|changes| changes.receiver_count() > 0)
-    }
-}
-
-impl HubInner {
-    /// The server said the leader of `election` (`<ns>:<key>`) may have changed.
-    fn moved(&self, election: &str) {
-        if let Some(changes) = self.elections.locked().get(election) {
-            changes.send_modify(|n| *n = n.wrapping_add(1));
-        }
+        !self.mailboxes.locked().is_empty() || self.elections.observed()
     }
 }
 
@@ -104,7 +87,7 @@ impl Hub {
     pub(crate) fn start(endpoint: Endpoint, channel: String) -> Self {
         let inner = Arc::new(HubInner {
             mailboxes: StdMutex::new(Mailboxes::default()),
-            elections: StdMutex::new(HashMap::new()),
+            elections: Elections::default(),
             common: Common::new(),
             probe: watch::Sender::new(None),
         });
@@ -155,16 +138,7 @@ impl Hub {
     /// A counter that moves whenever the leader of the election `key` of `ns` may have
     /// changed (and after every reconnect).
     pub(crate) fn watch(&self, ns: &str, key: &str) -> watch::Receiver<u64> {
-        let name: Arc<str> = format!("{ns}:{key}").into();
-        let mut elections = self.inner.elections.locked();
-        if let Some(changes) = elections.get(&name) {
-            return changes.subscribe();
-        }
-        // Forget the elections nobody observes any more.
-        elections.retain(|_, changes| changes.receiver_count() > 0);
-        let (changes, rx) = watch::channel(0);
-        elections.insert(name, changes);
-        rx
+        self.inner.elections.watch(&format!("{ns}:{key}"))
     }
 
     /// Stops the task and closes the connection.
@@ -291,7 +265,7 @@ impl Link for Listen {
                     };
                     let Some(inner) = self.hub.upgrade() else { return Served::HubGone };
                     if notification.channel() == ELECTIONS {
-                        inner.moved(notification.payload());
+                        inner.elections.moved(notification.payload());
                         continue;
                     }
                     if let Some(token) = notification.payload().strip_prefix(PROBE) {

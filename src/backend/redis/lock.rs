@@ -133,8 +133,9 @@ impl RedisBackend {
 impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
     async fn ask(&self, wait: bool) -> Result<Attempt> {
         let (backend, claim, keys) = (self.backend, self.claim, self.names);
-        let value = claim.value();
-        let leads = (claim.kind() == LockKind::Leader).then_some(&*value);
+        // Only a candidate's value is read (a mutex's acquire takes no lock for it).
+        let value = (claim.kind() == LockKind::Leader).then(|| claim.value());
+        let leads = value.as_deref();
         let acquire = Acquire {
             keys,
             ttl: claim.ttl(),

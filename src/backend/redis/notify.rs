@@ -30,8 +30,8 @@ use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
 use crate::backend::hub::{
-    self, keepalive, Alive, Common, Link, Mailboxes, Registration, Served, Shared, CONNECT_WAIT,
-    RECONNECT_MIN,
+    self, keepalive, Alive, Common, Elections, Link, Mailboxes, Registration, Served, Shared,
+    CONNECT_WAIT, RECONNECT_MIN,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::LockExt;
@@ -193,18 +193,9 @@ pub(crate) struct HubInner {
     holding: AtomicUsize,
     /// The elections observed here, by channel (`<lock>:e`): moved by every message there, and
     /// all at once whenever messages may have been missed (see [`Hub::watch`]).
-    elections: StdMutex<HashMap<Arc<str>, watch::Sender<u64>>>,
+    elections: Elections,
     /// Numbers the observers' registrations (each is a mailbox of its own on the channel).
     observers: AtomicUsize,
-}
-
-impl HubInner {
-    /// Moves the counter of the election observed on `channel`, if any.
-    fn moved(&self, channel: &str) {
-        if let Some(changes) = self.elections.locked().get(channel) {
-            changes.send_modify(|n| *n = n.wrapping_add(1));
-        }
-    }
 }
 
 impl Shared for HubInner {
@@ -232,9 +223,7 @@ impl Shared for HubInner {
         let channels = self.channels.locked();
         channels.values().for_each(|c| c.mailboxes.recheck());
         drop(channels);
-        for changes in self.elections.locked().values() {
-            changes.send_modify(|n| *n = n.wrapping_add(1));
-        }
+        self.elections.moved_all();
     }
 
     fn anyone_waits(&self) -> bool {
@@ -281,7 +270,7 @@ impl Hub {
             common: Common::new(),
             cmd: cmd_tx,
             holding: AtomicUsize::new(0),
-            elections: StdMutex::new(HashMap::new()),
+            elections: Elections::default(),
             observers: AtomicUsize::new(0),
         });
         let link = PubSub {
@@ -339,19 +328,7 @@ impl Hub {
         &self,
         channel: &str,
     ) -> Result<(watch::Receiver<u64>, Subscription)> {
-        let changes = {
-            let mut elections = self.inner.elections.locked();
-            match elections.get(channel) {
-                Some(changes) => changes.subscribe(),
-                None => {
-                    // Forget the elections nobody observes any more.
-                    elections.retain(|_, changes| changes.receiver_count() > 0);
-                    let (changes, rx) = watch::channel(0);
-                    elections.insert(channel.into(), changes);
-                    rx
-                }
-            }
-        };
+        let changes = self.inner.elections.watch(channel);
         // Owner tokens hold a '.', so no grant names this mailbox.
         let n = self.inner.observers.fetch_add(1, Ordering::Relaxed);
         let sub = self.subscribe(channel, &format!("observer-{n}")).await?;
@@ -605,7 +582,7 @@ impl Link for PubSub {
                                 c.mailboxes.deliver(&payload);
                             }
                             drop(channels);
-                            inner.moved(&channel);
+                            inner.elections.moved(&channel);
                         }
                         Event::Dropped => {
                             tracing::debug!("a redis cluster pub/sub connection dropped; waiters re-check");
@@ -630,7 +607,7 @@ impl Link for PubSub {
                                     c.mailboxes.recheck();
                                 }
                                 drop(channels);
-                                inner.moved(&channel);
+                                inner.elections.moved(&channel);
                             }
                         }
                     }
