@@ -491,98 +491,13 @@ async fn postgres_a_campaign_timed_out_in_flight_leaves_no_leader() {
     assert_eq!(support::pg::claims_in(&url, &ns).await, 0);
 }
 
-/// A candidate's host dies while it waits in line (its connections silent); the leader
-/// resigns, and the lock is handed to the dead candidate under a provisional lease it never
-/// confirms. Until the next live candidate leads, `leader()` and an observer must not report
-/// the dead one: its campaign never returned, so nobody leads under its term. The observer
-/// is woken when the live candidate really leads.
+/// A candidate's host dies while it waits in line: it is never reported as the leader (see
+/// `support::election::a_dead_candidate_is_never_reported_as_leader`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_dead_candidate_is_never_reported_as_leader() {
-    let ns = test_namespace!();
-    let url = shared_postgres().url();
-    let proxy = support::proxy::Proxy::start(shared_postgres().port());
-    let via = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
-    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(500));
-    let a = support::pg::client(&url, &ns, ttl, handoff).await;
-    let dead = support::pg::client(&via, &ns, ttl, handoff).await;
-    let next = support::pg::client(&url, &ns, ttl, handoff).await;
-    let watcher = support::pg::client(&url, &ns, ttl, handoff).await;
-
-    let leading = a.election("e").campaign("a").await.unwrap();
-    let first_term = leading.term();
-    let doomed = tokio::spawn(dead.election("e").campaign("dead"));
-    support::pg::until_queued(&url, &ns, "e", 1).await;
-    let election = next.election("e");
-    let waiting = tokio::spawn(async move { election.campaign("next").await });
-    support::pg::until_queued(&url, &ns, "e", 2).await;
-
-    type Seen = Vec<(Duration, Option<String>)>;
-    let seen: Arc<StdMutex<Seen>> = Arc::default();
-    let start = StdInstant::now();
-    let observer = {
-        let (seen, mut changes) = (seen.clone(), Box::pin(watcher.election("e").observe()));
-        tokio::spawn(async move {
-            while let Some(item) = changes.next().await {
-                let value = item
-                    .unwrap()
-                    .map(|l| l.value_str().unwrap_or("?").to_owned());
-                seen.lock().unwrap().push((start.elapsed(), value));
-            }
-        })
-    };
-    sleep(Duration::from_millis(200)).await;
-    proxy.crash(Duration::from_secs(30));
-    let resigned = start.elapsed();
-    leading.resign().await.unwrap();
-    // Read as often as a busy dashboard would, until the live candidate shows.
-    let mut polled: Seen = Vec::new();
-    let deadline = StdInstant::now() + Duration::from_secs(5);
-    while StdInstant::now() < deadline {
-        let now = watcher.election("e").leader().await.unwrap();
-        let value = now.map(|l| l.value_str().unwrap_or("?").to_owned());
-        if polled.last().map(|(_, v)| v) != Some(&value) {
-            polled.push((start.elapsed(), value.clone()));
-        }
-        if value.as_deref() == Some("next") {
-            break;
-        }
-        sleep(Duration::from_millis(10)).await;
-    }
-    let new = timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the live candidate never led")
-        .unwrap()
-        .unwrap();
-    // The observer hears of the new leader (the announce comes with its confirmation).
-    let heard = timeout(Duration::from_secs(3), async {
-        while seen.lock().unwrap().last().map(|(_, v)| v.as_deref()) != Some(Some("next")) {
-            sleep(Duration::from_millis(10)).await;
-        }
-    })
+    support::election::a_dead_candidate_is_never_reported_as_leader(
+        &support::pg::service(),
+        &test_namespace!(),
+    )
     .await;
-    observer.abort();
-    let seen = seen.lock().unwrap().clone();
-    println!("resigned at {resigned:?}");
-    println!("leader() read: {polled:?}");
-    println!("observer saw: {seen:?}");
-    let dead_reported = polled
-        .iter()
-        .chain(seen.iter())
-        .any(|(_, v)| v.as_deref() == Some("dead"));
-    let new_term = new.term();
-    new.resign().await.unwrap();
-    doomed.abort();
-    proxy.heal();
-    for c in [a, next, watcher] {
-        c.shutdown().await;
-    }
-    assert!(
-        !dead_reported,
-        "a candidate that never led (its host dead) was reported as the leader"
-    );
-    assert!(
-        heard.is_ok(),
-        "the observer never saw the live candidate lead"
-    );
-    assert!(new_term > first_term, "{new_term} after {first_term}");
 }
