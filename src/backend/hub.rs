@@ -72,6 +72,7 @@ impl Elections {
     }
 
     /// Whether anyone observes an election here.
+    #[cfg(feature = "postgres")]
     pub(crate) fn observed(&self) -> bool {
         self.0
             .locked()

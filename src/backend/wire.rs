@@ -66,6 +66,7 @@ pub(crate) fn mismatch(key: &str, seen: impl Display, asked: LockKind) -> Error 
 
 /// Refuses an election value of more than `max` bytes (what `service` can hold), before any
 /// I/O.
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
 pub(crate) fn check_value_len(service: &str, key: &str, value: &[u8], max: usize) -> Result<()> {
     if value.len() > max {
         return Err(Error::unsupported(format_args!(
