@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-test-deps.sh
+# The build of the whole suite takes several GB (see [profile.dev] in Cargo.toml); say what the
+# disk has, so that a run that fills it is read as that.
+df -h . | sed 's/^/disk: /'
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
