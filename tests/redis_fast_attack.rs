@@ -300,7 +300,7 @@ async fn a_dead_newcomer_delays_a_waiter_at_most_its_lease() {
 
 /// Two clients, one whose replies come 600 ms late (TTL 1 s, past half the TTL: its pipeline's
 /// grants go to the script), the other direct, trying in a loop: the intervals each believes it
-/// holds (grant returned .. grant + lease_left) never overlap, and tokens follow grant order.
+/// holds (grant returned .. it lets go, or its lease_left ends if sooner) never overlap, and tokens follow grant order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_replies_never_make_two_holders() {
     late_replies(600).await;
@@ -337,12 +337,13 @@ async fn late_replies(delay_ms: u64) {
     let ta = tokio::spawn(async move {
         while Instant::now() < end {
             if let Ok(Ok(g)) = timeout(Duration::from_secs(5), ma.lock()).await {
-                let now = Instant::now();
-                la.lock()
-                    .unwrap()
-                    .push(('a', now, now + g.lease_left(), g.fencing_token()));
+                let (now, token) = (Instant::now(), g.fencing_token());
+                let lease_end = now + g.lease_left();
                 sleep(g.lease_left().min(Duration::from_millis(150))).await;
+                // Its belief ends when it lets go (or at its lease's end, if sooner).
+                let let_go = Instant::now().min(lease_end);
                 drop(g);
+                la.lock().unwrap().push(('a', now, let_go, token));
             }
         }
     });
@@ -351,12 +352,12 @@ async fn late_replies(delay_ms: u64) {
     let tb = tokio::spawn(async move {
         while Instant::now() < end {
             if let Ok(g) = mb.try_lock().await {
-                let now = Instant::now();
-                lb.lock()
-                    .unwrap()
-                    .push(('b', now, now + g.lease_left(), g.fencing_token()));
+                let (now, token) = (Instant::now(), g.fencing_token());
+                let lease_end = now + g.lease_left();
                 sleep(Duration::from_millis(100)).await;
+                let let_go = Instant::now().min(lease_end);
                 let _ = g.release().await;
+                lb.lock().unwrap().push(('b', now, let_go, token));
             }
             sleep(Duration::from_millis(5)).await;
         }
