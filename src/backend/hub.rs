@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -40,13 +41,21 @@ const PING_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The elections observed through a hub, by name: a counter each, moved when the service says
 /// its leader may have changed, and all at once whenever messages may have been missed.
+///
+/// Every message a hub hears passes through [`moved`](Self::moved); a hub that nobody ever
+/// observed an election through skips the map (and its lock) with one atomic load.
 #[derive(Default)]
-pub(crate) struct Elections(StdMutex<HashMap<Arc<str>, watch::Sender<u64>>>);
+pub(crate) struct Elections {
+    by_name: StdMutex<HashMap<Arc<str>, watch::Sender<u64>>>,
+    /// Whether the map has ever held an election (it only ever turns true).
+    used: AtomicBool,
+}
 
 impl Elections {
     /// A counter for the election `name`, shared by its observers here.
     pub(crate) fn watch(&self, name: &str) -> watch::Receiver<u64> {
-        let mut elections = self.0.locked();
+        let mut elections = self.by_name.locked();
+        self.used.store(true, Ordering::Release);
         if let Some(changes) = elections.get(name) {
             return changes.subscribe();
         }
@@ -59,14 +68,20 @@ impl Elections {
 
     /// The leader of `name` may have changed.
     pub(crate) fn moved(&self, name: &str) {
-        if let Some(changes) = self.0.locked().get(name) {
+        if !self.used.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(changes) = self.by_name.locked().get(name) {
             changes.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
     /// Any leader may have changed (messages may have been missed).
     pub(crate) fn moved_all(&self) {
-        for changes in self.0.locked().values() {
+        if !self.used.load(Ordering::Acquire) {
+            return;
+        }
+        for changes in self.by_name.locked().values() {
             changes.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
@@ -74,10 +89,12 @@ impl Elections {
     /// Whether anyone observes an election here.
     #[cfg(feature = "postgres")]
     pub(crate) fn observed(&self) -> bool {
-        self.0
-            .locked()
-            .values()
-            .any(|changes| changes.receiver_count() > 0)
+        self.used.load(Ordering::Acquire)
+            && self
+                .by_name
+                .locked()
+                .values()
+                .any(|changes| changes.receiver_count() > 0)
     }
 }
 
@@ -285,6 +302,7 @@ async fn run<L: Link>(mut link: L, mut stop: watch::Receiver<bool>) {
         if again {
             // Messages sent while we were away are gone: every waiter asks the server, and
             // holders renew now, in case the server lost their locks meanwhile.
+            tracing::debug!("{} connection open again", L::NAME);
             hub.recheck_all();
             hub.common().reconnected();
         }
