@@ -450,8 +450,21 @@ impl Link for PubSub {
             channels.values_mut().for_each(|c| c.subscribed = false);
             channels.keys().cloned().collect()
         };
+        tracing::trace!(
+            channels = wanted.len(),
+            "redis pub/sub connected; subscribing"
+        );
         for ch in &wanted {
-            if let Err(err) = sink.subscribe(ch).await {
+            // A reply that never comes must not hold the link up: it is a failed connect.
+            let subscribed = tokio::time::timeout(CONNECT_WAIT, sink.subscribe(ch))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(::redis::RedisError::from((
+                        ::redis::ErrorKind::Io,
+                        "pub/sub subscribe timed out",
+                    )))
+                });
+            if let Err(err) = subscribed {
                 // Refused (a user who lost the channel permission): the next connection waits
                 // its turn like a failed connect, or this loop would open a connection per
                 // round trip. A shard out of reach (a Cluster primary gone, its replica not
