@@ -86,8 +86,10 @@ local now = clock()
 local left = redis.call('PTTL', lock)
 if wait then
   -- New in the waiters set, so not queued yet (the two hold the same owners).
+  local tail = nil
   if redis.call('ZADD', waiters, now + ttl, owner) == 1 then
     redis.call('RPUSH', queue, owner)
+    tail = owner
     if drawn then
       -- Unmarked until now (else INCR refused).
       mark_queued(fence, drawn, fence_ttl)
@@ -98,7 +100,7 @@ if wait then
   if m and left > 0 then
     -- The hold we queue behind looks at the queue when it is released, and keeps what we
     -- were told.
-    local told = next_told(m.w, queue, now, left, handoff_ttl)
+    local told = next_told(m.w, queue, now, left, handoff_ttl, tail)
     if told or not m.q then
       redis.call('SET', lock, mutex_value(m.f, m.o, true, told or told_of(m), m.t), 'KEEPTTL')
     end

@@ -128,15 +128,27 @@ local FENCE_LOW = 1099511627776
 -- Also says whether the counter restarted (it was missing, or below `FENCE_LOW`): whatever
 -- mark it carried is gone with it, so a caller that may grant past a queue must look at the
 -- queue. A counter written here (lifted, or marked) lives `fence_ttl` from then.
-local function next_fence(fence, fence_ttl, unmarked)
-  local f = redis.pcall('INCR', fence)
-  local mark = ''
-  if type(f) ~= 'number' then
-    if unmarked then
-      return nil
+--
+-- `marked` says the counter is likely marked (a grant with waiters still queued behind it):
+-- then it is read first, since `INCR` would be refused (two commands, not three).
+local function next_fence(fence, fence_ttl, unmarked, marked)
+  local f, mark
+  if marked then
+    local v = redis.call('GET', fence)
+    if v and string.byte(v, -1) == 113 then
+      f, mark = fence_parts(fence, v)
+      f = f + 1
     end
-    f, mark = fence_parts(fence, redis.call('GET', fence))
-    f = f + 1
+  end
+  if not f then
+    f, mark = redis.pcall('INCR', fence), ''
+    if type(f) ~= 'number' then
+      if unmarked then
+        return nil
+      end
+      f, mark = fence_parts(fence, redis.call('GET', fence))
+      f = f + 1
+    end
   end
   local restarted = f < FENCE_LOW
   local lifted = false
@@ -259,7 +271,7 @@ end
 local function grant(lock, fence, owner, px, fence_ttl, told, queued, f, tail)
   if not f then
     local restarted
-    f, restarted = next_fence(fence, fence_ttl)
+    f, restarted = next_fence(fence, fence_ttl, false, queued and Q.marks)
     if restarted and queued and Q.marks then
       -- The counter's mark went with it; others may still wait behind this holder.
       mark_queued(fence, f, fence_ttl)
@@ -280,15 +292,16 @@ end
 -- it, but only if it was told a moment later than that lease ends. So the lock keeps the latest
 -- such moment told (w) and the queue's last entry then (wq): no waiter behind that entry was
 -- told one, so once it is served, no hint is needed. Returns the new {w, wq} given the last w
--- kept (or nil), or nil if nothing need be kept.
-local function next_told(last, queue, now, ms, handoff_ttl)
+-- kept (or nil), or nil if nothing need be kept. `tail`, if the caller knows it (it just
+-- queued that entry), is the queue's last entry.
+local function next_told(last, queue, now, ms, handoff_ttl, tail)
   if ms <= handoff_ttl then
     return nil
   end
   if last and tonumber(last) > now + ms then
     now, ms = tonumber(last), 0
   end
-  return {int(now + ms), Q.last(queue)}
+  return {int(now + ms), tail or Q.last(queue)}
 end
 
 -- `next_told` kept in a read-write lock's or semaphore's hash `key`.
