@@ -1,0 +1,464 @@
+//! Attacks on Redis elections (issue 30, helper "rea"): a Redis restart without data under an
+//! observer and a leader, observers that must not poll, an operator's unlock of an election,
+//! empty values, and a mutex taking a free election's key while candidates wait.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::time::Duration;
+
+use distlock::{ErrorKind, Leader, LockClient};
+use futures::StreamExt;
+use support::proxy::Proxy;
+use support::redis::{client, connection};
+use support::server::redis::{shared_redis, RedisServer};
+use tokio::time::{sleep, timeout, Instant};
+
+/// Every command the server ran so far, by name (INFO commandstats), less INFO itself.
+async fn commands(url: &str) -> Vec<(String, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection(url).await)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            (name != "info").then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+async fn total_commands(url: &str) -> u64 {
+    commands(url).await.iter().map(|(_, n)| n).sum()
+}
+
+/// Items of an observer, fed by a task (so it always waits when a change comes).
+fn observer(
+    client: &LockClient,
+    name: &str,
+) -> (
+    tokio::sync::mpsc::UnboundedReceiver<(Instant, distlock::Result<Option<Leader>>)>,
+    tokio::task::JoinHandle<()>,
+) {
+    let changes = client.election(name).observe();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        let mut changes = Box::pin(changes);
+        while let Some(item) = changes.next().await {
+            if tx.send((Instant::now(), item)).is_err() {
+                return;
+            }
+        }
+    });
+    (rx, task)
+}
+
+/// Reads items until one (not an error) passes `want`, within `limit`.
+async fn until(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Instant, distlock::Result<Option<Leader>>)>,
+    limit: Duration,
+    what: &str,
+    want: impl Fn(&Option<Leader>) -> bool,
+) -> (Instant, Option<Leader>) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (at, item) = timeout(left, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the observer never saw {what} within {limit:?}"))
+            .expect("the stream ended");
+        match item {
+            Ok(now) if want(&now) => return (at, now),
+            Ok(_) => {}
+            Err(e) => println!("observer error (going on): {e}"),
+        }
+    }
+}
+
+/// Redis restarts without its data under a leader with a long lease: the leader is gone at
+/// once, so an observer must say nobody leads soon after the server is back (the hub's
+/// reconnect tells every observer to read again), not only at the old lease's end; a new
+/// leader's term is above the old one's; and the observer does not poll meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_sees_the_leader_gone_after_a_restart_without_data() {
+    let ns = test_namespace!();
+    let mut server = RedisServer::start();
+    let url = server.url();
+    let (ttl, handoff) = (Duration::from_secs(20), Duration::from_millis(300));
+    let a = client(&url, &ns, ttl, handoff, true).await;
+    let b = client(&url, &ns, ttl, handoff, true).await;
+    let watcher = client(&url, &ns, ttl, handoff, true).await;
+    let (mut rx, task) = observer(&watcher, "e");
+    until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
+    let leading = a.election("e").campaign("a").await.unwrap();
+    until(&mut rx, Duration::from_secs(3), "a", Option::is_some).await;
+
+    server.restart_after(|| std::thread::sleep(Duration::from_millis(500)));
+    let back = Instant::now();
+    let (at, _) = until(
+        &mut rx,
+        Duration::from_secs(10),
+        "nobody leading",
+        Option::is_none,
+    )
+    .await;
+    println!(
+        "the observer saw nobody leading {:?} after the server was back",
+        at - back
+    );
+    assert!(at - back < Duration::from_secs(3), "{:?}", at - back);
+
+    // Quiet: nobody leads, an observer waits. It must not poll.
+    sleep(Duration::from_millis(500)).await;
+    let before = total_commands(&url).await;
+    sleep(Duration::from_secs(3)).await;
+    let quiet = total_commands(&url).await - before;
+    println!("commands in 3 s with nobody leading and one observer: {quiet}");
+
+    let second = b.election("e").campaign("b").await.unwrap();
+    let (_, seen) = until(&mut rx, Duration::from_secs(3), "b", |l| {
+        l.as_ref().and_then(Leader::value_str) == Some("b")
+    })
+    .await;
+    assert_eq!(seen.unwrap().term(), second.term());
+    assert!(
+        second.term() > leading.term(),
+        "{} <= {}",
+        second.term(),
+        leading.term()
+    );
+    timeout(ttl, leading.lost())
+        .await
+        .expect("the old leader never learnt its lead was gone");
+    assert!(quiet < 30, "the observer polled: {quiet} commands in 3 s");
+    second.resign().await.unwrap();
+    task.abort();
+    drop(leading);
+    for c in [a, b, watcher] {
+        c.shutdown().await;
+    }
+}
+
+/// Many observers of one election on one client, a leader renewing a short lease: what the
+/// server runs for them, per observer and second, and that each still sees every change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_observers_on_one_client_cost() {
+    let ns = test_namespace!();
+    let server = RedisServer::start();
+    let url = server.url();
+    let (ttl, handoff) = (Duration::from_secs(1), Duration::from_millis(300));
+    let a = client(&url, &ns, ttl, handoff, true).await;
+    let watcher = client(&url, &ns, ttl, handoff, true).await;
+    let n = 20;
+    let mut observers: Vec<_> = (0..n).map(|_| observer(&watcher, "e")).collect();
+    for (rx, _) in &mut observers {
+        until(rx, Duration::from_secs(3), "nobody", Option::is_none).await;
+    }
+    let leading = a.election("e").campaign("a").await.unwrap();
+    for (rx, _) in &mut observers {
+        until(rx, Duration::from_secs(3), "a", Option::is_some).await;
+    }
+    sleep(Duration::from_millis(500)).await;
+    let before = commands(&url).await;
+    let secs = 5;
+    sleep(Duration::from_secs(secs)).await;
+    let after = commands(&url).await;
+    let mut diff: Vec<(String, u64)> = after
+        .iter()
+        .map(|(name, n)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| b == name)
+                .map_or(0, |(_, n)| *n);
+            (name.clone(), n - was)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    diff.sort();
+    // INFO counts the commands scripts run too: the calls are the FCALLs (the observers'
+    // reads and the leader's renewals).
+    let total: u64 = diff
+        .iter()
+        .filter(|(name, _)| name.starts_with("fcall") || name.starts_with("eval"))
+        .map(|(_, n)| n)
+        .sum();
+    println!(
+        "{n} observers, a leader renewing a {ttl:?} lease, {secs} s: {total} script calls {diff:?}"
+    );
+    leading.proclaim("a2").await.unwrap();
+    for (rx, _) in &mut observers {
+        until(rx, Duration::from_secs(3), "a2", |l| {
+            l.as_ref().and_then(Leader::value_str) == Some("a2")
+        })
+        .await;
+    }
+    // One read per observer per lease end is what the docs describe (a renewed 1 s lease ends
+    // every 0.7 to 1 s when read); more means polling.
+    let per = total as f64 / (n as f64 * secs as f64);
+    println!("{per:.2} script calls per observer per second");
+    assert!(per < 2.0, "{per:.2} script calls per observer per second");
+    leading.resign().await.unwrap();
+    for (_, t) in observers {
+        t.abort();
+    }
+    a.shutdown().await;
+    watcher.shutdown().await;
+}
+
+/// Observers on a client that shuts down end; one made after the shutdown ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_end_when_their_client_shuts_down() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let ttl = Duration::from_secs(5);
+    let watcher = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let election = watcher.election("e");
+    let mut changes = Box::pin(election.observe());
+    assert!(changes.next().await.unwrap().unwrap().is_none());
+    watcher.shutdown().await;
+    let end = timeout(Duration::from_secs(3), changes.next())
+        .await
+        .expect("an observer outlived its client's shutdown");
+    assert!(end.is_none(), "{end:?}");
+    let mut after = Box::pin(election.observe());
+    let first = timeout(Duration::from_secs(3), after.next())
+        .await
+        .expect("an observer made after the shutdown hangs");
+    println!("after shutdown, a new observer yields {first:?}");
+}
+
+/// An empty value is a value: the leader is reported with it, and observed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_value_is_reported() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let ttl = Duration::from_secs(5);
+    let a = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let (mut rx, task) = observer(&a, "empty");
+    until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
+    let leading = a.election("empty").campaign("").await.unwrap();
+    let now = a
+        .election("empty")
+        .leader()
+        .await
+        .unwrap()
+        .expect("nobody leads");
+    assert_eq!((now.term(), now.value()), (leading.term(), &b""[..]));
+    let (_, seen) = until(
+        &mut rx,
+        Duration::from_secs(3),
+        "the leader",
+        Option::is_some,
+    )
+    .await;
+    assert_eq!(seen.unwrap().value(), b"");
+    leading.proclaim("x").await.unwrap();
+    leading.proclaim("").await.unwrap();
+    let now = a
+        .election("empty")
+        .leader()
+        .await
+        .unwrap()
+        .expect("nobody leads");
+    assert_eq!(now.value(), b"");
+    leading.resign().await.unwrap();
+    task.abort();
+    a.shutdown().await;
+}
+
+/// The operator's unlock of an election: the leader is dropped, the candidate in line leads
+/// with a higher term, observers hear of it, the old leader's guard turns lost and its
+/// proclaim is refused; `inspect` calls the key an election before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_of_an_election() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let (ttl, handoff) = (Duration::from_secs(3), Duration::from_millis(300));
+    let (a, b, op) = (
+        client(&url, &ns, ttl, handoff, true).await,
+        client(&url, &ns, ttl, handoff, true).await,
+        client(&url, &ns, ttl, handoff, true).await,
+    );
+    let (mut rx, task) = observer(&op, "e");
+    let leading = a.election("e").campaign("a").await.unwrap();
+    until(&mut rx, Duration::from_secs(3), "a", |l| {
+        l.as_ref().and_then(Leader::value_str) == Some("a")
+    })
+    .await;
+    let election = b.election("e");
+    let waiting = tokio::spawn(async move { election.campaign("b").await });
+    support::redis::until_queued(&url, &ns, "e", 1).await;
+    println!("inspect before: {:?}", op.inspect("e").await.unwrap());
+    let removed = op.force_release("e").await.unwrap();
+    println!("force_release: {removed:?}");
+    let next = timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the candidate in line never led")
+        .unwrap()
+        .unwrap();
+    assert!(next.term() > leading.term());
+    until(&mut rx, Duration::from_secs(3), "b", |l| {
+        l.as_ref().and_then(Leader::value_str) == Some("b")
+    })
+    .await;
+    timeout(ttl, leading.lost())
+        .await
+        .expect("the unlocked leader never learnt it");
+    let err = leading.proclaim("a, again").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    let now = op.election("e").leader().await.unwrap().unwrap();
+    assert_eq!(now.value_str(), Some("b"));
+    println!("inspect after: {:?}", op.inspect("e").await.unwrap());
+    next.resign().await.unwrap();
+    task.abort();
+    drop(leading);
+    for c in [a, b, op] {
+        c.shutdown().await;
+    }
+}
+
+/// A free election key while a candidate waits (its leader's lease ran out, the candidate has
+/// not asked again yet): a mutex `lock()` on that key must be refused as a kind mismatch, as
+/// it is while the election has a leader, not handed the key over the waiting candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutex_does_not_take_a_free_election_with_a_candidate_waiting() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let handoff = Duration::from_millis(300);
+    let proxy_a = Proxy::start(shared_redis().port());
+    let proxy_b = Proxy::start(shared_redis().port());
+    let a = client(
+        &format!("redis://127.0.0.1:{}/", proxy_a.port()),
+        &ns,
+        Duration::from_secs(1),
+        handoff,
+        true,
+    )
+    .await;
+    let b = client(
+        &format!("redis://127.0.0.1:{}/", proxy_b.port()),
+        &ns,
+        Duration::from_secs(20),
+        handoff,
+        true,
+    )
+    .await;
+    let c = client(&url, &ns, Duration::from_secs(5), handoff, true).await;
+    let leading = a.election("e").campaign("a").await.unwrap();
+    let election = b.election("e");
+    let waiting = tokio::spawn(async move { election.campaign("b").await });
+    support::redis::until_queued(&url, &ns, "e", 1).await;
+    // A's host and B's network go silent: A's lease runs out, B stays in line (its liveness
+    // deadline is its own 20 s TTL) but cannot ask again.
+    proxy_a.blackhole();
+    proxy_b.blackhole();
+    sleep(Duration::from_millis(1500)).await;
+    let got = timeout(Duration::from_secs(5), c.mutex("e").lock()).await;
+    let outcome = match &got {
+        Ok(Ok(_)) => "granted".to_owned(),
+        Ok(Err(e)) => format!("refused: {e} ({:?})", e.kind()),
+        Err(_) => "still waiting after 5 s".to_owned(),
+    };
+    println!("mutex lock() on the free election key with a candidate in line: {outcome}");
+    proxy_b.heal();
+    let b_outcome = timeout(Duration::from_secs(10), waiting).await;
+    println!("the candidate's campaign: {b_outcome:?}");
+    match got {
+        Ok(Ok(g)) => drop(g),
+        Ok(Err(e)) => assert_eq!(e.kind(), ErrorKind::KindMismatch, "{e}"),
+        Err(_) => {}
+    }
+    assert!(
+        !outcome.starts_with("granted"),
+        "a mutex was granted on an election's key while a candidate waited"
+    );
+    drop(leading);
+    for cl in [a, b, c] {
+        cl.shutdown().await;
+    }
+}
+
+/// The mirror case: a free mutex key while a waiter is in line (its holder's lease ran out, the
+/// waiter has not asked again yet). A campaign there must be refused as a kind mismatch, and the
+/// mutex's own users must not be: yet the campaign hands the waiter an election's provisional
+/// hold, so the waiter holds its mutex as an "election", and the next `try_lock` is told the key
+/// is an election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_does_not_turn_a_free_mutex_with_waiters_into_an_election() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let handoff = Duration::from_millis(300);
+    let proxy_h = Proxy::start(shared_redis().port());
+    let proxy_w = Proxy::start(shared_redis().port());
+    let h = client(
+        &format!("redis://127.0.0.1:{}/", proxy_h.port()),
+        &ns,
+        Duration::from_secs(1),
+        handoff,
+        true,
+    )
+    .await;
+    let w = client(
+        &format!("redis://127.0.0.1:{}/", proxy_w.port()),
+        &ns,
+        Duration::from_secs(20),
+        handoff,
+        true,
+    )
+    .await;
+    let (c, d) = (
+        client(&url, &ns, Duration::from_secs(5), handoff, true).await,
+        client(&url, &ns, Duration::from_secs(5), handoff, true).await,
+    );
+    let held = h.mutex("m").lock().await.unwrap();
+    let waiting = tokio::spawn(w.mutex("m").lock());
+    support::redis::until_queued(&url, &ns, "m", 1).await;
+    proxy_h.blackhole();
+    proxy_w.blackhole();
+    sleep(Duration::from_millis(1500)).await;
+    let campaign = timeout(
+        Duration::from_millis(500),
+        c.election("m").try_campaign("c"),
+    )
+    .await;
+    let campaign = match campaign {
+        Ok(Ok(_)) => "granted".to_owned(),
+        Ok(Err(e)) => format!("refused: {e} ({:?})", e.kind()),
+        Err(_) => "still waiting".to_owned(),
+    };
+    println!("try_campaign on the free mutex key with a waiter in line: {campaign}");
+    proxy_w.heal();
+    let got = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the mutex waiter never got its lock")
+        .unwrap()
+        .expect("the mutex waiter's lock() failed");
+    let other = d.mutex("m").try_lock().await;
+    let other = match &other {
+        Ok(_) => "granted".to_owned(),
+        Err(e) => format!("{e} ({:?})", e.kind()),
+    };
+    println!("another try_lock on the mutex while the waiter holds it: {other}");
+    let leader = d.election("m").leader().await;
+    println!("leader() on the mutex key: {leader:?}");
+    got.release().await.unwrap();
+    drop(held);
+    assert!(
+        campaign.contains("KindMismatch"),
+        "a campaign on a mutex with waiters was not refused: {campaign}"
+    );
+    assert!(
+        !other.contains("KindMismatch"),
+        "the mutex's own user was told the key is an election: {other}"
+    );
+    for cl in [h, w, c, d] {
+        cl.shutdown().await;
+    }
+}
