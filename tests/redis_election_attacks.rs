@@ -296,8 +296,26 @@ async fn force_release_of_an_election() {
     let waiting = tokio::spawn(async move { election.campaign("b").await });
     support::redis::until_queued(&url, &ns, "e", 1).await;
     println!("inspect before: {:?}", op.inspect("e").await.unwrap());
-    let removed = op.force_release("e").await.unwrap();
-    println!("force_release: {removed:?}");
+    let cli = |args: &[&str]| {
+        let out = tokio::task::block_in_place(|| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
+                .args(["--url", url.as_str(), "--namespace", ns.as_str()])
+                .args(args)
+                .output()
+                .unwrap()
+        });
+        println!(
+            "$ distlock {} -> {}\n{}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.status.code()
+    };
+    cli(&["inspect", "e"]);
+    cli(&["unlock", "e"]);
+    assert_eq!(cli(&["unlock", "e", "--force"]), Some(0));
     let next = timeout(Duration::from_secs(3), waiting)
         .await
         .expect("the candidate in line never led")
@@ -461,4 +479,70 @@ async fn a_campaign_does_not_turn_a_free_mutex_with_waiters_into_an_election() {
     for cl in [h, w, c, d] {
         cl.shutdown().await;
     }
+}
+
+/// After the observer's primary is gone for good and its replica took over, the observer still
+/// follows the election: the leader resigns on the new primary and another leads, and the
+/// observer sees the new leader long before the old lease (30 s) would have woken it.
+async fn an_observer_follows_across_a_failover(url: &str, ns: &str, fail_over: impl FnOnce()) {
+    let ttl = Duration::from_secs(30);
+    let connect = || support::failover::client_for(url, ns, ttl);
+    let (a, b, watcher) = (connect().await, connect().await, connect().await);
+    let (mut rx, task) = observer(&watcher, "k");
+    until(&mut rx, Duration::from_secs(5), "nobody", Option::is_none).await;
+    let leading = a.election("k").campaign("a").await.unwrap();
+    until(&mut rx, Duration::from_secs(5), "a", Option::is_some).await;
+    // Let the hold reach the replica.
+    sleep(Duration::from_millis(500)).await;
+    tokio::task::block_in_place(fail_over);
+    let promoted = Instant::now();
+    // The leader renews against the new primary; then it resigns there and B leads.
+    let _ = leading.resign().await;
+    let next = timeout(Duration::from_secs(20), b.election("k").campaign("b"))
+        .await
+        .expect("nobody led after the failover")
+        .unwrap();
+    let led = Instant::now();
+    let (at, _) = until(&mut rx, Duration::from_secs(25), "b", |l| {
+        l.as_ref().and_then(Leader::value_str) == Some("b")
+    })
+    .await;
+    println!(
+        "after the failover: b led {:?} after the promotion, the observer saw it {:?} after that",
+        led - promoted,
+        at.saturating_duration_since(led)
+    );
+    assert!(
+        at.saturating_duration_since(led) < Duration::from_secs(5),
+        "the observer saw the new leader {:?} late",
+        at - led
+    );
+    let _ = next.resign().await;
+    task.abort();
+    for c in [a, b, watcher] {
+        c.shutdown().await;
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_follows_a_cluster_primary_killed_for_good() {
+    let ns = test_namespace!();
+    let mut cluster = support::server::cluster::RedisCluster::start();
+    let url = cluster.url();
+    let primary = cluster.primary_for("k", 0);
+    let replica = cluster.replica_of(primary);
+    an_observer_follows_across_a_failover(&url, &ns, || {
+        cluster.kill_primary_for_good(primary, replica)
+    })
+    .await;
+}
+
+#[cfg(feature = "redis-sentinel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_follows_a_sentinel_failover() {
+    let ns = test_namespace!();
+    let mut setup = support::server::sentinel::SentinelSetup::start();
+    let url = setup.url();
+    an_observer_follows_across_a_failover(&url, &ns, || setup.kill_primary()).await;
 }
