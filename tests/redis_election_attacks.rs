@@ -546,3 +546,85 @@ async fn an_observer_follows_a_sentinel_failover() {
     let url = setup.url();
     an_observer_follows_across_a_failover(&url, &ns, || setup.kill_primary()).await;
 }
+
+/// Keys that look like another key's names (`}`, `{`, `:e`, `:c:`) are elections of their own:
+/// each leads at once beside the others, its observers hear only its own changes, and a
+/// binary value (NUL, newlines, the hold's own syntax) round-trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_keys_and_values_stay_apart() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let ttl = Duration::from_secs(5);
+    let a = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let keys = ["a", "a}:e", "{a}", "a}", "a}:c:x", "a\n=b", ":e"];
+    let value: &[u8] = b"\0\n=m 1 1 owner\n?\r\n";
+    let mut observers: Vec<_> = keys.iter().map(|k| observer(&a, k)).collect();
+    for (rx, _) in &mut observers {
+        until(rx, Duration::from_secs(3), "nobody", Option::is_none).await;
+    }
+    let mut held = Vec::new();
+    for k in keys {
+        let leading = timeout(Duration::from_secs(3), a.election(k).try_campaign(value))
+            .await
+            .unwrap_or_else(|_| panic!("{k:?} waited"))
+            .unwrap_or_else(|e| panic!("{k:?}: {e}"));
+        held.push(leading);
+    }
+    for (k, (rx, _)) in keys.iter().zip(&mut observers) {
+        let (_, seen) = until(rx, Duration::from_secs(3), k, Option::is_some).await;
+        assert_eq!(seen.unwrap().value(), value, "{k:?}");
+    }
+    // One proclaims: only its observers hear of it.
+    held[0].proclaim("only a").await.unwrap();
+    let (_, seen) = until(&mut observers[0].0, Duration::from_secs(3), "only a", |l| {
+        l.as_ref().and_then(Leader::value_str) == Some("only a")
+    })
+    .await;
+    assert_eq!(seen.unwrap().term(), held[0].term());
+    sleep(Duration::from_millis(300)).await;
+    for (k, (rx, _)) in keys.iter().zip(&mut observers).skip(1) {
+        while let Ok((_, item)) = rx.try_recv() {
+            let l = item.unwrap();
+            assert_eq!(l.map(|l| l.value().to_vec()), Some(value.to_vec()), "{k:?}");
+        }
+    }
+    for (k, l) in keys.iter().zip(&held) {
+        let now = a.election(*k).leader().await.unwrap().unwrap();
+        assert_eq!(now.term(), l.term(), "{k:?}");
+    }
+    for l in held {
+        l.resign().await.unwrap();
+    }
+    for (_, t) in observers {
+        t.abort();
+    }
+    support::redis::until_only_fences(&url, &ns).await;
+    a.shutdown().await;
+}
+
+/// What an observer does when the key is (for now) a mutex: it yields the kind mismatch, and
+/// then? The docs say the stream goes on after an error and ends when the client shuts down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_goes_on_after_a_kind_mismatch_as_documented() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let ttl = Duration::from_secs(5);
+    let a = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let held = a.mutex("k").lock().await.unwrap();
+    let mut changes = Box::pin(a.election("k").observe());
+    let first = timeout(Duration::from_secs(3), changes.next())
+        .await
+        .unwrap();
+    println!("first item: {first:?}");
+    held.release().await.unwrap();
+    let leading = a.election("k").campaign("a").await.unwrap();
+    let second = timeout(Duration::from_secs(3), changes.next()).await;
+    println!("after the mutex was released and a leader campaigned: {second:?}");
+    leading.resign().await.unwrap();
+    a.shutdown().await;
+    let second = second.expect("the observer hung");
+    assert!(
+        second.is_some(),
+        "the stream ended after a kind mismatch, though the client is open"
+    );
+}
