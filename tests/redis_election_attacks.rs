@@ -628,3 +628,104 @@ async fn an_observer_goes_on_after_a_kind_mismatch_as_documented() {
         "the stream ended after a kind mismatch, though the client is open"
     );
 }
+
+/// Two replicas run `lead()` through their own proxies; the leader's network goes silent past
+/// its lease, three times in turn. The work of one term never runs beside another term's
+/// (ticks every 5 ms while polled), terms grow in the order the work started, and the cut-off
+/// replica does not hammer the server meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lead_never_runs_two_terms_at_once_under_blackholes() {
+    use std::sync::{Arc, Mutex as StdMutex};
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let (ttl, handoff) = (Duration::from_millis(1500), Duration::from_millis(300));
+    let proxies = [
+        Proxy::start(shared_redis().port()),
+        Proxy::start(shared_redis().port()),
+    ];
+    let ticks: Arc<StdMutex<Vec<(usize, u64, std::time::Instant)>>> = Arc::default();
+    let mut clients = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, p) in proxies.iter().enumerate() {
+        let c = client(
+            &format!("redis://127.0.0.1:{}/", p.port()),
+            &ns,
+            ttl,
+            handoff,
+            true,
+        )
+        .await;
+        let (election, ticks) = (c.election("e"), ticks.clone());
+        tasks.push(tokio::spawn(async move {
+            election
+                .lead(format!("replica {i}"), move |term| {
+                    let ticks = ticks.clone();
+                    async move {
+                        loop {
+                            ticks.lock().unwrap().push((i, term, std::time::Instant::now()));
+                            sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                })
+                .await
+        }));
+        clients.push(c);
+    }
+    let watcher = client(&url, &ns, ttl, handoff, true).await;
+    for round in 0..4 {
+        // Whoever leads now goes silent past its lease.
+        let now = timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(l) = watcher.election("e").leader().await.unwrap() {
+                    return l;
+                }
+                sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("nobody led");
+        let who: usize = now.value_str().unwrap()["replica ".len()..].parse().unwrap();
+        println!("round {round}: replica {who} leads, term {}", now.term());
+        let before = total_commands(&url).await;
+        proxies[who].blackhole();
+        sleep(ttl * 3).await;
+        let during = total_commands(&url).await - before;
+        println!("  {during} commands reached the server in {:?} with replica {who} cut off", ttl * 3);
+        proxies[who].heal();
+        sleep(Duration::from_millis(500)).await;
+    }
+    for t in &tasks {
+        t.abort();
+    }
+    let ticks = ticks.lock().unwrap().clone();
+    // Per term: who ran it and from when to when.
+    let mut terms: Vec<(u64, usize, std::time::Instant, std::time::Instant)> = Vec::new();
+    for (i, term, at) in ticks {
+        match terms.iter_mut().find(|t| t.0 == term) {
+            Some(t) => {
+                assert_eq!(t.1, i, "two replicas ran term {term}");
+                t.3 = t.3.max(at);
+            }
+            None => terms.push((term, i, at, at)),
+        }
+    }
+    terms.sort_by_key(|t| t.2);
+    for w in terms.windows(2) {
+        println!("term {} (replica {}) ran {:?}", w[0].0, w[0].1, w[0].3 - w[0].2);
+        assert!(w[0].0 < w[1].0, "terms out of order: {terms:?}");
+        assert!(
+            w[0].3 < w[1].2,
+            "term {} (replica {}) ran {:?} past the start of term {} (replica {})",
+            w[0].0,
+            w[0].1,
+            w[0].3 - w[1].2,
+            w[1].0,
+            w[1].1
+        );
+    }
+    assert!(terms.len() >= 4, "{} terms", terms.len());
+    for c in clients {
+        c.shutdown().await;
+    }
+    watcher.shutdown().await;
+}
