@@ -729,3 +729,57 @@ async fn lead_never_runs_two_terms_at_once_under_blackholes() {
     }
     watcher.shutdown().await;
 }
+
+/// Churn: a leader resigns again and again while candidates on other clients give up at every
+/// moment (timeouts from 0 to 2 ms, aborted tasks, `lead()` dropped), so grants land on
+/// campaigns being cancelled. Afterwards nothing but fencing counters is left, each with a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_campaigns_under_churn_leave_only_fences() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let (ttl, handoff) = (Duration::from_secs(3), Duration::from_millis(300));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(client(&url, &ns, ttl, handoff, true).await);
+    }
+    let rounds = 150;
+    for round in 0..rounds {
+        let leader = clients[0].election("e").campaign("leader").await.unwrap();
+        let mut tries = Vec::new();
+        for (j, c) in clients.iter().enumerate().skip(1) {
+            let e = c.election("e");
+            let micros = (round * 37 + j * 101) as u64 % 2000;
+            tries.push(tokio::spawn(async move {
+                match j {
+                    1 => {
+                        let _ = e.campaign_timeout("t", Duration::from_micros(micros)).await;
+                    }
+                    2 => {
+                        let _ = timeout(
+                            Duration::from_micros(micros),
+                            e.lead("l", |_| std::future::pending::<()>()),
+                        )
+                        .await;
+                    }
+                    _ => {
+                        let _ = timeout(Duration::from_micros(micros), e.campaign("a")).await;
+                    }
+                }
+            }));
+        }
+        sleep(Duration::from_micros((round as u64 * 53) % 1500)).await;
+        leader.resign().await.unwrap();
+        for t in tries {
+            t.await.unwrap();
+        }
+    }
+    for c in clients {
+        c.shutdown().await;
+    }
+    support::redis::until_only_fences(&url, &ns).await;
+    let mut conn = connection(&url).await;
+    for k in support::redis::keys_in(&url, &ns).await {
+        let ttl: i64 = redis::cmd("PTTL").arg(&k).query_async(&mut conn).await.unwrap();
+        assert!(ttl > 0, "{k} has no TTL ({ttl})");
+    }
+}
