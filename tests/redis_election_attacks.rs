@@ -662,7 +662,10 @@ async fn lead_never_runs_two_terms_at_once_under_blackholes() {
                     let ticks = ticks.clone();
                     async move {
                         loop {
-                            ticks.lock().unwrap().push((i, term, std::time::Instant::now()));
+                            ticks
+                                .lock()
+                                .unwrap()
+                                .push((i, term, std::time::Instant::now()));
                             sleep(Duration::from_millis(5)).await;
                         }
                     }
@@ -684,13 +687,18 @@ async fn lead_never_runs_two_terms_at_once_under_blackholes() {
         })
         .await
         .expect("nobody led");
-        let who: usize = now.value_str().unwrap()["replica ".len()..].parse().unwrap();
+        let who: usize = now.value_str().unwrap()["replica ".len()..]
+            .parse()
+            .unwrap();
         println!("round {round}: replica {who} leads, term {}", now.term());
         let before = total_commands(&url).await;
         proxies[who].blackhole();
         sleep(ttl * 3).await;
         let during = total_commands(&url).await - before;
-        println!("  {during} commands reached the server in {:?} with replica {who} cut off", ttl * 3);
+        println!(
+            "  {during} commands reached the server in {:?} with replica {who} cut off",
+            ttl * 3
+        );
         proxies[who].heal();
         sleep(Duration::from_millis(500)).await;
     }
@@ -711,7 +719,12 @@ async fn lead_never_runs_two_terms_at_once_under_blackholes() {
     }
     terms.sort_by_key(|t| t.2);
     for w in terms.windows(2) {
-        println!("term {} (replica {}) ran {:?}", w[0].0, w[0].1, w[0].3 - w[0].2);
+        println!(
+            "term {} (replica {}) ran {:?}",
+            w[0].0,
+            w[0].1,
+            w[0].3 - w[0].2
+        );
         assert!(w[0].0 < w[1].0, "terms out of order: {terms:?}");
         assert!(
             w[0].3 < w[1].2,
@@ -779,7 +792,89 @@ async fn cancelled_campaigns_under_churn_leave_only_fences() {
     support::redis::until_only_fences(&url, &ns).await;
     let mut conn = connection(&url).await;
     for k in support::redis::keys_in(&url, &ns).await {
-        let ttl: i64 = redis::cmd("PTTL").arg(&k).query_async(&mut conn).await.unwrap();
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&k)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         assert!(ttl > 0, "{k} has no TTL ({ttl})");
+    }
+}
+
+/// This process's CPU time so far (user + system), from /proc/self/stat.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// The server is down for 5 s under a `lead()` that leads, one waiting to, and two observers:
+/// nobody spins (CPU of the whole test process), and afterwards one leads again and the
+/// observers see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nobody_spins_while_the_server_is_down() {
+    let ns = test_namespace!();
+    let mut server = RedisServer::start();
+    let url = server.url();
+    let (ttl, handoff) = (Duration::from_secs(2), Duration::from_millis(300));
+    let (a, b, watcher) = (
+        client(&url, &ns, ttl, handoff, true).await,
+        client(&url, &ns, ttl, handoff, true).await,
+        client(&url, &ns, ttl, handoff, true).await,
+    );
+    let mut leads = Vec::new();
+    for (i, c) in [&a, &b].into_iter().enumerate() {
+        let e = c.election("e");
+        leads.push(tokio::spawn(async move {
+            e.lead(format!("r{i}"), |_| std::future::pending::<()>())
+                .await
+        }));
+    }
+    let (mut rx1, t1) = observer(&watcher, "e");
+    let (mut rx2, t2) = observer(&watcher, "e");
+    for rx in [&mut rx1, &mut rx2] {
+        until(rx, Duration::from_secs(5), "a leader", Option::is_some).await;
+    }
+    let mut used = Duration::ZERO;
+    tokio::task::block_in_place(|| {
+        server.restart_after(|| {
+            let before = cpu_time();
+            std::thread::sleep(Duration::from_secs(5));
+            used = cpu_time() - before;
+        })
+    });
+    println!("CPU used by the test process in 5 s with the server down: {used:?}");
+    let (mut errors, mut items) = (0, 0);
+    while let Ok((_, item)) = rx1.try_recv() {
+        items += 1;
+        errors += usize::from(item.is_err());
+    }
+    println!("observer 1 yielded {items} items, {errors} errors, during the outage");
+    let (_, seen) = until(
+        &mut rx1,
+        Duration::from_secs(10),
+        "a leader again",
+        Option::is_some,
+    )
+    .await;
+    println!("after the restart: {seen:?}");
+    until(
+        &mut rx2,
+        Duration::from_secs(10),
+        "a leader again",
+        Option::is_some,
+    )
+    .await;
+    assert!(used < Duration::from_millis(1000), "{used:?} of CPU in 5 s");
+    for t in leads {
+        t.abort();
+    }
+    t1.abort();
+    t2.abort();
+    for c in [a, b, watcher] {
+        c.shutdown().await;
     }
 }
