@@ -39,14 +39,11 @@ async fn total_commands(url: &str) -> u64 {
     commands(url).await.iter().map(|(_, n)| n).sum()
 }
 
+/// What an observer yielded, with when.
+type Items = tokio::sync::mpsc::UnboundedReceiver<(Instant, distlock::Result<Option<Leader>>)>;
+
 /// Items of an observer, fed by a task (so it always waits when a change comes).
-fn observer(
-    client: &LockClient,
-    name: &str,
-) -> (
-    tokio::sync::mpsc::UnboundedReceiver<(Instant, distlock::Result<Option<Leader>>)>,
-    tokio::task::JoinHandle<()>,
-) {
+fn observer(client: &LockClient, name: &str) -> (Items, tokio::task::JoinHandle<()>) {
     let changes = client.election(name).observe();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
@@ -62,7 +59,7 @@ fn observer(
 
 /// Reads items until one (not an error) passes `want`, within `limit`.
 async fn until(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Instant, distlock::Result<Option<Leader>>)>,
+    rx: &mut Items,
     limit: Duration,
     what: &str,
     want: impl Fn(&Option<Leader>) -> bool,
