@@ -875,3 +875,19 @@ async fn nobody_spins_while_the_server_is_down() {
         c.shutdown().await;
     }
 }
+
+/// The election's slot migrates to another shard under a leader and an observer (the server
+/// ends the observer's shard-channel subscription): the observer goes on following the
+/// election there.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_follows_a_slot_migration() {
+    let ns = test_namespace!();
+    let cluster = std::sync::Arc::new(support::server::cluster::RedisCluster::start());
+    let url = cluster.url();
+    an_observer_follows_across_a_failover(&url, &ns, || {
+        let to = cluster.migrate_slot_of("k");
+        println!("the slot of k moved to node {to}");
+    })
+    .await;
+}
