@@ -339,50 +339,84 @@ async fn force_release_of_an_election() {
     }
 }
 
+/// A holder with a 1 s lease and a waiter with a 20 s one, each behind its own proxy, and two
+/// plain clients. [`Stalled::stall`] silences both proxies once the waiter is in line: the
+/// holder's lease runs out, the waiter stays in line (its liveness deadline is its own TTL) but
+/// cannot ask again, so the key is free with a live waiter in line.
+struct Stalled {
+    holder: LockClient,
+    waiter: LockClient,
+    others: [LockClient; 2],
+    proxies: [Proxy; 2],
+}
+
+impl Stalled {
+    async fn start(ns: &str) -> Self {
+        let handoff = Duration::from_millis(300);
+        let proxies = [
+            Proxy::start(shared_redis().port()),
+            Proxy::start(shared_redis().port()),
+        ];
+        let via = |p: &Proxy| format!("redis://127.0.0.1:{}/", p.port());
+        let holder = client(&via(&proxies[0]), ns, Duration::from_secs(1), handoff, true).await;
+        let waiter = client(
+            &via(&proxies[1]),
+            ns,
+            Duration::from_secs(20),
+            handoff,
+            true,
+        )
+        .await;
+        let url = shared_redis().url();
+        let others = [
+            client(&url, ns, Duration::from_secs(5), handoff, true).await,
+            client(&url, ns, Duration::from_secs(5), handoff, true).await,
+        ];
+        Self {
+            holder,
+            waiter,
+            others,
+            proxies,
+        }
+    }
+
+    async fn stall(&self, ns: &str, key: &str) {
+        support::redis::until_queued(&shared_redis().url(), ns, key, 1).await;
+        for p in &self.proxies {
+            p.blackhole();
+        }
+        sleep(Duration::from_millis(1500)).await;
+    }
+
+    async fn shutdown(self) {
+        for c in [self.holder, self.waiter] {
+            c.shutdown().await;
+        }
+        for c in self.others {
+            c.shutdown().await;
+        }
+    }
+}
+
 /// A free election key while a candidate waits (its leader's lease ran out, the candidate has
 /// not asked again yet): a mutex `lock()` on that key must be refused as a kind mismatch, as
 /// it is while the election has a leader, not handed the key over the waiting candidate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mutex_does_not_take_a_free_election_with_a_candidate_waiting() {
     let ns = test_namespace!();
-    let url = shared_redis().url();
-    let handoff = Duration::from_millis(300);
-    let proxy_a = Proxy::start(shared_redis().port());
-    let proxy_b = Proxy::start(shared_redis().port());
-    let a = client(
-        &format!("redis://127.0.0.1:{}/", proxy_a.port()),
-        &ns,
-        Duration::from_secs(1),
-        handoff,
-        true,
-    )
-    .await;
-    let b = client(
-        &format!("redis://127.0.0.1:{}/", proxy_b.port()),
-        &ns,
-        Duration::from_secs(20),
-        handoff,
-        true,
-    )
-    .await;
-    let c = client(&url, &ns, Duration::from_secs(5), handoff, true).await;
-    let leading = a.election("e").campaign("a").await.unwrap();
-    let election = b.election("e");
+    let st = Stalled::start(&ns).await;
+    let leading = st.holder.election("e").campaign("a").await.unwrap();
+    let election = st.waiter.election("e");
     let waiting = tokio::spawn(async move { election.campaign("b").await });
-    support::redis::until_queued(&url, &ns, "e", 1).await;
-    // A's host and B's network go silent: A's lease runs out, B stays in line (its liveness
-    // deadline is its own 20 s TTL) but cannot ask again.
-    proxy_a.blackhole();
-    proxy_b.blackhole();
-    sleep(Duration::from_millis(1500)).await;
-    let got = timeout(Duration::from_secs(5), c.mutex("e").lock()).await;
+    st.stall(&ns, "e").await;
+    let got = timeout(Duration::from_secs(5), st.others[0].mutex("e").lock()).await;
     let outcome = match &got {
         Ok(Ok(_)) => "granted".to_owned(),
         Ok(Err(e)) => format!("refused: {e} ({:?})", e.kind()),
         Err(_) => "still waiting after 5 s".to_owned(),
     };
     println!("mutex lock() on the free election key with a candidate in line: {outcome}");
-    proxy_b.heal();
+    st.proxies[1].heal();
     let b_outcome = timeout(Duration::from_secs(10), waiting).await;
     println!("the candidate's campaign: {b_outcome:?}");
     match got {
@@ -395,9 +429,7 @@ async fn a_mutex_does_not_take_a_free_election_with_a_candidate_waiting() {
         "a mutex was granted on an election's key while a candidate waited"
     );
     drop(leading);
-    for cl in [a, b, c] {
-        cl.shutdown().await;
-    }
+    st.shutdown().await;
 }
 
 /// The mirror case: a free mutex key while a waiter is in line (its holder's lease ran out, the
@@ -408,39 +440,13 @@ async fn a_mutex_does_not_take_a_free_election_with_a_candidate_waiting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaign_does_not_turn_a_free_mutex_with_waiters_into_an_election() {
     let ns = test_namespace!();
-    let url = shared_redis().url();
-    let handoff = Duration::from_millis(300);
-    let proxy_h = Proxy::start(shared_redis().port());
-    let proxy_w = Proxy::start(shared_redis().port());
-    let h = client(
-        &format!("redis://127.0.0.1:{}/", proxy_h.port()),
-        &ns,
-        Duration::from_secs(1),
-        handoff,
-        true,
-    )
-    .await;
-    let w = client(
-        &format!("redis://127.0.0.1:{}/", proxy_w.port()),
-        &ns,
-        Duration::from_secs(20),
-        handoff,
-        true,
-    )
-    .await;
-    let (c, d) = (
-        client(&url, &ns, Duration::from_secs(5), handoff, true).await,
-        client(&url, &ns, Duration::from_secs(5), handoff, true).await,
-    );
-    let held = h.mutex("m").lock().await.unwrap();
-    let waiting = tokio::spawn(w.mutex("m").lock());
-    support::redis::until_queued(&url, &ns, "m", 1).await;
-    proxy_h.blackhole();
-    proxy_w.blackhole();
-    sleep(Duration::from_millis(1500)).await;
+    let st = Stalled::start(&ns).await;
+    let held = st.holder.mutex("m").lock().await.unwrap();
+    let waiting = tokio::spawn(st.waiter.mutex("m").lock());
+    st.stall(&ns, "m").await;
     let campaign = timeout(
         Duration::from_millis(500),
-        c.election("m").try_campaign("c"),
+        st.others[0].election("m").try_campaign("c"),
     )
     .await;
     let campaign = match campaign {
@@ -449,19 +455,19 @@ async fn a_campaign_does_not_turn_a_free_mutex_with_waiters_into_an_election() {
         Err(_) => "still waiting".to_owned(),
     };
     println!("try_campaign on the free mutex key with a waiter in line: {campaign}");
-    proxy_w.heal();
+    st.proxies[1].heal();
     let got = timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the mutex waiter never got its lock")
         .unwrap()
         .expect("the mutex waiter's lock() failed");
-    let other = d.mutex("m").try_lock().await;
+    let other = st.others[1].mutex("m").try_lock().await;
     let other = match &other {
         Ok(_) => "granted".to_owned(),
         Err(e) => format!("{e} ({:?})", e.kind()),
     };
     println!("another try_lock on the mutex while the waiter holds it: {other}");
-    let leader = d.election("m").leader().await;
+    let leader = st.others[1].election("m").leader().await;
     println!("leader() on the mutex key: {leader:?}");
     got.release().await.unwrap();
     drop(held);
@@ -473,9 +479,7 @@ async fn a_campaign_does_not_turn_a_free_mutex_with_waiters_into_an_election() {
         !other.contains("KindMismatch"),
         "the mutex's own user was told the key is an election: {other}"
     );
-    for cl in [h, w, c, d] {
-        cl.shutdown().await;
-    }
+    st.shutdown().await;
 }
 
 /// After the observer's primary is gone for good and its replica took over, the observer still
