@@ -7,8 +7,8 @@
 //! DISTLOCK_URL=postgres://postgres@127.0.0.1/postgres cargo run --example leader --all-features
 //! ```
 //!
-//! Elections are on memory, PostgreSQL and ZooKeeper so far; Redis and Redlock refuse them with an
-//! `Unsupported` error until they have them (issue 30).
+//! Elections are on memory, Redis (single server, Cluster, Sentinel), PostgreSQL and ZooKeeper;
+//! Redlock refuses them with an `Unsupported` error until it has them (issue 30).
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use crate::backend::{Leader, LeaderWatch};
 use crate::core::acquire::Target;
 use crate::core::rules::validate_key;
-use crate::error::Result;
+use crate::error::{ErrorKind, Result};
 
 /// The first and the longest pause before a stream tries again after an error.
 const MIN_PAUSE: Duration = Duration::from_millis(50);
@@ -78,9 +78,9 @@ impl Follow {
                 Ok(now) => now,
                 Err(e) => {
                     self.pause = (self.pause * 2).clamp(MIN_PAUSE, MAX_PAUSE);
-                    // Only an outage is worth trying again: a key in use as a lock, or a
-                    // backend without elections, stays so.
-                    let go_on = e.is_transient();
+                    // An outage passes, and so does a lock held on the key (it is released);
+                    // a backend without elections, or a key it refuses, stays so.
+                    let go_on = e.is_transient() || e.kind() == ErrorKind::KindMismatch;
                     return Some((Err(e), go_on));
                 }
             };

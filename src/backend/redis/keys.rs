@@ -19,13 +19,32 @@ pub(crate) struct Keys {
     pub(crate) channels: String,
     /// This client's channel for this lock.
     pub(crate) channel: String,
-    /// The claim's owner token: `<client id>.<claim owner>`.
+    /// The claim's owner token: `<client id>.<claim owner>`, or `<client id>.l<claim owner>`
+    /// for an election's candidate (see [`claim_token`]).
     pub(crate) owner: String,
+}
+
+/// A claim's part of its owner token: its owner (a UUID), behind an `l` for an election's
+/// candidate. Mutex waiters and candidates wait in one kind of queue; the server-side code
+/// tells them apart by this (`is_candidate` in the scripts), so a free key with a queue is
+/// its first entry's kind, and a mutex never takes a key a candidate waits for, nor the other
+/// way round.
+pub(crate) fn claim_token(claim: &Claim) -> std::borrow::Cow<'_, str> {
+    if claim.kind() == LockKind::Leader {
+        format!("l{}", claim.owner()).into()
+    } else {
+        claim.owner().into()
+    }
 }
 
 impl Keys {
     pub(super) fn new(claim: &Claim, client_id: &str) -> Self {
-        Self::named(claim.namespace(), claim.key(), client_id, claim.owner())
+        Self::named(
+            claim.namespace(),
+            claim.key(),
+            client_id,
+            &claim_token(claim),
+        )
     }
 
     pub(super) fn named(namespace: &str, key: &str, client_id: &str, claim_owner: &str) -> Self {

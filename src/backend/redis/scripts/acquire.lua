@@ -61,6 +61,12 @@ if not m then
     return {-1, family_of(lock, queue)}
   end
   local told = told_of(settling)
+  if head and head ~= owner and is_candidate(head) ~= (said ~= nil) then
+    -- The first in line is the other kind (a candidate, and we ask for a mutex, or the other
+    -- way round): the key is its kind, so it is handed the key and we are refused.
+    hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told, is_candidate(head))
+    return {-1, family_of(lock, queue)}
+  end
   if not head or head == owner then
     if head then
       redis.call('LPOP', queue)

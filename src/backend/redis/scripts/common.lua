@@ -322,6 +322,13 @@ local function needs_hint(told, served_last, handoff_ttl)
   return told ~= nil and not served_last and tonumber(told[1]) > clock() + handoff_ttl
 end
 
+-- Whether a mutex queue's entry (an owner token) is an election's candidate: its claim part
+-- starts with 'l' ("<client id>.l<claim id>"; a mutex's claim id is a UUID in hex). Mutex
+-- waiters and candidates queue alike, so a free key with a queue is the first entry's kind.
+local function is_candidate(owner)
+  return string.find(owner, '.l', 1, true) ~= nil
+end
+
 -- A queue entry's kind and owner: "<kind>:<owner>" for read-write locks and semaphores, the
 -- bare owner (kind nil) for a mutex. Owner tokens hold no ':'.
 local function parse_entry(entry)
@@ -384,6 +391,9 @@ local function family_of(base, queue)
   end
   local kind = parse_entry(head)
   if not kind then
+    if is_candidate(head) then
+      return 'election'
+    end
     return 'mutex'
   elseif kind == 'r' or kind == 'w' then
     return 'rw'
@@ -466,7 +476,7 @@ local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, pre
   local hint = needs_hint(told, told and told[2] == head, handoff_ttl)
   -- Others may still wait behind the new holder (not counted: its release looks).
   local tail = nil
-  if election then
+  if election or is_candidate(head) then
     tail = '?'
   end
   local f = grant(lock, fence, head, handoff_ttl, fence_ttl, hint and told or nil, true, nil, tail)
