@@ -21,17 +21,62 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The most bytes an election's value may hold (a campaign's or a proclaim's): the value lives
 /// in the leader's hold, which every renewal and every candidate's call reads on the server.
-pub(super) const MAX_VALUE_LEN: usize = 1 << 20;
+/// Redlock keeps the value on every node alike.
+pub(crate) const MAX_VALUE_LEN: usize = 1 << 20;
 
 /// Refuses a value larger than [`MAX_VALUE_LEN`], before any I/O.
-pub(super) fn validate_value(key: &str, value: &[u8]) -> Result<()> {
+pub(crate) fn validate_value(key: &str, value: &[u8]) -> Result<()> {
     check_value_len("redis", key, value, MAX_VALUE_LEN)
 }
 
 /// The channel an election's changes are published on: `<lock>:e` (the lock's hash tag, so
 /// its Cluster slot).
-fn channel_of(keys: &Keys) -> String {
+pub(crate) fn channel_of(keys: &Keys) -> String {
     format!("{}:e", keys.lock)
+}
+
+/// The confirmed leader one server holds, as `leader.lua` reports it.
+pub(crate) struct HeldLead {
+    pub(crate) term: u64,
+    pub(crate) lease_left: Duration,
+    pub(crate) value: Vec<u8>,
+    /// The leader's owner token.
+    pub(crate) owner: String,
+}
+
+/// `leader.lua`'s reply: the confirmed leader, `None` while nobody leads, or the kind mismatch
+/// if `key` is in use as another kind of lock.
+pub(crate) fn parse_leader(key: &str, reply: &[Value]) -> Result<Option<HeldLead>> {
+    let int = |i: usize| -> Option<i64> { ::redis::from_redis_value_ref(reply.get(i)?).ok() };
+    match int(0) {
+        Some(0) => Ok(None),
+        Some(-1) => {
+            let family: String = reply
+                .get(1)
+                .and_then(|v| ::redis::from_redis_value_ref(v).ok())
+                .unwrap_or_default();
+            Err(kind_mismatch(key, &family, LockKind::Leader))
+        }
+        Some(1) => {
+            let term = int(1)
+                .and_then(|t| u64::try_from(t).ok())
+                .ok_or_else(malformed)?;
+            let left = int(2).ok_or_else(malformed)?;
+            let bytes = |i: usize| -> Result<Vec<u8>> {
+                reply
+                    .get(i)
+                    .and_then(|v| ::redis::from_redis_value_ref(v).ok())
+                    .ok_or_else(malformed)
+            };
+            Ok(Some(HeldLead {
+                term,
+                lease_left: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+                value: bytes(3)?,
+                owner: String::from_utf8_lossy(&bytes(4)?).into_owned(),
+            }))
+        }
+        _ => Err(malformed()),
+    }
 }
 
 fn malformed() -> Error {
@@ -63,30 +108,7 @@ impl RedisBackend {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
         let inv = self.call(&LeaderOf { keys: &keys });
         let reply: Vec<Value> = self.inner.commands.invoke("leader", &inv).await?;
-        let int = |i: usize| -> Option<i64> { ::redis::from_redis_value_ref(reply.get(i)?).ok() };
-        match int(0) {
-            Some(0) => Ok(None),
-            Some(-1) => {
-                let family: String = reply
-                    .get(1)
-                    .and_then(|v| ::redis::from_redis_value_ref(v).ok())
-                    .unwrap_or_default();
-                Err(kind_mismatch(key, &family, LockKind::Leader))
-            }
-            Some(1) => {
-                let term = int(1)
-                    .and_then(|t| u64::try_from(t).ok())
-                    .ok_or_else(malformed)?;
-                let left = int(2).ok_or_else(malformed)?;
-                let value: Vec<u8> = reply
-                    .get(3)
-                    .and_then(|v| ::redis::from_redis_value_ref(v).ok())
-                    .ok_or_else(malformed)?;
-                let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
-                Ok(Some(Leader::new(value, term, left)))
-            }
-            _ => Err(malformed()),
-        }
+        Ok(parse_leader(key, &reply)?.map(|l| Leader::new(l.value, l.term, l.lease_left)))
     }
 
     /// A signal the hub moves at every message on the election's channel (subscribed before

@@ -34,7 +34,7 @@ mod builder;
 mod cluster;
 mod coalesce;
 pub(crate) mod commands;
-mod election;
+pub(crate) mod election;
 mod fast;
 mod inspect;
 mod keys;

@@ -19,7 +19,7 @@ use crate::backend::{Family, LockKind};
 use crate::error::Result;
 use crate::inspect::{ForceReleased, Holder, Inspection, Waiter};
 
-/// The inspect script's reply: the family (`''`, `mutex` or `rw`), holders as owner, kind,
+/// The inspect script's reply: the family (`''`, `mutex`, `election` or `rw`), holders as owner, kind,
 /// token, lease ms; waiters as queue entry, priority.
 pub(super) type Reply = (String, Vec<String>, Vec<String>);
 
@@ -39,8 +39,14 @@ fn kind_of(k: &str) -> LockKind {
 
 impl NodeView {
     pub(super) fn parse((family, holders, waiting): Reply) -> Self {
-        // Semaphores never reach a Redlock node: a mutex, a read-write lock, or nothing.
+        // Semaphores never reach a Redlock node: a mutex, an election, a read-write lock, or
+        // nothing.
         let family = parse_family(&family).filter(|f| !matches!(f, Family::Semaphore { .. }));
+        // A plain queue entry waits for a mutex, or for the lead of an election.
+        let plain = match family {
+            Some(Family::Election) => LockKind::Leader,
+            _ => LockKind::Exclusive,
+        };
         let holders = holders
             .chunks(4)
             .filter_map(|h| match h {
@@ -61,7 +67,7 @@ impl NodeView {
                 let priority = score.parse::<f64>().ok()? as u64;
                 Some(match entry.split_once(':') {
                     Some((kind, owner)) => (owner.to_owned(), kind_of(kind), priority),
-                    None => (entry.clone(), LockKind::Exclusive, priority),
+                    None => (entry.clone(), plain, priority),
                 })
             })
             .collect();

@@ -17,7 +17,7 @@ use crate::backend::handoff::reply::released;
 use crate::backend::handoff::wait::{before, earliest, heard, recheck, Heard};
 use crate::backend::handoff::{self, Asking, Listener, Mailbox, Wake};
 use crate::backend::wire::fence_of;
-use crate::backend::{Attempt, Claim, Grant};
+use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::error::{Error, Result};
 
 /// How long a waiter that heard of grants from a minority of nodes waits for the rest before
@@ -31,6 +31,9 @@ impl RedlockBackend {
         ticket: &RedlockTicket,
         wait: bool,
     ) -> Result<Attempt> {
+        if claim.kind() == LockKind::Leader {
+            super::election::validate_value(claim.key(), &claim.value())?;
+        }
         let keys = Keys::new(claim, &self.inner.client_id);
         handoff::acquire(self, claim, ticket, &keys, wait, false).await
     }

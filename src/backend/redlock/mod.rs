@@ -2,6 +2,7 @@
 //! How it works, and why its fencing tokens increase, is on [`RedlockBackend`].
 
 mod builder;
+mod election;
 mod inspect;
 mod keys;
 mod library;
@@ -20,7 +21,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use self::node::Node;
-use super::{Attempt, Backend, Claim, Grant, LockKind, Renewal};
+use super::{Attempt, Backend, Claim, Grant, Leader, LeaderWatch, LockKind, Renewal};
 use crate::error::Result;
 use crate::inspect::Inspection;
 
@@ -142,7 +143,10 @@ impl Backend for RedlockBackend {
     const RENEWS_WAITERS: bool = true;
 
     fn supports(&self, kind: LockKind) -> bool {
-        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write)
+        matches!(
+            kind,
+            LockKind::Exclusive | LockKind::Read | LockKind::Write | LockKind::Leader
+        )
     }
 
     fn name(&self) -> &'static str {
@@ -184,5 +188,17 @@ impl Backend for RedlockBackend {
 
     async fn renew(&self, claims: &[(&Claim, &RedlockTicket)]) -> Vec<Renewal> {
         self.renew_claims(claims).await
+    }
+
+    async fn proclaim(&self, claim: &Claim, ticket: &RedlockTicket) -> Result<()> {
+        self.proclaim_claim(claim, ticket).await
+    }
+
+    async fn leader(&self, namespace: &str, key: &str) -> Result<Option<Leader>> {
+        self.leader_of(namespace, key).await
+    }
+
+    async fn watch_leader(&self, namespace: &str, key: &str) -> Result<LeaderWatch> {
+        self.watch_leader_of(namespace, key).await
     }
 }

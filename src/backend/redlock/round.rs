@@ -15,8 +15,13 @@ use super::{RedlockBackend, RedlockTicket};
 use crate::backend::handoff::reply::{lease_left, queued};
 use crate::backend::handoff::wait::earliest;
 use crate::backend::wire::{fence_of, kind_mismatch};
-use crate::backend::{Attempt, Claim, Grant};
+use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::error::{Error, ErrorKind, Result};
+
+/// An election's candidate's value (`value` is its claim's), `None` for every other kind.
+fn leads<'a>(claim: &Claim, value: &'a [u8]) -> Option<&'a [u8]> {
+    (claim.kind() == LockKind::Leader).then_some(value)
+}
 
 /// One node's answer to an acquisition.
 pub(super) enum Reply {
@@ -64,6 +69,7 @@ impl RedlockBackend {
         keys: &Keys,
         wait: bool,
     ) -> Vec<Reply> {
+        let value = claim.value();
         let acquire = Acquire {
             keys,
             ttl: claim.ttl(),
@@ -71,6 +77,7 @@ impl RedlockBackend {
             priority: ticket.priority(),
             handoff_ttl: self.inner.handoff_ttl,
             rejoin_ms: self.rejoin_ms(),
+            leads: leads(claim, &value),
         };
         let inv = match shared_kind(claim.kind()) {
             Some(kind) => library::call(&AcquireShared {
@@ -129,8 +136,9 @@ impl RedlockBackend {
 
     /// Makes the locks in `held` one grant: token `T` = the largest of theirs; every node's
     /// counter raised to `T` and its lease set to the full TTL while we still hold it there,
-    /// unless a quorum of them was freshly granted at `T` already. `None` if fewer than a
-    /// quorum could be settled.
+    /// unless a quorum of them was freshly granted at `T` already (an election's candidate's
+    /// fresh grants carry its value already). `None` if fewer than a quorum could be settled.
+    /// An election's candidate leads on each node it settles.
     pub(super) async fn settle(&self, claim: &Claim, keys: &Keys, held: &[Held]) -> Option<Grant> {
         let shared = shared_kind(claim.kind()).is_some();
         let q = self.inner.quorum;
@@ -143,8 +151,9 @@ impl RedlockBackend {
         if let Some(valid_until) = held_until(ready, q) {
             return Some(Grant::new(token, valid_until));
         }
+        let value = claim.value();
         let settled = self
-            .settle_nodes(keys, held, claim.ttl(), token, shared)
+            .settle_nodes(keys, held, claim.ttl(), token, shared, leads(claim, &value))
             .await;
         let valid_until = held_until(
             settled.into_iter().map(|sent| sent + claim.ttl()).collect(),
@@ -154,7 +163,8 @@ impl RedlockBackend {
     }
 
     /// Sets the lease of our lock on each node of `held` to `px` and raises its counter to
-    /// `token`; returns when each node that still held it was asked.
+    /// `token` (an election's candidate's hold takes the value `leads`); returns when each node
+    /// that still held it was asked.
     pub(super) async fn settle_nodes(
         &self,
         keys: &Keys,
@@ -162,12 +172,14 @@ impl RedlockBackend {
         px: Duration,
         token: u64,
         shared: bool,
+        leads: Option<&[u8]>,
     ) -> Vec<Instant> {
         let inv = library::call(&Settle {
             keys,
             lease: px,
             token,
             shared,
+            leads,
         });
         let calls = held.iter().map(|h| {
             let inv = &inv;
@@ -223,6 +235,7 @@ impl RedlockBackend {
             keys,
             handoff_ttl: self.inner.handoff_ttl,
             rejoin_ms: self.rejoin_ms(),
+            election: claim.kind() == LockKind::Leader,
         };
         let inv = match shared_kind(claim.kind()) {
             Some(kind) => library::call(&ReleaseShared {

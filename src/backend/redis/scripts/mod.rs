@@ -277,7 +277,8 @@ impl Args for ForceRelease<'_> {
     }
 }
 
-/// `leader.lua`: who leads an election (its confirmed leader's term, lease left and value).
+/// `leader.lua`: who leads an election (its confirmed leader's term, lease left, value and
+/// owner).
 pub(crate) struct LeaderOf<'a> {
     pub(crate) keys: &'a Keys,
 }

@@ -2,18 +2,22 @@
 -- in its queue by priority.
 -- KEYS: lock, queue, waiters, fence, born
 -- ARGV: owner, ttl ms, wait (1|0), priority, fence ttl ms, handoff ttl ms, channel prefix,
---       rejoin ms
+--       rejoin ms; for an election's candidate only, the value it proclaims
 -- Returns {1, fence, lease ms} when the lock is ours here (a fresh grant has the full ttl; a
 -- lock handed to us, or granted earlier, what is left of its lease), otherwise
 -- {0, ms until the holder's lease ends (or the node joins), server ms}, or {-1, family, 0} if
--- the key is in use as a read-write lock.
+-- the key is in use as another kind of lock. A candidate's fresh grant here carries its value
+-- (it leads once a majority of nodes hold it so under one token); a lead handed to it is
+-- provisional here until its client settles it (settle.lua).
 local lock, queue, waiters, fence, born = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, wait, priority = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local rejoin_ms = tonumber(ARGV[8])
+local said = ARGV[9]
 
 local m = mutex_at(lock)
-if m == false then
+if m == false or (m and (m.t ~= nil) ~= (said ~= nil)) then
+  -- A read-write lock; or a mutex's hold, and we campaign, or the other way round.
   return {-1, family_of(lock, queue), 0}
 end
 local holder = m and m.o
@@ -45,9 +49,13 @@ if not holder then
       redis.call('ZREM', queue, owner)
       redis.call('ZREM', waiters, owner)
     end
-    return {1, grant(lock, fence, owner, ttl, fence_ttl), ttl}
+    local f = grant(lock, fence, owner, ttl, fence_ttl, nil, nil, nil, said and '=' .. said)
+    if said then
+      leader_moved(lock)
+    end
+    return {1, f, ttl}
   end
   -- Free, but a waiter with an earlier priority is first: it gets the lock.
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, nil, said)
 end
 return {0, redis.call('PTTL', lock), now}

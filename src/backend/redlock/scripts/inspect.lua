@@ -1,17 +1,17 @@
 -- Reads one node's view of a lock without changing it.
 -- KEYS: lock, holders, queue, waiters
--- Returns {family, holders, waiting}: family '' (free), 'mutex' or 'rw'; holders a flat list
--- of owner, kind ('x', 'r' or 'w'), fence, lease ms for the live holders here; waiting a flat
+-- Returns {family, holders, waiting}: family '' (free), 'mutex', 'election' or 'rw'; holders a
+-- flat list of owner, kind ('x', 'l', 'r' or 'w'), fence, lease ms for the live holders here; waiting a flat
 -- list of queue entry, priority for the live waiters, in priority order.
 local lock, holders, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = clock()
 local family = family_of(lock, queue) or ''
 local held = {}
-if family == 'mutex' then
+if family == 'mutex' or family == 'election' then
   local m = mutex_at(lock)
   local left = redis.call('PTTL', lock)
   if m and left > 0 then
-    held = {m.o, 'x', m.f, left}
+    held = {m.o, m.t and 'l' or 'x', m.f, left}
   end
 elseif family == 'rw' then
   local writer = redis.call('HGET', lock, 'wr')

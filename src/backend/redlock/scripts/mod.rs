@@ -15,7 +15,8 @@ use super::keys::Keys;
 use crate::backend::redis::millis;
 use crate::backend::redis::script::{Args, Call, Part};
 use crate::backend::redis::scripts::{
-    self as redis, entry, push_mutex_keys, push_release_args, push_shared_keys, reading, Ping,
+    self as redis, entry, push_mutex_keys, push_release_args, push_shared_keys, reading, LeaderOf,
+    Ping, Proclaim,
 };
 use crate::backend::redis::FENCE_TTL;
 
@@ -23,7 +24,7 @@ use crate::backend::redis::FENCE_TTL;
 pub(super) const QUORUM_LUA: &str = include_str!("quorum.lua");
 
 /// The scripts of the library.
-pub(super) const ALL: [Part; 12] = [
+pub(super) const ALL: [Part; 14] = [
     Acquire::SCRIPT,
     Release::SCRIPT,
     Settle::SCRIPT,
@@ -35,6 +36,9 @@ pub(super) const ALL: [Part; 12] = [
     ReleaseShared::SCRIPT,
     Downgrade::SCRIPT,
     ForceRelease::SCRIPT,
+    // An election's leader on one node, and a proclaim there: the single-node scripts.
+    LeaderOf::SCRIPT,
+    Proclaim::SCRIPT,
     Ping::SCRIPT,
 ];
 
@@ -84,6 +88,8 @@ pub(super) struct Acquire<'a> {
     pub(super) handoff_ttl: Duration,
     /// How long after its server started the node grants nothing, in ms.
     pub(super) rejoin_ms: u64,
+    /// An election's candidate: the value it proclaims (`None` for every other kind).
+    pub(super) leads: Option<&'a [u8]>,
 }
 
 impl Acquire<'_> {
@@ -107,6 +113,9 @@ impl Args for Acquire<'_> {
     fn push(&self, call: &mut Call<'_>) {
         push_gated_mutex_keys(call, self.keys);
         self.push_args(call);
+        if let Some(value) = self.leads {
+            call.arg(value);
+        }
     }
 }
 
@@ -138,6 +147,8 @@ pub(super) struct Settle<'a> {
     pub(super) token: u64,
     /// A read-write lock (else a mutex).
     pub(super) shared: bool,
+    /// An election's candidate: the value its hold carries once settled (it leads).
+    pub(super) leads: Option<&'a [u8]>,
 }
 
 impl Args for Settle<'_> {
@@ -152,6 +163,9 @@ impl Args for Settle<'_> {
             .arg(self.token)
             .arg(millis(FENCE_TTL))
             .arg(u8::from(self.shared));
+        if let Some(value) = self.leads {
+            call.arg(value);
+        }
     }
 }
 
@@ -208,6 +222,8 @@ pub(super) struct Release<'a> {
     pub(super) keys: &'a Keys,
     pub(super) handoff_ttl: Duration,
     pub(super) rejoin_ms: u64,
+    /// An election's candidate (a lead it hands on is provisional until settled).
+    pub(super) election: bool,
 }
 
 impl Args for Release<'_> {
@@ -217,6 +233,9 @@ impl Args for Release<'_> {
         push_gated_mutex_keys(call, self.keys);
         push_release_args(call, self.keys, self.handoff_ttl);
         call.arg(self.rejoin_ms);
+        if self.election {
+            call.arg("l");
+        }
     }
 }
 
@@ -236,6 +255,7 @@ impl Args for ReleaseShared<'_> {
             keys,
             handoff_ttl,
             rejoin_ms,
+            ..
         } = self.release;
         push_gated_shared_keys(call, keys);
         push_release_args(call, keys, handoff_ttl);

@@ -1,7 +1,9 @@
 -- Sets the lease of a lock we hold on this node to the full TTL, and raises its fencing counter
--- to the quorum's token.
+-- to the quorum's token. An election's candidate leads from here: its hold carries its value,
+-- and the election's observers are told.
 -- KEYS: lock, fence, holders
--- ARGV: owner, lease ms, token, fence ttl ms, shared ('1' a read-write lock, '0' a mutex)
+-- ARGV: owner, lease ms, token, fence ttl ms, shared ('1' a read-write lock, '0' a mutex); for
+--       an election's candidate only, the value it proclaims
 -- Returns 1 if the owner holds the lock here (and it was settled), 0 otherwise.
 local lock, fence, holders = KEYS[1], KEYS[2], KEYS[3]
 local owner, px, token, fence_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -20,7 +22,11 @@ else
   if not (m and m.o == owner) then
     return 0
   end
-  redis.call('SET', lock, mutex_value(token, owner, m.q, told_of(m)), 'PX', px)
+  local said = ARGV[6]
+  redis.call('SET', lock, mutex_value(token, owner, m.q, told_of(m), said and '=' .. said), 'PX', px)
+  if said then
+    leader_moved(lock)
+  end
 end
 -- Any later grant on this node, by anyone, gets a larger token than ours.
 if fence_parts(fence, redis.call('GET', fence)) < token then

@@ -16,7 +16,7 @@ end
 if served_before_us(queue, waiters, priority, owner) then
   redis.call('DEL', lock)
   requeue(queue, waiters, priority, owner, owner, ttl)
-  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
+  hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, nil, m.t)
   return 2
 end
 if redis.call('PTTL', lock) > handoff_ttl then
