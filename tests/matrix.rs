@@ -234,7 +234,7 @@ matrix! {
         },
         rw_exclusion: (6, 15, 4),
         ..BASE
-    }, [mutex, rw, lease] skip [semaphore, election];
+    }, [mutex, rw, lease, election] skip [semaphore];
 
     #[cfg(feature = "zookeeper")]
     zookeeper: server::zookeeper::env, ZOOKEEPER, [mutex, rw, semaphore, election] skip [lease];
