@@ -13,7 +13,7 @@ use futures::StreamExt;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::faults::Service;
-use super::proxy::{Proxy, Which};
+use super::proxy::Which;
 use super::server::Env;
 
 /// How long a check waits for something the service must do soon.
@@ -449,12 +449,12 @@ pub async fn lead_stops_the_work_when_leadership_is_lost(env: &Env, name: &str, 
 /// the leader's lease would have woken it.
 pub async fn an_observer_cut_off_catches_up(svc: &Service, ns: &str) {
     let (ttl, handoff) = (Duration::from_secs(30), Duration::from_millis(300));
-    let proxy = Proxy::start(svc.port);
+    let proxy = svc.proxies();
     let (a, b) = (
         svc.client(svc.url(), ns, ttl, handoff).await,
         svc.client(svc.url(), ns, ttl, handoff).await,
     );
-    let watcher = svc.client(svc.via(&proxy), ns, ttl, handoff).await;
+    let watcher = svc.client(svc.via_all(&proxy), ns, ttl, handoff).await;
     let mut changes = Observer::start_through_outages(&watcher, "elect");
     changes.until("nobody leading", Option::is_none).await;
     let first = a.election("elect").campaign("a").await.unwrap();
@@ -494,8 +494,8 @@ pub async fn an_observer_cut_off_catches_up(svc: &Service, ns: &str) {
 /// within the lease and some slack, with a higher term.
 pub async fn a_crashed_leader_is_replaced_within_its_lease(svc: &Service, ns: &str) {
     let (ttl, handoff) = (Duration::from_millis(1500), Duration::from_millis(300));
-    let proxy = Proxy::start(svc.port);
-    let doomed = svc.client(svc.via(&proxy), ns, ttl, handoff).await;
+    let proxy = svc.proxies();
+    let doomed = svc.client(svc.via_all(&proxy), ns, ttl, handoff).await;
     let next = svc.client(svc.url(), ns, ttl, handoff).await;
     let leading = doomed.election("elect").campaign("doomed").await.unwrap();
     let election = next.election("elect");
@@ -588,10 +588,10 @@ pub async fn a_too_large_value_is_refused_before_io(
 /// the dead one: its campaign never returned, so nobody leads under its term. The observer
 /// is woken when the live candidate really leads.
 pub async fn a_dead_candidate_is_never_reported_as_leader(svc: &Service, ns: &str) {
-    let proxy = Proxy::start(svc.port);
+    let proxy = svc.proxies();
     let (ttl, handoff) = (Duration::from_secs(10), Duration::from_millis(500));
     let a = svc.client(svc.url(), ns, ttl, handoff).await;
-    let dead = svc.client(svc.via(&proxy), ns, ttl, handoff).await;
+    let dead = svc.client(svc.via_all(&proxy), ns, ttl, handoff).await;
     let next = svc.client(svc.url(), ns, ttl, handoff).await;
     let watcher = svc.client(svc.url(), ns, ttl, handoff).await;
 

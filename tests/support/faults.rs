@@ -7,15 +7,19 @@ use distlock::{LockClient, MutexGuard};
 use futures::future::BoxFuture;
 use tokio::time::{sleep, timeout, Instant};
 
-use super::proxy::{Proxy, Which};
+use super::proxy::{Proxies, Proxy, Which};
 
 /// How a scenario reaches one backend's server.
 pub struct Service {
     /// The server's port, which proxies forward to.
     pub port: u16,
+    /// Further nodes' ports, each behind a proxy of its own where a check puts a client behind
+    /// proxies (Redlock's); empty for one server.
+    pub more_ports: Vec<u16>,
     /// A URL for a server (or proxy) listening on a port.
     pub url_for: fn(u16) -> String,
-    /// A client with its own connections: `(url, namespace, ttl, handoff ttl)`.
+    /// A client with its own connections: `(url, namespace, ttl, handoff ttl)`; the URL of a
+    /// service of several nodes lists theirs, separated by ','.
     pub connect: fn(String, String, Duration, Duration) -> BoxFuture<'static, LockClient>,
     /// Waits until `n` claims are queued on `(namespace, key)`.
     pub until_queued: fn(String, String, usize) -> BoxFuture<'static, ()>,
@@ -25,7 +29,29 @@ pub struct Service {
 
 impl Service {
     pub fn url(&self) -> String {
-        (self.url_for)(self.port)
+        self.urls_for(&self.ports())
+    }
+
+    /// Every node's port.
+    pub fn ports(&self) -> Vec<u16> {
+        let mut ports = vec![self.port];
+        ports.extend(&self.more_ports);
+        ports
+    }
+
+    fn urls_for(&self, ports: &[u16]) -> String {
+        let urls: Vec<String> = ports.iter().map(|&p| (self.url_for)(p)).collect();
+        urls.join(",")
+    }
+
+    /// A proxy in front of every node.
+    pub fn proxies(&self) -> Proxies {
+        Proxies::start(&self.ports())
+    }
+
+    /// The service's URL through `proxies`.
+    pub fn via_all(&self, proxies: &Proxies) -> String {
+        self.urls_for(&proxies.ports())
     }
 
     pub fn via(&self, proxy: &Proxy) -> String {

@@ -80,6 +80,7 @@ pub async fn client(url: &str, ns: &str, ttl: Duration, handoff: Duration) -> di
 /// The shared fault scenarios' view of the binary's shared PostgreSQL.
 pub fn service() -> super::faults::Service {
     super::faults::Service {
+        more_ports: Vec::new(),
         port: super::server::postgres::shared_postgres().port(),
         url_for: |port| format!("postgres://postgres@127.0.0.1:{port}/postgres"),
         connect: |url, ns, ttl, handoff| {

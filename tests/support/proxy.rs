@@ -353,3 +353,42 @@ fn contains_subscribe(bytes: &[u8]) -> bool {
         .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
         || bytes.windows(7).any(|w| w == b"LISTEN ")
 }
+
+/// One proxy in front of each node of a service (one for a single server, one per node for
+/// Redlock): a fault aimed at the set hits every node's connections of the clients behind it.
+pub struct Proxies(Vec<Proxy>);
+
+impl Proxies {
+    pub fn start(upstreams: &[u16]) -> Self {
+        Self(upstreams.iter().map(|&p| Proxy::start(p)).collect())
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.0.iter().map(Proxy::port).collect()
+    }
+
+    /// See [`Proxy::pass`].
+    pub fn pass(&self) {
+        self.0.iter().for_each(Proxy::pass);
+    }
+
+    /// See [`Proxy::blackhole`].
+    pub fn blackhole(&self) {
+        self.0.iter().for_each(Proxy::blackhole);
+    }
+
+    /// See [`Proxy::heal`].
+    pub fn heal(&self) {
+        self.0.iter().for_each(Proxy::heal);
+    }
+
+    /// See [`Proxy::blackhole_only`].
+    pub fn blackhole_only(&self, which: Which) {
+        self.0.iter().for_each(|p| p.blackhole_only(which));
+    }
+
+    /// See [`Proxy::crash`].
+    pub fn crash(&self, hold: Duration) {
+        self.0.iter().for_each(|p| p.crash(hold));
+    }
+}

@@ -94,6 +94,7 @@ pub async fn client(
 /// The shared fault scenarios' view of the binary's shared `redis-server`.
 pub fn service() -> super::faults::Service {
     super::faults::Service {
+        more_ports: Vec::new(),
         port: super::server::redis::shared_redis().port(),
         url_for: |port| format!("redis://127.0.0.1:{port}/"),
         connect: |url, ns, ttl, handoff| {

@@ -166,3 +166,29 @@ pub async fn env(ns: String) -> super::Env {
         .unwrap();
     super::Env::new("redlock", ns, super::Supports::of(&probe), Redlock)
 }
+
+/// The shared fault scenarios' view of the binary's shared nodes, straight to their servers (a
+/// scenario puts proxies of its own in front of every node): a client's URL lists every node's,
+/// separated by ','.
+pub fn service() -> crate::support::faults::Service {
+    let ports: Vec<u16> = shared_nodes()
+        .servers
+        .iter()
+        .map(RedisServer::port)
+        .collect();
+    crate::support::faults::Service {
+        port: ports[0],
+        more_ports: ports[1..].to_vec(),
+        url_for: |port| format!("redis://127.0.0.1:{port}/"),
+        connect: |urls, ns, ttl, handoff| {
+            Box::pin(async move {
+                let urls = urls.split(',').map(str::to_owned).collect();
+                client_tuned(urls, &ns, ttl, Duration::ZERO, handoff).await
+            })
+        },
+        until_queued: |ns, key, n| {
+            Box::pin(async move { shared_nodes().until_queued(&ns, &key, n).await })
+        },
+        left_in: |ns| Box::pin(async move { shared_nodes().leftovers(&ns).await.len() }),
+    }
+}
