@@ -40,7 +40,7 @@ for backend in memory redis redlock zookeeper postgres; do
 done
 # Elections (issue 30): leaders taking turns under the same faults and checker, the term the
 # token, with the holders logging at TRACE, on every backend that has them.
-for backend in memory redis postgres zookeeper; do
+for backend in memory redis redlock postgres zookeeper; do
   echo "== chaos --backend $backend --primitive election"
   cargo run --locked --all-features --example chaos -- --backend "$backend" --primitive election \
     --trace --secs "${DISTLOCK_CHAOS_ELECTION_SECS:-25}"

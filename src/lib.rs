@@ -29,8 +29,8 @@
 //!   A Redis Cluster (`redis+cluster://`, feature `redis-cluster`: sharded pub/sub, renewal per
 //!   slot) and a Sentinel-managed primary (`redis+sentinel://`, feature `redis-sentinel`) use
 //!   the same backend.
-//! - [`RedlockBackend`](backend::RedlockBackend) (feature `redlock`): mutexes and read-write
-//!   locks over a majority of independent Redis nodes, with fencing tokens that increase across
+//! - [`RedlockBackend`](backend::RedlockBackend) (feature `redlock`): mutexes, read-write
+//!   locks and elections over a majority of independent Redis nodes, with fencing tokens that increase across
 //!   the quorum and FIFO handoff over each node's pub/sub. Open it with
 //!   `LockClient::redlock(urls)`.
 //! - [`ZkBackend`](backend::ZkBackend) (feature `zookeeper`): Curator 5 compatible locks

@@ -43,6 +43,7 @@ pub(crate) const ELECTIONS: &[&str] = &[
     "redis",
     "redis-sentinel",
     "redis-cluster",
+    "redlock",
     "postgres",
     "postgres-pgbouncer",
     "zookeeper",

@@ -23,7 +23,7 @@
 //! read, a write, or a write downgraded to a read half-way), `permits` (a semaphore of 3, one
 //! or two permits a round with `acquire_many`), `multi` (a multi-lock of two of three keys) or
 //! `election` (leadership of an election, its term the token; memory, Redis single, Sentinel
-//! and Cluster, PostgreSQL and ZooKeeper; not Redlock).
+//! and Cluster, Redlock, PostgreSQL and ZooKeeper).
 //! Memory runs every form but downgrades (a plain write there). `--trace` makes every holder
 //! log at TRACE (to nowhere), so every event's fields are evaluated under faults.
 //!
@@ -294,7 +294,7 @@ fn main() {
     );
     assert!(
         args.primitive != "election" || holder::ELECTIONS.contains(&args.backend.as_str()),
-        "elections run on {:?} (not on Redlock: issue 30)",
+        "elections run on {:?}",
         holder::ELECTIONS
     );
     let started = Instant::now();

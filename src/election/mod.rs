@@ -28,9 +28,9 @@ use crate::error::Result;
 /// time, in the order they asked.
 ///
 /// A cheap handle (no I/O until used); clone it or make a new one from the client at will.
-/// Backends: memory, Redis (single server, Cluster, Sentinel), PostgreSQL (direct or through
-/// PgBouncer) and ZooKeeper (a Curator `LeaderLatch` on the same path); Redlock refuses
-/// elections with [`Unsupported`](crate::ErrorKind::Unsupported).
+/// Backends: memory, Redis (single server, Cluster, Sentinel), Redlock (a lead counts once a
+/// majority of nodes hold it confirmed under one owner and term), PostgreSQL (direct or through
+/// PgBouncer) and ZooKeeper (a Curator `LeaderLatch` on the same path).
 ///
 /// # Examples
 ///

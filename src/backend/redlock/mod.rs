@@ -85,6 +85,9 @@ pub use self::ticket::RedlockTicket;
 /// holders of a 2-permit semaphore can each hold a different majority of three nodes).
 /// Multi-locks (mutexes in a fixed order) work.
 ///
+/// **Elections** are mutexes whose holds carry the leader's value on each node; a lead counts
+/// once a majority of nodes hold it confirmed under one owner and term (see `election.rs`).
+///
 /// [`inspect`](crate::LockClient::inspect) asks every node: the holder is the claim holding a
 /// majority, waiters are the claims queued on any node, in priority order.
 ///
