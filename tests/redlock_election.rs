@@ -9,6 +9,7 @@ mod support;
 
 use std::time::Duration;
 
+use distlock::LockClient;
 use futures::StreamExt;
 use support::server::redlock::{service, Nodes};
 use tokio::time::{sleep, timeout, Instant};
@@ -49,6 +50,17 @@ async fn large_values() {
     a.shutdown().await;
 }
 
+/// `client` reads `value` leading the election `e` under `term`.
+async fn reads_leader(client: &LockClient, term: u64, value: &str) {
+    let seen = client
+        .election("e")
+        .leader()
+        .await
+        .unwrap()
+        .expect("nobody leads");
+    assert_eq!((seen.term(), seen.value_str()), (term, Some(value)));
+}
+
 /// One node of three down: a campaign leads, `leader()` and an observer see it and its
 /// proclaim, a waiting candidate takes over on resignation with a higher term, and renewal
 /// keeps it leading. Then a second node down: the leader loses, `leader()` and campaigns
@@ -70,13 +82,7 @@ async fn one_node_of_three_down_elects_two_down_refuse() {
         .await
         .expect("a campaign with one node down hung")
         .unwrap();
-    let seen = b
-        .election("e")
-        .leader()
-        .await
-        .unwrap()
-        .expect("nobody leads");
-    assert_eq!((seen.term(), seen.value_str()), (leading.term(), Some("a")));
+    reads_leader(&b, leading.term(), "a").await;
     let heard = timeout(BOUND, changes.next())
         .await
         .expect("the observer missed a");
@@ -104,13 +110,7 @@ async fn one_node_of_three_down_elects_two_down_refuse() {
     // Several leases with one node down: still leading.
     sleep(ttl * 3).await;
     assert!(!b_leads.is_lost());
-    let seen = a
-        .election("e")
-        .leader()
-        .await
-        .unwrap()
-        .expect("nobody leads");
-    assert_eq!((seen.term(), seen.value_str()), (b_leads.term(), Some("b")));
+    reads_leader(&a, b_leads.term(), "b").await;
 
     // Two of three down: b's renewals find no quorum; nobody is reported from one node.
     nodes.proxies[1].cut();
@@ -144,13 +144,7 @@ async fn one_node_of_three_down_elects_two_down_refuse() {
         .expect("no leader once the nodes are back")
         .unwrap();
     assert!(again.term() > last_term);
-    let seen = b
-        .election("e")
-        .leader()
-        .await
-        .unwrap()
-        .expect("nobody leads");
-    assert_eq!(seen.value_str(), Some("a, again"));
+    reads_leader(&b, again.term(), "a, again").await;
     again.resign().await.unwrap();
     drop(changes);
     a.shutdown().await;
