@@ -40,7 +40,8 @@ pub(crate) struct HeldLead {
     pub(crate) term: u64,
     pub(crate) lease_left: Duration,
     pub(crate) value: Vec<u8>,
-    /// The leader's owner token.
+    /// The leader's owner token (Redlock's nodes agree on a leader by it).
+    #[cfg(feature = "redlock")]
     pub(crate) owner: String,
 }
 
@@ -72,6 +73,7 @@ pub(crate) fn parse_leader(key: &str, reply: &[Value]) -> Result<Option<HeldLead
                 term,
                 lease_left: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
                 value: bytes(3)?,
+                #[cfg(feature = "redlock")]
                 owner: String::from_utf8_lossy(&bytes(4)?).into_owned(),
             }))
         }
