@@ -17,7 +17,7 @@
 //! primitive on memory and Redis: `mutex` (default), `rwlock` (one write in ten, the rest
 //! reads; label `-rwlock90`), `semaphore` (4 permits, one each; label `-semaphore4`) or
 //! `election` (campaign, read the leader, resign: the turnover of leaders; label
-//! `-election`; memory, Redis, PostgreSQL and ZooKeeper). Redis runs start their own
+//! `-election`; memory, Redis, Redlock, PostgreSQL and ZooKeeper). Redis runs start their own
 //! `redis-server` on a free loopback port (tests/support), shared by `redis` and `rslock`
 //! (`redis-evalsha`: the same server, as a user not allowed functions, so our scripts go by
 //! EVALSHA as before Redis 7);
@@ -718,17 +718,21 @@ fn main() {
     }
     rt.block_on(async {
         for name in std::iter::repeat_n(&args.impls, args.rounds).flatten() {
-            // rslock and the Curator workload are mutexes only.
-            let prims: &[Prim] = if !matches!(
-                name.as_str(),
-                "rslock" | "rslock-redlock3" | "rslock-redlock5" | "curator" | "curator-ensemble"
-                    | "redlock3" | "redlock5"
-            ) {
-                &args.locks
-            } else {
-                &[Prim::Mutex]
+            // rslock and the Curator workload are mutexes only; Redlock has mutexes and
+            // elections here.
+            let prims: Vec<Prim> = match name.as_str() {
+                "rslock" | "rslock-redlock3" | "rslock-redlock5" | "curator" | "curator-ensemble" => {
+                    vec![Prim::Mutex]
+                }
+                "redlock3" | "redlock5" => args
+                    .locks
+                    .iter()
+                    .copied()
+                    .filter(|p| matches!(p, Prim::Mutex | Prim::Election))
+                    .collect(),
+                _ => args.locks.clone(),
             };
-            for &prim in prims {
+            for &prim in &prims {
             for &workers in &args.workers {
                 for &cs_ms in &args.cs_ms {
                     let cs = Duration::from_secs_f64(cs_ms / 1e3);
