@@ -150,3 +150,81 @@ async fn one_node_of_three_down_elects_two_down_refuse() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A free election key while a candidate waits on every node (its leader's lease ran out, the
+/// candidate, cut off, has not asked again): a mutex `lock()` there is refused as a kind
+/// mismatch, and the candidate, back, leads; it is never handed a mutex's hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutex_does_not_take_a_free_election_with_a_candidate_waiting() {
+    use support::proxy::Proxies;
+    let ns = test_namespace!();
+    let nodes = support::server::redlock::shared_nodes();
+    let direct: Vec<u16> = nodes
+        .direct_urls()
+        .iter()
+        .map(|u| {
+            u.trim_end_matches('/')
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let urls = |p: &Proxies| -> Vec<String> {
+        p.ports()
+            .iter()
+            .map(|port| format!("redis://127.0.0.1:{port}/"))
+            .collect()
+    };
+    let (leader_net, candidate_net) = (Proxies::start(&direct), Proxies::start(&direct));
+    let client_on = support::server::redlock::client_on;
+    let leader = client_on(
+        urls(&leader_net),
+        &ns,
+        Duration::from_secs(1),
+        Duration::ZERO,
+    )
+    .await;
+    let candidate = client_on(
+        urls(&candidate_net),
+        &ns,
+        Duration::from_secs(20),
+        Duration::ZERO,
+    )
+    .await;
+    let other = client_on(
+        nodes.direct_urls(),
+        &ns,
+        Duration::from_secs(5),
+        Duration::ZERO,
+    )
+    .await;
+    let leading = leader.election("e").campaign("a").await.unwrap();
+    let election = candidate.election("e");
+    let waiting = tokio::spawn(async move { election.campaign("b").await });
+    nodes.until_queued(&ns, "e", 1).await;
+    leader_net.blackhole();
+    candidate_net.blackhole();
+    // The leader's lease (1 s) runs out; the key is free with the candidate in line.
+    sleep(Duration::from_millis(1500)).await;
+    let got = timeout(Duration::from_secs(5), other.mutex("e").lock()).await;
+    candidate_net.heal();
+    match got {
+        Ok(Ok(_)) => panic!("a mutex was granted on an election's key while a candidate waited"),
+        Ok(Err(e)) => assert_eq!(e.kind(), distlock::ErrorKind::KindMismatch, "{e}"),
+        Err(_) => panic!("the mutex lock() was neither refused nor granted in 5 s"),
+    }
+    let b = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the candidate's campaign never ended")
+        .unwrap()
+        .expect("the candidate's campaign failed");
+    assert!(b.term() > leading.term());
+    reads_leader(&other, b.term(), "b").await;
+    drop(b);
+    drop(leading);
+    for c in [leader, candidate, other] {
+        c.shutdown().await;
+    }
+}

@@ -70,7 +70,7 @@ use crate::inspect::{ForceReleased, Inspection};
 
 pub use self::builder::RedisBackendBuilder;
 #[cfg(feature = "redlock")]
-pub(crate) use self::keys::millis;
+pub(crate) use self::keys::{claim_token, millis};
 pub(crate) use self::keys::{kind_code, kind_of_code, lock_name, Keys};
 #[cfg(feature = "redlock")]
 pub(crate) use self::lock::FENCE_TTL;

@@ -1,7 +1,7 @@
 //! One lock's key names on every node (the single-node layout, Redlock's queues under names of
 //! their own) and the claim's owner token.
 
-use crate::backend::redis::{kind_code, Keys as RedisKeys};
+use crate::backend::redis::{claim_token, kind_code, Keys as RedisKeys};
 use crate::backend::{Claim, LockKind};
 
 /// One lock's key names, the same on every node, and the claim's owner token: the single-node
@@ -23,7 +23,12 @@ impl std::ops::Deref for Keys {
 
 impl Keys {
     pub(super) fn new(claim: &Claim, client_id: &str) -> Self {
-        Self::named(claim.namespace(), claim.key(), client_id, claim.owner())
+        Self::named(
+            claim.namespace(),
+            claim.key(),
+            client_id,
+            &claim_token(claim),
+        )
     }
 
     pub(super) fn named(namespace: &str, key: &str, client_id: &str, claim_owner: &str) -> Self {

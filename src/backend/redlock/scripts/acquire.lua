@@ -30,6 +30,13 @@ if not holder then
     -- A read-write lock's queue: not a mutex.
     return {-1, family_of(lock, queue), 0}
   end
+  if head and head ~= owner and is_candidate(head) ~= (said ~= nil) then
+    -- The first in line is the other kind (a candidate, and we ask for a mutex, or the other
+    -- way round): the key is its kind, so it is handed the key (once this node may grant)
+    -- and we are refused.
+    hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, nil, is_candidate(head))
+    return {-1, family_of(lock, queue), 0}
+  end
 end
 local now = clock()
 if wait then
