@@ -15,7 +15,7 @@ use std::time::Duration;
 use distlock::backend::RedisBackend;
 use distlock::LockClient;
 use futures::FutureExt;
-use support::redis::{connection as raw, libraries, until_only_fences};
+use support::redis::{commandstats, connection as raw, libraries, until_only_fences};
 use support::server::redis::{shared_redis, RedisServer};
 use tokio::time::sleep;
 
@@ -29,7 +29,6 @@ async fn client_at(url: &str, ns: &str, ttl: Duration, renew: bool) -> LockClien
         .unwrap()
 }
 
-/// The server's command counts by name (`INFO commandstats`), the statistics commands left out.
 /// The library's acquire function called by hand for `owner` on the mutex `lock` (a 60 s TTL;
 /// `wait` 1 queues it), as a client would call it.
 fn fcall_acquire(library: &str, lock: &str, owner: &str, wait: u8) -> redis::Cmd {
@@ -48,27 +47,6 @@ fn fcall_acquire(library: &str, lock: &str, owner: &str, wait: u8) -> redis::Cmd
         .arg(format!("{lock}:c:"))
         .arg(0);
     call
-}
-
-async fn commandstats(con: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(con)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            (!name.starts_with("info") && !name.starts_with("config"))
-                .then(|| (name.to_owned(), calls))
-        })
-        .collect()
 }
 
 /// An uncontended lock and release of a key locked before (its fencing counter exists: the

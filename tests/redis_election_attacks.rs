@@ -16,23 +16,7 @@ use tokio::time::{sleep, timeout, Instant};
 
 /// Every command the server ran so far, by name (INFO commandstats), less INFO itself.
 async fn commands(url: &str) -> Vec<(String, u64)> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut connection(url).await)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            (name != "info").then(|| (name.to_owned(), calls))
-        })
-        .collect()
+    support::redis::commandstats(&mut connection(url).await).await
 }
 
 async fn total_commands(url: &str) -> u64 {

@@ -4,6 +4,29 @@ use std::time::Duration;
 
 use tokio::time::{sleep, timeout};
 
+/// Every command the server ran so far, by name, with its count (INFO commandstats), less
+/// the tests' own INFO and CONFIG calls.
+pub async fn commandstats(con: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            (!name.starts_with("info") && !name.starts_with("config"))
+                .then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
 /// A plain connection to `url`.
 pub async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
