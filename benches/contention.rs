@@ -1021,6 +1021,8 @@ mod web {
         /// This process's CPU (user + system, every thread) per acquisition, µs: the client
         /// side's cost, harness included (the same harness for both impls).
         client_cpu_us_per_acq: f64,
+        /// The client's write system calls per acquisition.
+        client_writes_per_acq: f64,
         acquisitions: u64,
         /// Commands by name over the run.
         calls: BTreeMap<String, u64>,
@@ -1035,6 +1037,16 @@ mod web {
         let f: Vec<&str> = rest.split_whitespace().collect();
         let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         (ticks(11) + ticks(12)) * 1e4
+    }
+
+    /// This process's write system calls so far (`syscw` in `/proc/self/io`: `write`, `writev`
+    /// and the like; each request or batch of requests the client sends is one).
+    fn process_writes() -> f64 {
+        let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+        io.lines()
+            .find_map(|l| l.strip_prefix("syscw:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 
     /// A small, fast generator for the keys (splitmix64); no need for a crate.
@@ -1060,6 +1072,7 @@ mod web {
         let mut conn = support::redis::connection(url).await;
         let before = probe(&mut conn).await;
         let client_before = process_cpu_us();
+        let writes_before = process_writes();
         let stop = Arc::new(AtomicBool::new(false));
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1087,6 +1100,7 @@ mod web {
         }
         let elapsed = start.elapsed();
         let client_cpu = process_cpu_us() - client_before;
+        let client_writes = process_writes() - writes_before;
         let after = probe(&mut conn).await;
         if let Shared::Distlock(client) = shared {
             client.shutdown().await;
@@ -1107,6 +1121,7 @@ mod web {
             cpu_us_per_acq: per(after.cpu_us - before.cpu_us),
             cmds_per_acq: per(calls.values().sum::<u64>() as f64),
             client_cpu_us_per_acq: per(client_cpu),
+            client_writes_per_acq: per(client_writes),
             acquisitions: n,
             calls,
         }
@@ -1180,13 +1195,14 @@ mod web {
                     let name = IMPLS[i];
                     let r = measure(name, &url, tasks, keys, args.secs).await;
                     println!(
-                        "{name} tasks={tasks} keys={keys} acq_per_s={:.0} p50_ms={:.3} p99_ms={:.3} server_cpu_us_per_acq={:.1} server_cmds_per_acq={:.2} client_cpu_us_per_acq={:.1}",
+                        "{name} tasks={tasks} keys={keys} acq_per_s={:.0} p50_ms={:.3} p99_ms={:.3} server_cpu_us_per_acq={:.1} server_cmds_per_acq={:.2} client_cpu_us_per_acq={:.1} client_writes_per_acq={:.2}",
                         r.acq_per_s,
                         r.p50_ms,
                         r.p99_ms,
                         r.cpu_us_per_acq,
                         r.cmds_per_acq,
-                        r.client_cpu_us_per_acq
+                        r.client_cpu_us_per_acq,
+                        r.client_writes_per_acq
                     );
                     println!(
                         "# {name} tasks={tasks} commands_per_acq: {}",
