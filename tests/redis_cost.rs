@@ -247,6 +247,17 @@ async fn concurrent_claims_are_coalesced_with_a_reply_each() {
     for result in futures::future::join_all(guards.into_iter().map(|g| g.release())).await {
         result.unwrap();
     }
+    // Each release deleted its hold (the coalesced form's quick path for plain holds).
+    let held: Vec<String> = (0..n)
+        .filter(|i| *i != 7 && *i != 9)
+        .map(|i| format!("{ns}:{{k{i}}}"))
+        .collect();
+    let left: i64 = redis::cmd("EXISTS")
+        .arg(&held)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "holds left after their releases");
     let stats = commandstats(&mut con).await;
     let fcalls = stats
         .iter()

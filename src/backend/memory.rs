@@ -425,7 +425,7 @@ impl Backend for MemoryBackend {
             if ks.queue.is_empty() && ks.fits(kind) {
                 let grant = Grant::new(this.next_fence(), now + claim.ttl());
                 ks.holders.push(Holder {
-                    owner: claim.owner.clone(),
+                    owner: claim.owner().into(),
                     kind,
                     fence: grant.fence,
                     valid_until: grant.valid_until,
@@ -436,7 +436,7 @@ impl Backend for MemoryBackend {
             }
             if wait && ks.position(claim.owner()).is_none() {
                 ks.queue.push_back(Waiter {
-                    owner: claim.owner.clone(),
+                    owner: claim.owner().into(),
                     since: now,
                     kind,
                     ttl: claim.ttl(),

@@ -162,16 +162,23 @@ impl fmt::Display for Family {
 pub struct Claim {
     namespace: Arc<str>,
     key: Arc<str>,
-    owner: Arc<str>,
+    kind: LockKind,
+    /// What the claim's clones share, in one allocation (a busy service makes many claims).
+    state: Arc<ClaimState>,
+    lost: LostSignal,
+}
+
+/// The part of a [`Claim`] its clones share.
+struct ClaimState {
+    /// The owner token, a hyphenated UUID (ASCII).
+    owner: [u8; uuid::fmt::Hyphenated::LENGTH],
     /// The lease length asked for, in nanoseconds: a guard's `extend(ttl)` changes it for its
     /// own renewals.
-    ttl: Arc<AtomicU64>,
-    kind: LockKind,
+    ttl: AtomicU64,
     /// A write hold turned into a read hold ([`Backend::downgrade`]).
-    downgraded: Arc<AtomicBool>,
-    /// What a leadership claim proclaims ([`LockKind::Leader`]); empty for the others.
-    value: Arc<StdMutex<Arc<[u8]>>>,
-    lost: LostSignal,
+    downgraded: AtomicBool,
+    /// What a leadership claim proclaims ([`LockKind::Leader`]); none (empty) for the others.
+    value: StdMutex<Option<Arc<[u8]>>>,
 }
 
 impl Claim {
@@ -182,14 +189,18 @@ impl Claim {
         kind: LockKind,
         backend: &'static str,
     ) -> Self {
+        let mut owner = [0; uuid::fmt::Hyphenated::LENGTH];
+        uuid::Uuid::new_v4().hyphenated().encode_lower(&mut owner);
         Self {
             namespace,
             key,
-            owner: uuid::Uuid::new_v4().hyphenated().to_string().into(),
-            ttl: Arc::new(AtomicU64::new(nanos(ttl))),
             kind,
-            downgraded: Arc::new(AtomicBool::new(false)),
-            value: Arc::new(StdMutex::new(Arc::from(&[][..]))),
+            state: Arc::new(ClaimState {
+                owner,
+                ttl: AtomicU64::new(nanos(ttl)),
+                downgraded: AtomicBool::new(false),
+                value: StdMutex::new(None),
+            }),
             lost: LostSignal::new(backend, kind),
         }
     }
@@ -215,7 +226,7 @@ impl Claim {
     /// The owner token: a random v4 UUID in lowercase hyphenated form, unique to this claim.
     /// Servers compare it before extending or deleting anything.
     pub fn owner(&self) -> &str {
-        &self.owner
+        std::str::from_utf8(&self.state.owner).unwrap_or_default()
     }
 
     /// The lease length asked for. It changes only when the claim's guard extends its lease
@@ -223,18 +234,18 @@ impl Claim {
     /// together with the lease's generation, so a renewal reply computed with the old TTL is
     /// never applied to the new lease.
     pub fn ttl(&self) -> Duration {
-        Duration::from_nanos(self.ttl.load(Ordering::Acquire))
+        Duration::from_nanos(self.state.ttl.load(Ordering::Acquire))
     }
 
     /// Sets the lease length later renewals ask for.
     pub(crate) fn set_ttl(&self, ttl: Duration) {
-        self.ttl.store(nanos(ttl), Ordering::Release);
+        self.state.ttl.store(nanos(ttl), Ordering::Release);
     }
 
     /// What kind of hold is asked for, or held: a write claim reads as [`LockKind::Read`]
     /// once it was downgraded.
     pub fn kind(&self) -> LockKind {
-        if self.kind == LockKind::Write && self.downgraded.load(Ordering::Acquire) {
+        if self.kind == LockKind::Write && self.state.downgraded.load(Ordering::Acquire) {
             LockKind::Read
         } else {
             self.kind
@@ -244,23 +255,25 @@ impl Claim {
     /// What a leadership claim ([`LockKind::Leader`]) proclaims: the value it was made with,
     /// or the last one [`Backend::proclaim`] was asked to publish. Empty for other kinds.
     pub fn value(&self) -> Arc<[u8]> {
-        self.value
-            .lock()
+        let value = (self.state.value.lock())
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+            .clone();
+        value.unwrap_or_else(|| {
+            // Every claim but a leader's has none: one shared empty value, not one each.
+            static EMPTY: std::sync::LazyLock<Arc<[u8]>> =
+                std::sync::LazyLock::new(|| Arc::from(&[][..]));
+            EMPTY.clone()
+        })
     }
 
     /// Sets what the claim proclaims.
     pub(crate) fn set_value(&self, value: Arc<[u8]>) {
-        *self
-            .value
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = value;
+        *(self.state.value.lock()).unwrap_or_else(std::sync::PoisonError::into_inner) = Some(value);
     }
 
     /// Records that the server turned this write hold into a read hold.
     pub(crate) fn set_downgraded(&self) {
-        self.downgraded.store(true, Ordering::Release);
+        self.state.downgraded.store(true, Ordering::Release);
     }
 
     /// Marks the claim lost: its guard reports [`is_lost`](crate::MutexGuard::is_lost) and
@@ -286,7 +299,7 @@ impl fmt::Debug for Claim {
         f.debug_struct("Claim")
             .field("namespace", &self.namespace)
             .field("key", &self.key)
-            .field("owner", &self.owner)
+            .field("owner", &self.owner())
             .field("ttl", &self.ttl())
             .field("kind", &self.kind)
             .field("lost", &self.is_lost())
@@ -302,7 +315,7 @@ fn nanos(d: Duration) -> u64 {
 /// A one-way "ownership is gone" flag that wakes every watcher.
 #[derive(Clone)]
 pub(crate) struct LostSignal {
-    flag: Arc<watch::Sender<bool>>,
+    flag: watch::Sender<bool>,
     /// For the lost-locks metric: the backend's name and the claim's kind.
     backend: &'static str,
     kind: LockKind,
@@ -311,7 +324,7 @@ pub(crate) struct LostSignal {
 impl LostSignal {
     fn new(backend: &'static str, kind: LockKind) -> Self {
         Self {
-            flag: Arc::new(watch::Sender::new(false)),
+            flag: watch::Sender::new(false),
             backend,
             kind,
         }

@@ -32,7 +32,7 @@ pub(crate) fn validate_value(key: &str, value: &[u8]) -> Result<()> {
 /// The channel an election's changes are published on: `<lock>:e` (the lock's hash tag, so
 /// its Cluster slot).
 pub(crate) fn channel_of(keys: &Keys) -> String {
-    format!("{}:e", keys.lock)
+    format!("{}:e", keys.lock())
 }
 
 /// The confirmed leader one server holds, as `leader.lua` reports it.

@@ -64,19 +64,24 @@ impl RedisBackend {
 
     /// Sends the pipeline for `claim` (see the module's docs).
     pub(super) async fn acquire_fast(&self, claim: &Claim, keys: &Keys) -> Result<Fast> {
-        let mut pipe = ::redis::pipe();
-        pipe.ignore_errors()
-            .cmd("SET")
-            .arg(&keys.lock)
-            .arg(&keys.owner)
+        // Each command sized up front: this runs at every uncontended lock.
+        let (lock, owner, fence) = (keys.lock(), keys.owner(), keys.fence());
+        let mut set = ::redis::Cmd::with_capacity(6, lock.len() + owner.len() + 32);
+        set.arg("SET")
+            .arg(lock)
+            .arg(owner)
             .arg("NX")
             .arg("PX")
-            .arg(millis(claim.ttl()))
-            .cmd("INCR")
-            .arg(&keys.fence)
-            .cmd("PEXPIRE")
-            .arg(&keys.fence)
-            .arg(millis(FENCE_TTL));
+            .arg(millis(claim.ttl()));
+        let mut incr = ::redis::Cmd::with_capacity(2, fence.len() + 4);
+        incr.arg("INCR").arg(fence);
+        let mut pexpire = ::redis::Cmd::with_capacity(3, fence.len() + 24);
+        pexpire.arg("PEXPIRE").arg(fence).arg(millis(FENCE_TTL));
+        let mut pipe = ::redis::Pipeline::with_capacity(3);
+        pipe.ignore_errors()
+            .add_command(set)
+            .add_command(incr)
+            .add_command(pexpire);
         let (reply, _, sent): (Vec<Value>, bool, Instant) = self
             .inner
             .commands

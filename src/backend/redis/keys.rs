@@ -8,21 +8,30 @@ use crate::backend::{Claim, LockKind};
 
 /// The names of one lock's keys and channels, and a claim's owner token, as one client sees
 /// them (on one server, a Cluster, and each Redlock node alike).
+///
+/// Every name is kept in one string, one after another (a claim names its keys once, and a
+/// busy service names many: one allocation, not eight).
 pub(crate) struct Keys {
-    pub(crate) lock: String,
-    /// Read-write locks and semaphores: holder -> lease deadline.
-    pub(crate) holders: String,
-    pub(crate) queue: String,
-    pub(crate) waiters: String,
-    pub(crate) fence: String,
-    /// Every client's channel for this lock starts with this; the client id follows.
-    pub(crate) channels: String,
-    /// This client's channel for this lock.
-    pub(crate) channel: String,
-    /// The claim's owner token: `<client id>.<claim owner>`, or `<client id>.l<claim owner>`
-    /// for an election's candidate (see [`claim_token`]).
-    pub(crate) owner: String,
+    text: String,
+    /// Where each name ends in `text`, in the order of [`Name`]; each starts where the one
+    /// before ends.
+    ends: [usize; NAMES],
 }
+
+/// The names a [`Keys`] holds, in the order they are laid out.
+#[derive(Clone, Copy)]
+enum Name {
+    Lock,
+    Holders,
+    Queue,
+    Waiters,
+    Fence,
+    Channels,
+    Channel,
+    Owner,
+}
+
+const NAMES: usize = Name::Owner as usize + 1;
 
 /// A claim's part of its owner token: its owner (a UUID), behind an `l` for an election's
 /// candidate. Mutex waiters and candidates wait in one kind of queue; the server-side code
@@ -64,18 +73,80 @@ impl Keys {
         // Namespaces hold no braces or colons, so `<ns>:{` starts every name, and every name
         // of one key shares its hash tag. Suffixes end in distinct letters, and lock names end
         // in `}`, so no two keys' names can coincide.
-        let lock = lock_name(namespace, key);
-        let channels = format!("{lock}:c:");
-        Self {
-            holders: format!("{lock}:h"),
-            queue: format!("{lock}:{queue}"),
-            waiters: format!("{lock}:{waiters}"),
-            fence: format!("{lock}:fence"),
-            channel: format!("{channels}{client_id}"),
-            channels,
-            owner: wire::owner_token(client_id, claim_owner),
-            lock,
-        }
+        // The lock's name seven times, the suffixes, the client id twice and the claim's.
+        let size = (namespace.len() + key.len() + 3) * 7
+            + queue.len()
+            + waiters.len()
+            + 2 * client_id.len()
+            + claim_owner.len()
+            + 20;
+        let mut keys = Self {
+            text: String::with_capacity(size),
+            ends: [0; NAMES],
+        };
+        let named = |keys: &mut Self, name: Name, parts: &[&str]| {
+            for part in [namespace, ":{", key, "}"].iter().chain(parts) {
+                keys.text.push_str(part);
+            }
+            keys.ends[name as usize] = keys.text.len();
+        };
+        named(&mut keys, Name::Lock, &[]);
+        named(&mut keys, Name::Holders, &[":h"]);
+        named(&mut keys, Name::Queue, &[":", queue]);
+        named(&mut keys, Name::Waiters, &[":", waiters]);
+        named(&mut keys, Name::Fence, &[":fence"]);
+        named(&mut keys, Name::Channels, &[":c:"]);
+        named(&mut keys, Name::Channel, &[":c:", client_id]);
+        wire::push_owner_token(&mut keys.text, client_id, claim_owner);
+        keys.ends[Name::Owner as usize] = keys.text.len();
+        keys
+    }
+
+    fn name(&self, name: Name) -> &str {
+        let i = name as usize;
+        let start = i.checked_sub(1).map_or(0, |before| self.ends[before]);
+        self.text.get(start..self.ends[i]).unwrap_or_default()
+    }
+
+    /// The lock's main key, `<ns>:{<key>}`: every other name starts with it.
+    pub(crate) fn lock(&self) -> &str {
+        self.name(Name::Lock)
+    }
+
+    /// Read-write locks and semaphores: holder -> lease deadline.
+    pub(crate) fn holders(&self) -> &str {
+        self.name(Name::Holders)
+    }
+
+    /// The waiters' queue.
+    pub(crate) fn queue(&self) -> &str {
+        self.name(Name::Queue)
+    }
+
+    /// The waiters' deadlines.
+    pub(crate) fn waiters(&self) -> &str {
+        self.name(Name::Waiters)
+    }
+
+    /// The fencing counter.
+    pub(crate) fn fence(&self) -> &str {
+        self.name(Name::Fence)
+    }
+
+    /// Every client's channel for this lock starts with this; the client id follows.
+    pub(crate) fn channels(&self) -> &str {
+        self.name(Name::Channels)
+    }
+
+    /// This client's channel for this lock.
+    pub(crate) fn channel(&self) -> &str {
+        self.name(Name::Channel)
+    }
+
+    /// The claim's owner token: `<client id>.<claim owner>`, or `<client id>.l<claim owner>`
+    /// for an election's candidate (see [`claim_token`]).
+    pub(crate) fn owner(&self) -> &str {
+        self.name(Name::Owner)
     }
 }
 

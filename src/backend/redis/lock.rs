@@ -55,7 +55,9 @@ impl RedisBackend {
         let mut busy = false;
         // A key this client waited on a moment ago (its channel still subscribed) is likely
         // busy: the plain commands would cost a round trip for nothing there.
-        if self.goes_fast(claim) && ticket.first_call() && !self.inner.hub.listens_to(&keys.channel)
+        if self.goes_fast(claim)
+            && ticket.first_call()
+            && !self.inner.hub.listens_to(keys.channel())
         {
             match self.acquire_fast(claim, keys).await? {
                 Fast::Granted(grant) => return Ok(Attempt::Granted(grant)),
@@ -181,7 +183,7 @@ impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
             return true;
         }
         let hub = &self.backend.inner.hub;
-        match hub.subscribe_if_ready(&keys.channel, &keys.owner) {
+        match hub.subscribe_if_ready(keys.channel(), keys.owner()) {
             Some(sub) => {
                 ticket.subscribed(sub);
                 true
@@ -193,7 +195,7 @@ impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
     async fn listen(&self) -> Result<Option<Attempt>> {
         let (ticket, keys) = (self.ticket, self.names);
         let hub = &self.backend.inner.hub;
-        match hub.subscribe(&keys.channel, &keys.owner).await {
+        match hub.subscribe(keys.channel(), keys.owner()).await {
             Ok(sub) => {
                 ticket.subscribed(sub);
                 Ok(None)

@@ -47,6 +47,7 @@ pub(crate) mod script;
 pub(crate) mod scripts;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
+mod strings;
 mod ticket;
 #[cfg(any(
     feature = "redis-cluster",

@@ -18,6 +18,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::redis::{FromRedisValue, RedisResult, ToRedisArgs};
 
+use super::strings::Strings;
+
 /// A script's `KEYS` and `ARGV` as a struct whose fields a call site fills by name; one struct
 /// per script, beside its `.lua` file (`scripts/mod.rs`). The struct names its script, and
 /// pushes its fields in the order the script reads them: no call site writes a position.
@@ -56,6 +58,9 @@ pub(crate) struct Part {
     /// The library also holds the script's coalesced form, `<name>_many`: many claims' calls
     /// in one (see `coalesce.rs`).
     pub(crate) many: bool,
+    /// The name of a prelude function the coalesced form tries first for each claim (see
+    /// `scripts/many.lua`), or empty.
+    pub(crate) quick: &'static str,
 }
 
 /// What a coalesced script (`<name>_many`) runs: the script's body once per claim (see
@@ -68,6 +73,15 @@ pub(crate) fn many_name(name: &str) -> String {
 }
 
 impl Part {
+    /// The quick function as `many`'s last argument (`, <name>`), or nothing.
+    fn quick_arg(&self) -> String {
+        if self.quick.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", self.quick)
+        }
+    }
+
     /// The function's flags, as a Lua list's items.
     fn flags(&self) -> String {
         let mut flags = Vec::new();
@@ -116,9 +130,10 @@ impl Library {
                     );
                     if s.many {
                         f.push_str(&format!(
-                            "redis.register_function{{function_name='{prefix}{many}', callback=function(KEYS, ARGV) return many(run_{name}, KEYS, ARGV) end, flags={{{flags}}}}}\n",
+                            "redis.register_function{{function_name='{prefix}{many}', callback=function(KEYS, ARGV) return many(run_{name}, KEYS, ARGV{quick}) end, flags={{{flags}}}}}\n",
                             many = many_name(s.name),
                             name = s.name,
+                            quick = s.quick_arg(),
                             flags = s.flags()
                         ));
                     }
@@ -152,8 +167,9 @@ impl Library {
                     name: s.name,
                     many: true,
                     lua: ::redis::Script::new(&format!(
-                        "{prelude}\n{helpers}\n{MANY_LUA}\nlocal function run(KEYS, ARGV)\nfresh()\n{}\nend\nreturn many(run, KEYS, ARGV)",
-                        s.body
+                        "{prelude}\n{helpers}\n{MANY_LUA}\nlocal function run(KEYS, ARGV)\nfresh()\n{}\nend\nreturn many(run, KEYS, ARGV{})",
+                        s.body,
+                        s.quick_arg()
                     )),
                     function: format!("{name}_{}", many_name(s.name)),
                 });
@@ -178,8 +194,9 @@ impl Library {
             name: A::SCRIPT.name,
             functions: None,
             fallback: true,
-            keys: Vec::new(),
-            args: Vec::new(),
+            // Room for a release's keys and arguments, the most a lock's calls carry.
+            keys: Strings::with_capacity(5, 160),
+            args: Strings::with_capacity(8, 160),
             clocks: Vec::new(),
         };
         args.push(&mut call);
@@ -234,17 +251,23 @@ impl Library {
             name: first.name,
             functions: None,
             fallback: true,
-            keys: Vec::with_capacity(nk * claims.len()),
-            args: Vec::with_capacity(2 + na * claims.len()),
+            keys: Strings::with_capacity(
+                nk * claims.len(),
+                claims.iter().map(|c| c.keys.size()).sum(),
+            ),
+            args: Strings::with_capacity(
+                2 + na * claims.len(),
+                40 + claims.iter().map(|c| c.args.size()).sum::<usize>(),
+            ),
             clocks: Vec::new(),
         };
         call.arg(nk).arg(na);
         for claim in claims {
-            call.keys.extend(claim.keys.iter().cloned());
+            call.keys.extend(&claim.keys);
             if let Some(i) = claim.clock {
                 call.clocks.push(call.args.len() + i);
             }
-            call.args.extend(claim.args.iter().cloned());
+            call.args.extend(&claim.args);
         }
         Some(call.using(functions))
     }
@@ -294,8 +317,8 @@ impl Functions {
 /// [`Library::call_many`]).
 pub(crate) struct Parts {
     pub(crate) name: &'static str,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    keys: Strings,
+    args: Strings,
     clock: Option<usize>,
 }
 
@@ -311,8 +334,8 @@ pub(crate) struct Call<'a> {
     /// A function call the server refuses goes by `EVALSHA` instead (see
     /// [`invoke_async`](Self::invoke_async)).
     fallback: bool,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    keys: Strings,
+    args: Strings,
     /// The indexes in `args` that are this machine's clock, read as each attempt is sent (see
     /// [`arg_clock`](Self::arg_clock)): one per claim.
     clocks: Vec<usize>,
@@ -386,20 +409,26 @@ impl Call<'_> {
     /// per claim).
     pub(crate) fn arg_clock(&mut self) -> &mut Self {
         self.clocks.push(self.args.len());
-        self.args.push(Vec::new());
+        self.args.push(b"");
         self
     }
 
-    /// The arguments as this attempt sends them: the clock argument, if any, read now.
-    fn sent_args(&self) -> impl Iterator<Item = std::borrow::Cow<'_, [u8]>> {
-        let now = (!self.clocks.is_empty()).then(|| wall_clock_us().to_string().into_bytes());
+    /// The arguments as this attempt sends them: the clock argument, if any, as `now` (see
+    /// [`clock_now`](Self::clock_now)).
+    fn sent_args<'s>(&'s self, now: &'s [u8]) -> impl Iterator<Item = &'s [u8]> {
         self.args
             .iter()
             .enumerate()
-            .map(move |(i, arg)| match &now {
-                Some(now) if self.clocks.contains(&i) => std::borrow::Cow::Owned(now.clone()),
-                _ => std::borrow::Cow::Borrowed(arg.as_slice()),
-            })
+            .map(move |(i, arg)| if self.clocks.contains(&i) { now } else { arg })
+    }
+
+    /// The clock argument of an attempt sent now (empty if the call has none).
+    fn clock_now(&self) -> Vec<u8> {
+        if self.clocks.is_empty() {
+            Vec::new()
+        } else {
+            wall_clock_us().to_string().into_bytes()
+        }
     }
 
     /// A function call that reports the server's refusal instead of going by `EVALSHA`: how
@@ -429,13 +458,20 @@ impl Call<'_> {
         let Some(functions) = self.functions else {
             return self.eval(script, con).await;
         };
-        let mut fcall = ::redis::cmd("FCALL");
-        fcall.arg(&script.function).arg(self.keys.len());
-        for key in &self.keys {
+        let mut fcall = ::redis::Cmd::with_capacity(
+            3 + self.keys.len() + self.args.len(),
+            40 + script.function.len() + self.keys.size() + self.args.size(),
+        );
+        fcall
+            .arg("FCALL")
+            .arg(&script.function)
+            .arg(self.keys.len());
+        for key in self.keys.iter() {
             fcall.arg(key);
         }
-        for arg in self.sent_args() {
-            fcall.arg(&*arg);
+        let now = self.clock_now();
+        for arg in self.sent_args(&now) {
+            fcall.arg(arg);
         }
         let refused = match fcall.query_async(con).await {
             Err(e) if says(&e, "function not found") => match functions.library.load(con).await {
@@ -465,11 +501,12 @@ impl Call<'_> {
         T: FromRedisValue,
     {
         let mut inv = script.lua.prepare_invoke();
-        for key in &self.keys {
+        for key in self.keys.iter() {
             inv.key(key);
         }
-        for arg in self.sent_args() {
-            inv.arg(&*arg);
+        let now = self.clock_now();
+        for arg in self.sent_args(&now) {
+            inv.arg(arg);
         }
         inv.invoke_async(con).await
     }
@@ -503,6 +540,7 @@ mod tests {
         helpers: &[],
         body: "return 1",
         many: false,
+        quick: "",
     };
 
     /// The arguments of `ONE`, in its order: a key, then a number and a word.
@@ -564,8 +602,8 @@ mod tests {
             },
         );
         assert_eq!(call.script.map(|s| s.name), Some("one"));
-        assert_eq!(call.keys, vec![b"k".to_vec()]);
-        assert_eq!(call.args, vec![b"7".to_vec(), b"w".to_vec()]);
+        assert_eq!(call.keys.to_vecs(), vec![b"k".to_vec()]);
+        assert_eq!(call.args.to_vecs(), vec![b"7".to_vec(), b"w".to_vec()]);
         assert!(library.call(None, &Other).script.is_none());
     }
 
@@ -593,9 +631,9 @@ mod tests {
         let two = library.call(functions, &Clocked).parts().unwrap();
         let call = library.call_many(functions, &[&one, &two]).unwrap();
         assert!(call.script.is_some_and(|s| s.many));
-        assert_eq!(call.keys, vec![b"k".to_vec(), b"k".to_vec()]);
+        assert_eq!(call.keys.to_vecs(), vec![b"k".to_vec(), b"k".to_vec()]);
         assert_eq!(
-            &call.args[..4],
+            &call.args.to_vecs()[..4],
             &[b"1".to_vec(), b"2".to_vec(), b"7".to_vec(), vec![]]
         );
         assert_eq!(call.clocks, vec![3, 5]);

@@ -166,11 +166,11 @@ impl RedlockBackend {
                 if nt.is_listening() || node.skipped() {
                     return;
                 }
-                let sub = match node.hub.subscribe_if_ready(&keys.channel, &keys.owner) {
+                let sub = match node.hub.subscribe_if_ready(keys.channel(), keys.owner()) {
                     Some(sub) => Some(sub),
                     None => tokio::time::timeout(
                         self.inner.node_timeout,
-                        node.hub.subscribe(&keys.channel, &keys.owner),
+                        node.hub.subscribe(keys.channel(), keys.owner()),
                     )
                     .await
                     .ok()
@@ -188,7 +188,7 @@ impl RedlockBackend {
         let mut all = true;
         for (node, nt) in self.inner.nodes.iter().zip(tickets) {
             if !nt.is_listening() {
-                let sub = node.hub.subscribe_if_ready(&keys.channel, &keys.owner);
+                let sub = node.hub.subscribe_if_ready(keys.channel(), keys.owner());
                 all &= sub.is_some() || node.skipped();
                 nt.set(sub);
             }

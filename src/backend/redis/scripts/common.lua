@@ -67,6 +67,20 @@ local function fresh()
   Q.fresh()
 end
 
+-- The path most releases take: a hold the client took with its own SET NX PX, that no waiter
+-- has looked at since (its value is the bare owner token), is just deleted. A claim's keys and
+-- arguments start after the `k`-th key and the `a`-th argument (the lock first, the owner
+-- first). Returns 1 if it deleted the hold; else nothing, and the lock's value (or the error
+-- reading it) for the caller to go on with.
+local function release_plain(keys, argv, k, a)
+  local lock = keys[k + 1]
+  local v = redis.pcall('GET', lock)
+  if v == argv[a + 1] and redis.pcall('DEL', lock) == 1 then
+    return 1
+  end
+  return nil, v
+end
+
 -- Takes the calling client's clock (µs since 1970, as a string; anything else is ignored),
 -- where tokens have a floor (`Q.fence_floor`) and nowhere else (Redlock's tokens come from its
 -- quorum, and its scripts send no clock).

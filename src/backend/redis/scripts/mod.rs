@@ -57,6 +57,7 @@ const fn writing(name: &'static str, helpers: &'static [&'static str], body: &'s
         helpers,
         body,
         many: false,
+        quick: "",
     }
 }
 
@@ -84,24 +85,25 @@ pub(crate) const fn reading(name: &'static str, body: &'static str) -> Part {
         helpers: &[],
         body,
         many: false,
+        quick: "",
     }
 }
 
 /// The mutex scripts' keys: lock, queue, waiters, fence.
 pub(crate) fn push_mutex_keys(call: &mut Call<'_>, keys: &Keys) {
-    call.key(&keys.lock)
-        .key(&keys.queue)
-        .key(&keys.waiters)
-        .key(&keys.fence);
+    call.key(keys.lock())
+        .key(keys.queue())
+        .key(keys.waiters())
+        .key(keys.fence());
 }
 
 /// The read-write lock and semaphore scripts' keys: base, holders, queue, waiters, fence.
 pub(crate) fn push_shared_keys(call: &mut Call<'_>, keys: &Keys) {
-    call.key(&keys.lock)
-        .key(&keys.holders)
-        .key(&keys.queue)
-        .key(&keys.waiters)
-        .key(&keys.fence);
+    call.key(keys.lock())
+        .key(keys.holders())
+        .key(keys.queue())
+        .key(keys.waiters())
+        .key(keys.fence());
 }
 
 /// `acquire.lua`: take a mutex, or join (or keep the claim's place in) its queue.
@@ -121,12 +123,12 @@ impl Acquire<'_> {
     /// The arguments both acquire scripts start with: owner, ttl ms, wait (1|0), fence ttl ms,
     /// handoff ttl ms, channel prefix.
     fn push_args(&self, call: &mut Call<'_>) {
-        call.arg(&self.keys.owner)
+        call.arg(self.keys.owner())
             .arg(millis(self.ttl))
             .arg(u8::from(self.wait))
             .arg(millis(FENCE_TTL))
             .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels);
+            .arg(self.keys.channels());
     }
 }
 
@@ -178,7 +180,11 @@ pub(crate) struct Release<'a> {
 }
 
 impl Args for Release<'_> {
-    const SCRIPT: Part = coalesced(writing("release", &[], include_str!("release.lua")));
+    const SCRIPT: Part = Part {
+        // The coalesced form deletes a plain hold without starting the script's body.
+        quick: "release_plain",
+        ..coalesced(writing("release", &[], include_str!("release.lua")))
+    };
 
     fn push(&self, call: &mut Call<'_>) {
         push_mutex_keys(call, self.keys);
@@ -194,10 +200,10 @@ impl Args for Release<'_> {
 /// The arguments every release script (Redlock's too) starts with: owner, fence ttl ms,
 /// handoff ttl ms, channel prefix.
 pub(crate) fn push_release_args(call: &mut Call<'_>, keys: &Keys, handoff_ttl: Duration) {
-    call.arg(&keys.owner)
+    call.arg(keys.owner())
         .arg(millis(FENCE_TTL))
         .arg(millis(handoff_ttl))
-        .arg(&keys.channels);
+        .arg(keys.channels());
 }
 
 /// `release_shared.lua`: drop a read-write lock or semaphore claim's hold or queue entry. The
@@ -227,7 +233,7 @@ impl Args for ReleaseShared<'_> {
 
 /// A read-write lock or semaphore claim's queue entry, `<kind>:<owner>`.
 pub(crate) fn entry(keys: &Keys, kind: &str) -> String {
-    format!("{kind}:{}", keys.owner)
+    format!("{kind}:{}", keys.owner())
 }
 
 /// `downgrade.lua`: turn a write hold into a read hold, renewing its lease.
@@ -246,11 +252,11 @@ impl Args for Downgrade<'_> {
 
     fn push(&self, call: &mut Call<'_>) {
         push_shared_keys(call, self.keys);
-        call.arg(&self.keys.owner)
+        call.arg(self.keys.owner())
             .arg(millis(self.ttl))
             .arg(millis(FENCE_TTL))
             .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
+            .arg(self.keys.channels())
             .arg_clock();
     }
 }
@@ -272,7 +278,7 @@ impl Args for ForceRelease<'_> {
         push_shared_keys(call, self.keys);
         call.arg(millis(FENCE_TTL))
             .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
+            .arg(self.keys.channels())
             .arg_clock();
     }
 }
@@ -288,7 +294,7 @@ impl Args for LeaderOf<'_> {
 
     /// Lock, queue.
     fn push(&self, call: &mut Call<'_>) {
-        call.key(&self.keys.lock).key(&self.keys.queue);
+        call.key(self.keys.lock()).key(self.keys.queue());
     }
 }
 
@@ -302,8 +308,8 @@ impl Args for Proclaim<'_> {
     const SCRIPT: Part = growing("proclaim", &[], include_str!("proclaim.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
-        call.key(&self.keys.lock)
-            .arg(&self.keys.owner)
+        call.key(self.keys.lock())
+            .arg(self.keys.owner())
             .arg(self.value);
     }
 }
@@ -318,10 +324,10 @@ impl Args for Inspect<'_> {
 
     /// Base, holders, queue, waiters (the fence is not read).
     fn push(&self, call: &mut Call<'_>) {
-        call.key(&self.keys.lock)
-            .key(&self.keys.holders)
-            .key(&self.keys.queue)
-            .key(&self.keys.waiters);
+        call.key(self.keys.lock())
+            .key(self.keys.holders())
+            .key(self.keys.queue())
+            .key(self.keys.waiters());
     }
 }
 
@@ -341,11 +347,11 @@ impl Renewed<'_> {
     /// The claim's keys (base, holders, waiters, queue), then its owner and TTL, as every
     /// renewal script (Redlock's too) takes each claim's.
     pub(crate) fn push(&self, call: &mut Call<'_>) {
-        call.key(&self.keys.lock)
-            .key(&self.keys.holders)
-            .key(&self.keys.waiters)
-            .key(&self.keys.queue)
-            .arg(&self.keys.owner)
+        call.key(self.keys.lock())
+            .key(self.keys.holders())
+            .key(self.keys.waiters())
+            .key(self.keys.queue())
+            .arg(self.keys.owner())
             .arg(millis(self.ttl));
     }
 }

@@ -7,12 +7,10 @@
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = ARGV[1]
 
--- The path most releases take: a hold the client took with its own SET NX PX, that no waiter
--- has looked at since (its value is the bare owner token), is just deleted.
-local v = redis.pcall('GET', lock)
-if v == owner then
-  redis.call('DEL', lock)
-  return 1
+-- The path most releases take (see `release_plain`).
+local plain, v = release_plain(KEYS, ARGV, 0, 0)
+if plain then
+  return plain
 end
 
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]

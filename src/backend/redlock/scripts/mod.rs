@@ -52,6 +52,7 @@ const fn writing(name: &'static str, body: &'static str) -> Part {
         helpers: &[],
         body,
         many: false,
+        quick: "",
     }
 }
 
@@ -96,13 +97,13 @@ impl Acquire<'_> {
     /// The arguments both acquire scripts start with: owner, ttl ms, wait (1|0), priority,
     /// fence ttl ms, handoff ttl ms, channel prefix, rejoin ms.
     fn push_args(&self, call: &mut Call<'_>) {
-        call.arg(&self.keys.owner)
+        call.arg(self.keys.owner())
             .arg(millis(self.ttl))
             .arg(u8::from(self.wait))
             .arg(self.priority)
             .arg(millis(FENCE_TTL))
             .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
+            .arg(self.keys.channels())
             .arg(self.rejoin_ms);
     }
 }
@@ -155,10 +156,10 @@ impl Args for Settle<'_> {
     const SCRIPT: Part = writing("settle", include_str!("settle.lua"));
 
     fn push(&self, call: &mut Call<'_>) {
-        call.key(&self.keys.lock)
-            .key(&self.keys.fence)
-            .key(&self.keys.holders)
-            .arg(&self.keys.owner)
+        call.key(self.keys.lock())
+            .key(self.keys.fence())
+            .key(self.keys.holders())
+            .arg(self.keys.owner())
             .arg(millis(self.lease))
             .arg(self.token)
             .arg(millis(FENCE_TTL))
@@ -182,12 +183,12 @@ impl Yield<'_> {
     /// The arguments both yield scripts start with: owner, priority, ttl ms, fence ttl ms,
     /// handoff ttl ms, channel prefix.
     fn push_args(&self, call: &mut Call<'_>) {
-        call.arg(&self.keys.owner)
+        call.arg(self.keys.owner())
             .arg(self.priority)
             .arg(millis(self.ttl))
             .arg(millis(FENCE_TTL))
             .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels);
+            .arg(self.keys.channels());
     }
 }
 
@@ -276,11 +277,11 @@ impl Args for Downgrade<'_> {
 
     fn push(&self, call: &mut Call<'_>) {
         push_gated_shared_keys(call, self.keys);
-        call.arg(&self.keys.owner)
+        call.arg(self.keys.owner())
             .arg(millis(self.ttl))
             .arg(millis(FENCE_TTL))
             .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
+            .arg(self.keys.channels())
             .arg(self.rejoin_ms);
     }
 }
@@ -299,7 +300,7 @@ impl Args for ForceRelease<'_> {
         push_gated_shared_keys(call, self.keys);
         call.arg(millis(FENCE_TTL))
             .arg(millis(self.handoff_ttl))
-            .arg(&self.keys.channels)
+            .arg(self.keys.channels())
             .arg(self.rejoin_ms);
     }
 }
