@@ -54,6 +54,9 @@ struct Args {
     /// than one, a summary gives the median round of each.
     rounds: usize,
     impls: Vec<String>,
+    /// `--web-only distlock|rslock`: the web shape for one impl alone (to profile it), no
+    /// summary.
+    web_only: Option<String>,
     locks: Vec<Prim>,
     /// `--shape web`: the web-service shape (one client shared by `tasks`, random keys).
     web: bool,
@@ -100,6 +103,7 @@ fn parse_args() -> Args {
         secs: 3.0,
         rounds: 1,
         impls: vec!["memory".into()],
+        web_only: None,
         locks: vec![Prim::Mutex],
         web: false,
         tasks: vec![1, 16, 64, 256],
@@ -124,6 +128,7 @@ fn parse_args() -> Args {
                 "contention" => args.web = false,
                 other => eprintln!("unknown --shape {other}; known: contention, web"),
             },
+            "--web-only" => args.web_only = Some(value()),
             "--tasks" => args.tasks = value().split(',').filter_map(|s| s.parse().ok()).collect(),
             "--keys" => args.keys = value().parse().unwrap_or(args.keys).max(1),
             "--cold" => args.warm = false,
@@ -1193,6 +1198,9 @@ mod web {
                 };
                 for i in order {
                     let name = IMPLS[i];
+                    if args.web_only.as_ref().is_some_and(|only| !name.starts_with(only.as_str())) {
+                        continue;
+                    }
                     let r = measure(name, &url, tasks, keys, args.secs).await;
                     println!(
                         "{name} tasks={tasks} keys={keys} acq_per_s={:.0} p50_ms={:.3} p99_ms={:.3} server_cpu_us_per_acq={:.1} server_cmds_per_acq={:.2} client_cpu_us_per_acq={:.1} client_writes_per_acq={:.2}",
@@ -1212,7 +1220,9 @@ mod web {
                 }
             }
         }
-        summarize(args, &runs);
+        if args.web_only.is_none() {
+            summarize(args, &runs);
+        }
     }
 
     /// The median figures of one impl at one T.
