@@ -450,3 +450,87 @@ async fn the_acquire_script_does_not_barge_past_a_waiter_on_a_restarted_counter(
     drop(held);
     a.shutdown().await;
 }
+
+/// Releases coalesced into one call, some of plain holds and some of holds with a waiter
+/// queued behind them: the plain ones are deleted by the coalesced form's quick path, and each
+/// of the others is handed to its waiter at once (not at the holder's lease end, 30 s away),
+/// with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coalesced_release_hands_on_the_holds_waiters_queued_behind() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let ns = test_namespace!();
+    let holder = client_at(&url, &ns, Duration::from_secs(30), true).await;
+    let waiter = client_at(&url, &ns, Duration::from_secs(30), true).await;
+    let n = 60;
+    let guards: Vec<_> = futures::future::join_all((0..n).map(|i| {
+        let mutex = holder.mutex(format!("k{i}"));
+        async move { mutex.lock().await.unwrap() }
+    }))
+    .await;
+    // Every third key gets a waiter, queued before the releases go.
+    let waited: Vec<usize> = (0..n).filter(|i| i % 3 == 0).collect();
+    let waits: Vec<_> = waited
+        .iter()
+        .map(|i| {
+            let mutex = waiter.mutex(format!("k{i}"));
+            tokio::spawn(async move { mutex.lock().await })
+        })
+        .collect();
+    let mut con = raw(&url).await;
+    let queued = |con: &mut redis::aio::MultiplexedConnection| {
+        let keys: Vec<String> = waited.iter().map(|i| format!("{ns}:{{k{i}}}:q")).collect();
+        let mut con = con.clone();
+        async move {
+            let mut total = 0;
+            for key in keys {
+                let len: i64 = redis::cmd("LLEN")
+                    .arg(key)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                total += len;
+            }
+            total
+        }
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while queued(&mut con).await < waited.len() as i64 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiters did not queue"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let released = tokio::time::Instant::now();
+    for result in futures::future::join_all(guards.into_iter().map(|g| g.release())).await {
+        result.unwrap();
+    }
+    for (i, wait) in waited.iter().zip(waits) {
+        let guard = tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .unwrap_or_else(|_| panic!("k{i}: not handed on within 5 s of its release"))
+            .unwrap()
+            .unwrap();
+        assert!(guard.fencing_token() > tokens[*i], "k{i}: token went back");
+        guard.release().await.unwrap();
+    }
+    println!(
+        "{} waiters granted {:?} after the coalesced releases",
+        waited.len(),
+        released.elapsed()
+    );
+    let plain: Vec<String> = (0..n)
+        .filter(|i| i % 3 != 0)
+        .map(|i| format!("{ns}:{{k{i}}}"))
+        .collect();
+    let left: i64 = redis::cmd("EXISTS")
+        .arg(&plain)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "plain holds left after their releases");
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}
