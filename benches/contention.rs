@@ -1198,7 +1198,11 @@ mod web {
                 };
                 for i in order {
                     let name = IMPLS[i];
-                    if args.web_only.as_ref().is_some_and(|only| !name.starts_with(only.as_str())) {
+                    if args
+                        .web_only
+                        .as_ref()
+                        .is_some_and(|only| !name.starts_with(only.as_str()))
+                    {
                         continue;
                     }
                     let r = measure(name, &url, tasks, keys, args.secs).await;
