@@ -185,3 +185,31 @@ pub(crate) fn kind_of_code(code: &str, max: u32) -> Option<LockKind> {
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Keys;
+
+    /// The names as they were written before they shared one string: clients of either
+    /// version on one server must name the same keys and channels.
+    #[test]
+    fn names_are_laid_out_as_every_client_version_names_them() {
+        for (ns, key, client, claim, queue, waiters) in [
+            ("app", "orders:42", "c1", "u-1", "q", "w"),
+            ("n", "{a}:b}", "client-9", "l0-1", "rq", "rw"),
+            ("ns", "ключ ☃", "x", "", "q", "w"),
+            ("", "", "", "", "", ""),
+        ] {
+            let keys = Keys::layout(ns, key, client, claim, queue, waiters);
+            let lock = format!("{ns}:{{{key}}}");
+            assert_eq!(keys.lock(), lock);
+            assert_eq!(keys.holders(), format!("{lock}:h"));
+            assert_eq!(keys.queue(), format!("{lock}:{queue}"));
+            assert_eq!(keys.waiters(), format!("{lock}:{waiters}"));
+            assert_eq!(keys.fence(), format!("{lock}:fence"));
+            assert_eq!(keys.channels(), format!("{lock}:c:"));
+            assert_eq!(keys.channel(), format!("{lock}:c:{client}"));
+            assert_eq!(keys.owner(), format!("{client}.{claim}"));
+        }
+    }
+}
