@@ -144,23 +144,27 @@ impl RedisBackend {
     /// Sends one batch and hands each claim its reply.
     async fn send_batch(&self, what: &'static str, batch: Vec<(Parts, oneshot::Sender<Reply>)>) {
         let (scripts, functions) = (self.inner.scripts, self.inner.functions.as_ref());
-        if let [(parts, _)] = batch.as_slice() {
-            let call = scripts.call_parts(functions, parts);
-            let reply = self.inner.commands.invoke_noting_doubt(what, &call).await;
-            if let Some((_, tx)) = batch.into_iter().next() {
+        let claims: Vec<&Parts> = batch.iter().map(|(parts, _)| parts).collect();
+        let many = if claims.len() > 1 {
+            scripts.call_many(functions, &claims)
+        } else {
+            None
+        };
+        let Some(call) = many else {
+            // One claim, or claims that cannot go as one (their shapes or shared arguments
+            // differ): each alone, all at once.
+            let alone = batch.iter().map(|(parts, _)| {
+                let call = scripts.call_parts(functions, parts);
+                async move { self.inner.commands.invoke_noting_doubt(what, &call).await }
+            });
+            let replies = futures::future::join_all(alone).await;
+            for ((_, tx), reply) in batch.into_iter().zip(replies) {
                 let _ = tx.send(reply);
             }
             return;
-        }
-        let claims: Vec<&Parts> = batch.iter().map(|(parts, _)| parts).collect();
-        let reply: Result<(Vec<Value>, bool, Instant)> = match scripts.call_many(functions, &claims)
-        {
-            Some(call) => self.inner.commands.invoke_noting_doubt(what, &call).await,
-            None => Err(Error::new(
-                ErrorKind::Backend,
-                format!("redis {what}: calls of different shapes coalesced"),
-            )),
         };
+        let reply: Result<(Vec<Value>, bool, Instant)> =
+            self.inner.commands.invoke_noting_doubt(what, &call).await;
         match reply {
             Ok((values, in_doubt, sent)) if values.len() == batch.len() => {
                 for ((_, tx), value) in batch.into_iter().zip(values) {

@@ -38,6 +38,8 @@ pub(crate) struct Script {
     name: &'static str,
     /// The script's coalesced form (`<name>_many`).
     many: bool,
+    /// How many of a claim's last arguments a coalesced call sends once (its [`Part`]'s).
+    shared: usize,
     lua: ::redis::Script,
     function: String,
 }
@@ -61,6 +63,9 @@ pub(crate) struct Part {
     /// The name of a prelude function the coalesced form tries first for each claim (see
     /// `scripts/many.lua`), or empty.
     pub(crate) quick: &'static str,
+    /// How many of each claim's last arguments are the same for every claim of one client (a
+    /// setting, the clock): a coalesced call sends them once, after every claim's own.
+    pub(crate) shared: usize,
 }
 
 /// What a coalesced script (`<name>_many`) runs: the script's body once per claim (see
@@ -158,6 +163,7 @@ impl Library {
             all.push(Script {
                 name: s.name,
                 many: false,
+                shared: 0,
                 lua: ::redis::Script::new(&format!("{prelude}\n{helpers}\n{}", s.body)),
                 function: format!("{name}_{}", s.name),
             });
@@ -166,6 +172,7 @@ impl Library {
                 all.push(Script {
                     name: s.name,
                     many: true,
+                    shared: s.shared,
                     lua: ::redis::Script::new(&format!(
                         "{prelude}\n{helpers}\n{MANY_LUA}\nlocal function run(KEYS, ARGV)\nfresh()\n{}\nend\nreturn many(run, KEYS, ARGV{})",
                         s.body,
@@ -228,9 +235,11 @@ impl Library {
     }
 
     /// One call of the coalesced form of the script every one of `claims` calls (see
-    /// `MANY_LUA`): their keys in turn, then the count of keys and of arguments each claim
-    /// has, then their arguments in turn. `None` unless all call one script with a coalesced
-    /// form, with as many keys and arguments each.
+    /// `MANY_LUA`): their keys in turn; then the count of keys and of own arguments each claim
+    /// has, of the shared arguments, and of claims; their own arguments in turn; then the
+    /// shared ones, once (the script's [`shared`](Part::shared) last arguments, the same for
+    /// every claim). `None` unless all call one script with a coalesced form, with as many keys
+    /// and arguments each, and the same shared arguments.
     pub(crate) fn call_many<'a>(
         &'a self,
         functions: Option<&'a Functions>,
@@ -238,14 +247,18 @@ impl Library {
     ) -> Option<Call<'a>> {
         let first = claims.first()?;
         let (nk, na) = (first.keys.len(), first.args.len());
-        if na == 0
-            || claims
-                .iter()
-                .any(|c| c.name != first.name || c.keys.len() != nk || c.args.len() != na)
-        {
+        let script = self.script(first.name, true)?;
+        let shared = script.shared.min(na);
+        let own = na - shared;
+        let first_tail: Vec<&[u8]> = first.args.iter().skip(own).collect();
+        if claims.iter().any(|c| {
+            c.name != first.name
+                || c.keys.len() != nk
+                || c.args.len() != na
+                || !c.args.iter().skip(own).eq(first_tail.iter().copied())
+        }) {
             return None;
         }
-        let script = self.script(first.name, true)?;
         let mut call = Call {
             script: Some(script),
             name: first.name,
@@ -256,18 +269,26 @@ impl Library {
                 claims.iter().map(|c| c.keys.size()).sum(),
             ),
             args: Strings::with_capacity(
-                2 + na * claims.len(),
+                4 + own * claims.len() + shared,
                 40 + claims.iter().map(|c| c.args.size()).sum::<usize>(),
             ),
             clocks: Vec::new(),
         };
-        call.arg(nk).arg(na);
+        call.arg(nk).arg(own).arg(shared).arg(claims.len());
         for claim in claims {
             call.keys.extend(&claim.keys);
-            if let Some(i) = claim.clock {
+            if let Some(i) = claim.clock.filter(|i| *i < own) {
                 call.clocks.push(call.args.len() + i);
             }
-            call.args.extend(&claim.args);
+            for arg in claim.args.iter().take(own) {
+                call.args.push(arg);
+            }
+        }
+        if let Some(i) = first.clock.filter(|i| *i >= own) {
+            call.clocks.push(call.args.len() + i - own);
+        }
+        for arg in first_tail {
+            call.args.push(arg);
         }
         Some(call.using(functions))
     }
@@ -541,6 +562,7 @@ mod tests {
         body: "return 1",
         many: false,
         quick: "",
+        shared: 0,
     };
 
     /// The arguments of `ONE`, in its order: a key, then a number and a word.
@@ -618,6 +640,53 @@ mod tests {
         }
     }
 
+    /// `ONE` with its own argument, then a setting and the clock every claim shares.
+    struct Sharing(&'static str, u32);
+
+    impl Args for Sharing {
+        const SCRIPT: Part = Part {
+            many: true,
+            shared: 2,
+            ..ONE
+        };
+
+        fn push(&self, call: &mut Call<'_>) {
+            call.key(self.0).arg(self.0).arg(self.1).arg_clock();
+        }
+    }
+
+    #[test]
+    fn a_coalesced_call_sends_the_shared_arguments_once_and_only_when_they_agree() {
+        let library = Box::leak(Box::new(Library::build(
+            "local function fresh() end",
+            &[Sharing::SCRIPT],
+        )));
+        let functions = super::Functions::new(library);
+        let functions = Some(&functions);
+        let parts = |s: Sharing| library.call(functions, &s).parts().unwrap();
+        let (a, b) = (parts(Sharing("a", 9)), parts(Sharing("b", 9)));
+        let call = library.call_many(functions, &[&a, &b]).unwrap();
+        assert_eq!(call.keys.to_vecs(), vec![b"a".to_vec(), b"b".to_vec()]);
+        // nk, own, shared, claims; the own arguments in turn; the shared ones once.
+        assert_eq!(
+            call.args.to_vecs(),
+            vec![
+                b"1".to_vec(),
+                b"1".to_vec(),
+                b"2".to_vec(),
+                b"2".to_vec(),
+                b"a".to_vec(),
+                b"b".to_vec(),
+                b"9".to_vec(),
+                vec![]
+            ]
+        );
+        assert_eq!(call.clocks, vec![7]);
+        // A claim with another setting does not go with them.
+        let c = parts(Sharing("c", 8));
+        assert!(library.call_many(functions, &[&a, &c]).is_none());
+    }
+
     #[test]
     fn a_coalesced_call_lays_out_its_claims_in_turn_after_their_counts() {
         let library = Library::build("local function fresh() end", &[Clocked::SCRIPT]);
@@ -633,10 +702,17 @@ mod tests {
         assert!(call.script.is_some_and(|s| s.many));
         assert_eq!(call.keys.to_vecs(), vec![b"k".to_vec(), b"k".to_vec()]);
         assert_eq!(
-            &call.args.to_vecs()[..4],
-            &[b"1".to_vec(), b"2".to_vec(), b"7".to_vec(), vec![]]
+            &call.args.to_vecs()[..6],
+            &[
+                b"1".to_vec(),
+                b"2".to_vec(),
+                b"0".to_vec(),
+                b"2".to_vec(),
+                b"7".to_vec(),
+                vec![]
+            ]
         );
-        assert_eq!(call.clocks, vec![3, 5]);
+        assert_eq!(call.clocks, vec![5, 7]);
         // By EVALSHA every call goes alone.
         assert!(library.call(None, &Clocked).parts().is_none());
     }

@@ -58,6 +58,7 @@ const fn writing(name: &'static str, helpers: &'static [&'static str], body: &'s
         body,
         many: false,
         quick: "",
+        shared: 0,
     }
 }
 
@@ -86,6 +87,7 @@ pub(crate) const fn reading(name: &'static str, body: &'static str) -> Part {
         body,
         many: false,
         quick: "",
+        shared: 0,
     }
 }
 
@@ -181,16 +183,23 @@ pub(crate) struct Release<'a> {
 
 impl Args for Release<'_> {
     const SCRIPT: Part = Part {
-        // The coalesced form deletes a plain hold without starting the script's body.
+        // The coalesced form deletes a plain hold without starting the script's body, and
+        // sends the settings and the clock once for every claim.
         quick: "release_plain",
+        shared: 3,
         ..coalesced(writing("release", &[], include_str!("release.lua")))
     };
 
     fn push(&self, call: &mut Call<'_>) {
         push_mutex_keys(call, self.keys);
-        push_release_args(call, self.keys, self.handoff_ttl);
-        // The tokens of the grants it hands on are floored by our clock too.
-        call.arg_clock();
+        // The claim's own arguments first, then those every claim of this client shares
+        // (`shared`): the fencing counter's and the handoff's TTLs, and the clock, which
+        // floors the tokens of the grants it hands on too.
+        call.arg(self.keys.owner())
+            .arg(self.keys.channels())
+            .arg(millis(FENCE_TTL))
+            .arg(millis(self.handoff_ttl))
+            .arg_clock();
         if self.election {
             call.arg("l");
         }

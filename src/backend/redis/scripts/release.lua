@@ -1,7 +1,7 @@
 -- Remove every trace of an owner: its grant (handing the lock to the next live waiter) or its
 -- queue entry. Idempotent.
 -- KEYS: lock, queue, waiters, fence
--- ARGV: owner, fence ttl ms, handoff ttl ms, channel prefix ("<lock>:c:"), the client's clock
+-- ARGV: owner, channel prefix ("<lock>:c:"), fence ttl ms, handoff ttl ms, the client's clock
 --       in µs (see `next_fence`); 'l' for an election's candidate only
 -- Returns 1 if the owner held the lock, 0 otherwise.
 local lock, queue, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -13,7 +13,7 @@ if plain then
   return plain
 end
 
-local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local prefix, fence_ttl, handoff_ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 client_clock(ARGV[5])
 local m = mutex_of(lock, v)
 if m == false then

@@ -53,6 +53,7 @@ const fn writing(name: &'static str, body: &'static str) -> Part {
         body,
         many: false,
         quick: "",
+        shared: 0,
     }
 }
 
