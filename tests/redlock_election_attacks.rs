@@ -1,0 +1,301 @@
+//! Attacks on Redlock elections (issue 30, helper "rla"), on real `redis-server` nodes behind
+//! fault proxies: a proclaim that reached a majority read back through another majority, an
+//! operator's unlock of a Redlock election (library and CLI), cancelled campaigns leaving
+//! nothing behind, and an observer that must not poll while one node is down for good.
+#![cfg(feature = "redlock")]
+
+mod support;
+
+use std::time::Duration;
+
+use distlock::{ErrorKind, Leader, LockClient};
+use futures::StreamExt;
+use support::redis::connection;
+use support::server::redlock::{shared_nodes, Nodes};
+use tokio::time::{sleep, timeout, Instant};
+
+/// Every command a node ran so far, summed (INFO commandstats, less INFO itself).
+async fn total_commands(url: &str) -> u64 {
+    support::redis::commandstats(&mut connection(url).await)
+        .await
+        .iter()
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// What an observer yielded, with when.
+type Items = tokio::sync::mpsc::UnboundedReceiver<(Instant, distlock::Result<Option<Leader>>)>;
+
+/// Items of an observer, fed by a task (so it always waits when a change comes).
+fn observer(client: &LockClient, name: &str) -> (Items, tokio::task::JoinHandle<()>) {
+    let changes = client.election(name).observe();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        let mut changes = Box::pin(changes);
+        while let Some(item) = changes.next().await {
+            if tx.send((Instant::now(), item)).is_err() {
+                return;
+            }
+        }
+    });
+    (rx, task)
+}
+
+/// Reads items until one (not an error) passes `want`, within `limit`.
+async fn until(
+    rx: &mut Items,
+    limit: Duration,
+    what: &str,
+    want: impl Fn(&Option<Leader>) -> bool,
+) -> (Instant, Option<Leader>) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (at, item) = timeout(left, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the observer never saw {what} within {limit:?}"))
+            .expect("the stream ended");
+        match item {
+            Ok(now) if want(&now) => return (at, now),
+            Ok(_) => {}
+            Err(e) => println!("observer error (going on): {e}"),
+        }
+    }
+}
+
+fn value_of(l: &Option<Leader>) -> Option<&str> {
+    l.as_ref().and_then(Leader::value_str)
+}
+
+/// Five nodes, a leader with a long lease. Its `proclaim("new")` reaches nodes 0, 1, 2 (a
+/// majority: it returns `Ok`) while 3 and 4 are cut off and keep "old". Then 0 and 1 go away
+/// and 3, 4 come back: every majority of nodes shares a node with the proclaim's, so a reader
+/// must report "new" (the leader was told its proclaim took). Reported: the value most of the
+/// answering nodes hold, "old": a successful proclaim read back as undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaim_on_a_majority_is_read_back_through_any_majority() {
+    let ns = test_namespace!();
+    let nodes = Nodes::start(5);
+    let ttl = Duration::from_secs(30);
+    let leader = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let reader = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let leading = leader.election("e").campaign("old").await.unwrap();
+    nodes.proxies[3].cut();
+    nodes.proxies[4].cut();
+    leading
+        .proclaim("new")
+        .await
+        .expect("a proclaim on three nodes of five");
+    let all = reader.election("e").leader().await;
+    println!("nodes 3, 4 cut: leader() = {all:?}");
+    nodes.proxies[3].pass();
+    nodes.proxies[4].pass();
+    nodes.proxies[0].cut();
+    nodes.proxies[1].cut();
+    // The reader reconnects to 3 and 4 on its own back-off.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        match reader.election("e").leader().await {
+            Ok(seen) => break seen.expect("nobody leads"),
+            Err(e) if Instant::now() < deadline => {
+                println!("leader() (going on): {e}");
+                sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no quorum read within 10 s: {e}"),
+        }
+    };
+    println!(
+        "nodes 0, 1 cut: leader() = {:?} term {} (leader's term {})",
+        seen.value_str(),
+        seen.term(),
+        leading.term()
+    );
+    assert_eq!(seen.term(), leading.term());
+    assert!(!leading.is_lost());
+    let reported = seen.value_str().map(str::to_owned);
+    for p in &nodes.proxies {
+        p.pass();
+    }
+    leading.resign().await.unwrap();
+    leader.shutdown().await;
+    reader.shutdown().await;
+    assert_eq!(
+        reported.as_deref(),
+        Some("new"),
+        "a proclaim that returned Ok was read back as undone"
+    );
+}
+
+/// The operator's unlock of a Redlock election, by `LockClient::force_release` and by the CLI
+/// (`distlock inspect` / `unlock --force` on a `redlock://` URL): the leader is dropped, the
+/// candidate in line leads with a higher term within bounded time, observers hear of it, the
+/// old leader's guard turns lost and its proclaim is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_of_a_redlock_election() {
+    let ns = test_namespace!();
+    let nodes = shared_nodes();
+    let ttl = Duration::from_secs(3);
+    let (a, b, op) = (
+        nodes.client_with(&ns, ttl, Duration::ZERO).await,
+        nodes.client_with(&ns, ttl, Duration::ZERO).await,
+        nodes.client_with(&ns, ttl, Duration::ZERO).await,
+    );
+    let (mut rx, task) = observer(&op, "e");
+    let leading = a.election("e").campaign("a").await.unwrap();
+    until(&mut rx, Duration::from_secs(3), "a", |l| value_of(l) == Some("a")).await;
+    let election = b.election("e");
+    let waiting = tokio::spawn(async move { election.campaign("b").await });
+    nodes.until_queued(&ns, "e", 1).await;
+    println!("inspect before: {:?}", op.inspect("e").await.unwrap());
+    let hosts: Vec<String> = nodes
+        .urls()
+        .iter()
+        .map(|u| {
+            u.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let url = format!("redlock://{}", hosts.join(","));
+    let cli = |args: &[&str]| {
+        let out = tokio::task::block_in_place(|| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
+                .args(["--url", url.as_str(), "--namespace", ns.as_str()])
+                .args(args)
+                .output()
+                .unwrap()
+        });
+        println!(
+            "$ distlock {} -> {}\n{}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.status.code()
+    };
+    cli(&["inspect", "e"]);
+    let released = op.force_release("e").await.unwrap();
+    println!("force_release: {released:?}");
+    let next = timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the candidate in line never led after force_release")
+        .unwrap()
+        .unwrap();
+    assert!(next.term() > leading.term());
+    until(&mut rx, Duration::from_secs(3), "b", |l| value_of(l) == Some("b")).await;
+    timeout(ttl * 2, leading.lost())
+        .await
+        .expect("the unlocked leader never learnt it");
+    let err = leading.proclaim("a, again").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    assert_eq!(
+        value_of(&op.election("e").leader().await.unwrap()),
+        Some("b")
+    );
+
+    // Again through the CLI, with a third candidate in line.
+    let election = a.election("e");
+    let waiting = tokio::spawn(async move { election.campaign("c").await });
+    nodes.until_queued(&ns, "e", 1).await;
+    cli(&["inspect", "e"]);
+    assert_eq!(cli(&["unlock", "e", "--force"]), Some(0));
+    let third = timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the candidate in line never led after `distlock unlock --force`")
+        .unwrap()
+        .unwrap();
+    assert!(third.term() > next.term());
+    timeout(ttl * 2, next.lost())
+        .await
+        .expect("the CLI-unlocked leader never learnt it");
+    until(&mut rx, Duration::from_secs(3), "c", |l| value_of(l) == Some("c")).await;
+    cli(&["inspect", "e"]);
+    third.resign().await.unwrap();
+    task.abort();
+    drop((leading, next));
+    for c in [a, b, op] {
+        c.shutdown().await;
+    }
+    nodes.until_clean(&ns).await;
+}
+
+/// Candidates cancelled while waiting in line (dropped campaign futures), under a leader that
+/// then resigns: nothing of theirs is left on any node once the TTLs ran out (SCAN every
+/// node), and a later campaign leads at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_campaigns_leave_nothing_on_any_node() {
+    let ns = test_namespace!();
+    let nodes = shared_nodes();
+    let ttl = Duration::from_secs(1);
+    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let leading = a.election("e").campaign("a").await.unwrap();
+    for round in 0..6 {
+        let election = b.election("e");
+        let waiting = tokio::spawn(async move { election.campaign(format!("b{round}")).await });
+        nodes.until_queued(&ns, "e", 1).await;
+        // Cancelled at various points of its wait.
+        sleep(Duration::from_millis(37 * round)).await;
+        waiting.abort();
+        let _ = waiting.await;
+    }
+    leading.resign().await.unwrap();
+    let started = Instant::now();
+    let next = timeout(Duration::from_secs(1), b.election("e").campaign("c"))
+        .await
+        .expect("a campaign after cancelled ones was held up")
+        .unwrap();
+    println!("led {:?} after the resignation", started.elapsed());
+    next.resign().await.unwrap();
+    sleep(ttl * 2).await;
+    let left = nodes.leftovers(&ns).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// One node of three killed for good under a leader renewing and an observer: the observer
+/// still hears a new leader, and the live nodes run no more than the renewals need (it does
+/// not poll or spin on the dead node's behalf).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_does_not_spin_with_a_node_dead_for_good() {
+    let ns = test_namespace!();
+    let mut nodes = Nodes::start(3);
+    let ttl = Duration::from_secs(3);
+    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let watcher = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let (mut rx, task) = observer(&watcher, "e");
+    until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
+    nodes.servers[2].kill();
+    sleep(Duration::from_millis(500)).await;
+    let live: Vec<String> = nodes.direct_urls()[..2].to_vec();
+    let count = || async {
+        let mut n = 0;
+        for u in &live {
+            n += total_commands(u).await;
+        }
+        n
+    };
+    let before = count().await;
+    sleep(Duration::from_secs(3)).await;
+    let quiet = count().await - before;
+    println!("commands on the two live nodes in 3 s, nobody leading, one observer: {quiet}");
+    let leading = timeout(Duration::from_secs(2), a.election("e").campaign("a"))
+        .await
+        .expect("no campaign with one node of three dead")
+        .unwrap();
+    until(&mut rx, Duration::from_secs(3), "a", |l| value_of(l) == Some("a")).await;
+    sleep(Duration::from_millis(500)).await;
+    let before = count().await;
+    sleep(Duration::from_secs(3)).await;
+    let leading_cost = count().await - before;
+    println!("commands on the two live nodes in 3 s, a leader renewing, one observer: {leading_cost}");
+    leading.resign().await.unwrap();
+    until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
+    task.abort();
+    a.shutdown().await;
+    watcher.shutdown().await;
+    assert!(quiet < 30, "the observer polled: {quiet} commands in 3 s");
+    assert!(leading_cost < 60, "{leading_cost} commands in 3 s");
+}
