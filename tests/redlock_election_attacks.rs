@@ -299,3 +299,123 @@ async fn an_observer_does_not_spin_with_a_node_dead_for_good() {
     assert!(quiet < 30, "the observer polled: {quiet} commands in 3 s");
     assert!(leading_cost < 60, "{leading_cost} commands in 3 s");
 }
+
+/// Three nodes with a rejoin delay as long as the TTL. A leads on nodes 0 and 1 (2 was cut off
+/// when it campaigned); node 1 restarts without its data. B campaigns: node 2 is free, node 1
+/// forgot A. Never two leaders believing at once: B may lead only after A's guard says lost,
+/// and with a higher term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_without_data_never_makes_two_leaders() {
+    let ns = test_namespace!();
+    let mut nodes = Nodes::start(3);
+    let ttl = Duration::from_secs(2);
+    let a = nodes.client_with(&ns, ttl, ttl).await;
+    let b = nodes.client_with(&ns, ttl, ttl).await;
+    // Fresh nodes sit out their rejoin delay first.
+    sleep(ttl + Duration::from_millis(200)).await;
+    nodes.proxies[2].cut();
+    let leading = timeout(Duration::from_secs(5), a.election("e").campaign("a"))
+        .await
+        .expect("no lead on two nodes of three")
+        .unwrap();
+    nodes.proxies[2].pass();
+    nodes.servers[1].restart_after(|| std::thread::sleep(Duration::from_millis(100)));
+    let restarted = Instant::now();
+    let election = b.election("e");
+    let waiting = tokio::spawn(async move {
+        let led = election.campaign("b").await;
+        (Instant::now(), led)
+    });
+    let mut believed = Instant::now();
+    while !waiting.is_finished() {
+        if !leading.is_lost() {
+            believed = Instant::now();
+        }
+        if restarted.elapsed() > Duration::from_secs(15) {
+            panic!("B never led");
+        }
+        sleep(Duration::from_millis(2)).await;
+    }
+    let (led_at, led) = waiting.await.unwrap();
+    let next = led.unwrap();
+    println!(
+        "A believed until {:?} after the restart, B led at {:?}; terms {} then {}",
+        believed - restarted,
+        led_at - restarted,
+        leading.term(),
+        next.term()
+    );
+    assert!(leading.is_lost());
+    assert!(
+        believed < led_at,
+        "A believed it led {:?} after B led",
+        believed - led_at
+    );
+    assert!(next.term() > leading.term());
+    assert_eq!(
+        value_of(&b.election("e").leader().await.unwrap()),
+        Some("b")
+    );
+    next.resign().await.unwrap();
+    drop(leading);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Empty values and keys made of the separators a key's names are built from: every election
+/// is its own (a lead, a handoff, the leader read back with its empty value, not as nobody),
+/// and nothing is left on any node after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_values_and_odd_keys() {
+    let ns = test_namespace!();
+    let nodes = shared_nodes();
+    let ttl = Duration::from_secs(2);
+    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let keys = [":", "{", "}", "{}", "a{b}c", "e:e", "e}:e", ""];
+    let mut leads = Vec::new();
+    for key in keys {
+        let leading = match timeout(Duration::from_secs(3), a.election(key).campaign("")).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                println!("key {key:?}: campaign refused: {e}");
+                continue;
+            }
+            Err(_) => panic!("key {key:?}: campaign hung"),
+        };
+        let seen = b.election(key).leader().await.unwrap();
+        assert_eq!(
+            seen.as_ref().map(|l| (l.term(), l.value().to_vec())),
+            Some((leading.term(), Vec::new())),
+            "key {key:?}"
+        );
+        leads.push((key, leading));
+    }
+    // A mutex on a key named like an election's channel does not meet the election.
+    let m = timeout(Duration::from_secs(3), b.mutex("e").lock()).await;
+    println!("mutex on \"e\" beside the elections: {:?}", m.as_ref().map(|r| r.is_ok()));
+    for (key, leading) in leads {
+        let election = b.election(key);
+        let waiting = tokio::spawn(async move { election.campaign("").await });
+        nodes.until_queued(&ns, key, 1).await;
+        let old = leading.term();
+        leading.resign().await.unwrap();
+        let next = timeout(Duration::from_secs(3), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("key {key:?}: the candidate never led"))
+            .unwrap()
+            .unwrap();
+        assert!(next.term() > old);
+        let seen = a.election(key).leader().await.unwrap();
+        assert_eq!(
+            seen.as_ref().map(|l| (l.term(), l.value().to_vec())),
+            Some((next.term(), Vec::new())),
+            "key {key:?}: a handed-over lead with an empty value"
+        );
+        next.resign().await.unwrap();
+    }
+    drop(m);
+    a.shutdown().await;
+    b.shutdown().await;
+    nodes.until_clean(&ns).await;
+}
