@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use distlock::{ErrorKind, Leader, LockClient};
 use futures::StreamExt;
+use support::proxy::Proxy;
 use support::redis::connection;
 use support::server::redlock::{shared_nodes, Nodes};
 use tokio::time::{sleep, timeout, Instant};
@@ -418,4 +419,72 @@ async fn empty_values_and_odd_keys() {
     a.shutdown().await;
     b.shutdown().await;
     nodes.until_clean(&ns).await;
+}
+
+/// A lead handed to B on every node (A resigns, its handoff lease long), B cut off from node 2
+/// when it settles: B leads, confirmed on nodes 0 and 1, its hold on node 2 still
+/// provisional; back on node 2, B's renewals extend that provisional hold like any other. Then
+/// node 0 dies for good: B still leads (a majority, 1 and 2, holds its lease and renews it),
+/// so `leader()` must report it and B's proclaim must take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_left_provisional_on_one_node_is_still_reported() {
+    let ns = test_namespace!();
+    let mut nodes = Nodes::start(3);
+    let direct = nodes.direct_urls();
+    let ports: Vec<u16> = nodes.servers.iter().map(|s| s.port()).collect();
+    let b_net: Vec<Proxy> = ports.iter().map(|p| Proxy::start(*p)).collect();
+    let b_urls = b_net
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{}/", p.port()))
+        .collect();
+    let ttl = Duration::from_secs(2);
+    let client_tuned = support::server::redlock::client_tuned;
+    let a = client_tuned(direct.clone(), &ns, ttl, Duration::ZERO, ttl * 3).await;
+    let b = support::server::redlock::client_on(b_urls, &ns, ttl, Duration::ZERO).await;
+    let reader = support::server::redlock::client_on(direct.clone(), &ns, ttl, Duration::ZERO).await;
+    let leading = a.election("e").campaign("a").await.unwrap();
+    let election = b.election("e");
+    let waiting = tokio::spawn(async move { election.campaign("b").await });
+    nodes.until_queued(&ns, "e", 1).await;
+    b_net[2].cut();
+    leading.resign().await.unwrap();
+    let b_leads = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("B never led")
+        .unwrap()
+        .unwrap();
+    b_net[2].pass();
+    // B's renewals reach node 2 again.
+    sleep(ttl * 2).await;
+    let mut raw = Vec::new();
+    for u in &direct {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(format!("{ns}:{{e}}"))
+            .query_async(&mut connection(u).await)
+            .await
+            .unwrap();
+        raw.push(v);
+    }
+    println!("the lead's hold on each node: {raw:?}");
+    let all = reader.election("e").leader().await;
+    println!("every node up: leader() = {all:?}");
+    assert!(!b_leads.is_lost());
+    nodes.servers[0].kill();
+    sleep(ttl * 2).await;
+    let still = !b_leads.is_lost();
+    let seen = reader.election("e").leader().await;
+    let proclaimed = b_leads.proclaim("b, later").await;
+    println!("node 0 dead: B believes it leads: {still}; leader() = {seen:?}; B's proclaim = {proclaimed:?}");
+    drop(b_leads);
+    for c in [a, b, reader] {
+        c.shutdown().await;
+    }
+    if still {
+        assert_eq!(
+            seen.ok().flatten().as_ref().and_then(Leader::value_str),
+            Some("b"),
+            "B leads on a majority, but leader() does not say so"
+        );
+        proclaimed.expect("B leads on a majority, but its proclaim was refused");
+    }
 }
