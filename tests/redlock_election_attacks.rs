@@ -423,9 +423,11 @@ async fn empty_values_and_odd_keys() {
 
 /// A lead handed to B on every node (A resigns, its handoff lease long), B cut off from node 2
 /// when it settles: B leads, confirmed on nodes 0 and 1, its hold on node 2 still
-/// provisional; back on node 2, B's renewals extend that provisional hold like any other. Then
-/// node 0 dies for good: B still leads (a majority, 1 and 2, holds its lease and renews it),
-/// so `leader()` must report it and B's proclaim must take.
+/// provisional; back on node 2, B's renewals extended that provisional hold like any other
+/// (before the fix in redlock `renew.lua`). Then node 0 dies for good. Either B is told lost,
+/// or it still leads and then `leader()` must report it and its proclaim must take (seen
+/// failing: B believed it led on nodes 1 and 2, node 2's hold provisional, while `leader()`
+/// said "only 2 of 3 nodes answered, a quorum needs 2", and its proclaim too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lead_left_provisional_on_one_node_is_still_reported() {
     let ns = test_namespace!();

@@ -8,6 +8,13 @@
 local function renew_one(base, holders, waiters, queue, owner, ttl, mode)
   ttl = tonumber(ttl)
   if mode == 'h' then
+    -- A lead handed here that its client never settled (it missed this node then) is
+    -- provisional: never reported, so it must not count towards the leader's quorum either.
+    -- Left to its handoff lease; the leader's lease stands on the nodes that confirmed it.
+    local m = mutex_at(base)
+    if m and m.t and not m.v then
+      return 0
+    end
     return extend_mutex(base, owner, ttl) and 1 or 0
   elseif mode == 'H' then
     return extend_shared(base, holders, owner, ttl) and 1 or 0
