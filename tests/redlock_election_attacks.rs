@@ -490,3 +490,104 @@ async fn a_lead_left_provisional_on_one_node_is_still_reported() {
         proclaimed.expect("B leads on a majority, but its proclaim was refused");
     }
 }
+
+/// Sets the instant it is dropped at (a cancelled or finished piece of work).
+struct Ended(std::sync::Arc<std::sync::Mutex<Option<Instant>>>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(Instant::now());
+    }
+}
+
+/// `lead()` on a client cut off from two nodes of three (blackholed: no closed connection
+/// tells it): its work is cancelled before another client leads, that client's term is
+/// higher, and meanwhile `lead()` does not hot-loop on the one node it still reaches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lead_stops_its_work_before_another_leads_and_does_not_hot_loop() {
+    let ns = test_namespace!();
+    let nodes = Nodes::start(3);
+    let ttl = Duration::from_secs(1);
+    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let b = support::server::redlock::client_on(nodes.direct_urls(), &ns, ttl, Duration::ZERO)
+        .await;
+    let ended = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let election = a.election("e");
+    let worker = {
+        let ended = ended.clone();
+        tokio::spawn(async move {
+            election
+                .lead("a", move |term| {
+                    let guard = Ended(ended.clone());
+                    let started_tx = started_tx.clone();
+                    async move {
+                        let _guard = guard;
+                        let _ = started_tx.send((term, Instant::now()));
+                        std::future::pending::<()>().await;
+                    }
+                })
+                .await
+        })
+    };
+    let (a_term, _) = timeout(Duration::from_secs(3), started.recv())
+        .await
+        .expect("lead() never ran its work")
+        .unwrap();
+    nodes.proxies[0].blackhole();
+    nodes.proxies[1].blackhole();
+    let b_leads = timeout(ttl * 5, b.election("e").campaign("b"))
+        .await
+        .expect("B never led")
+        .unwrap();
+    let b_at = Instant::now();
+    let a_ended = ended
+        .lock()
+        .unwrap()
+        .expect("A's work still ran when B led");
+    println!(
+        "A's work (term {a_term}) ended {:?} before B led (term {})",
+        b_at - a_ended,
+        b_leads.term()
+    );
+    assert!(b_leads.term() > a_term);
+    sleep(Duration::from_millis(500)).await;
+    let live = &nodes.direct_urls()[2];
+    let by_name = || async { support::redis::commandstats(&mut connection(live).await).await };
+    let before = by_name().await;
+    sleep(Duration::from_secs(3)).await;
+    let after = by_name().await;
+    let spent: u64 = after.iter().map(|(_, n)| n).sum::<u64>()
+        - before.iter().map(|(_, n)| n).sum::<u64>();
+    let diff: Vec<(String, u64)> = after
+        .iter()
+        .map(|(name, n)| {
+            let was = before.iter().find(|(b, _)| b == name).map_or(0, |(_, n)| *n);
+            (name.clone(), n - was)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    println!("by command: {diff:?}");
+    // INFO commandstats counts what scripts run too: judge by the scripts called.
+    let calls: u64 = diff
+        .iter()
+        .filter(|(name, _)| name == "fcall" || name == "evalsha")
+        .map(|(_, n)| n)
+        .sum();
+    println!(
+        "on the node A still reaches in 3 s, A's lead() cut off from a majority, B renewing: \
+         {spent} commands, {calls} script calls"
+    );
+    assert!(
+        started.try_recv().is_err(),
+        "A's work ran again while B led"
+    );
+    assert!(calls < 40, "lead() hot-loops: {calls} script calls in 3 s");
+    worker.abort();
+    b_leads.resign().await.unwrap();
+    for p in &nodes.proxies {
+        p.heal();
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
