@@ -713,3 +713,65 @@ async fn a_candidate_dead_in_line_under_inspect() {
     drop(dead_net);
     drop(dead);
 }
+
+/// One node of three restarted without its data under a leader and an observer: the leader
+/// still leads on the other two and is still reported; its resignation and the next leader
+/// (who may lead on the restarted node) are heard; the observer does not poll meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_follows_a_node_restarted_without_data() {
+    let ns = test_namespace!();
+    let mut nodes = Nodes::start(3);
+    let ttl = Duration::from_secs(3);
+    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let watcher = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let (mut rx, task) = observer(&watcher, "e");
+    until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
+    let leading = a.election("e").campaign("a").await.unwrap();
+    until(&mut rx, Duration::from_secs(3), "a", |l| {
+        value_of(l) == Some("a")
+    })
+    .await;
+    nodes.servers[1].restart_after(|| std::thread::sleep(Duration::from_millis(300)));
+    sleep(Duration::from_secs(1)).await;
+    assert!(!leading.is_lost());
+    let seen = b.election("e").leader().await.unwrap();
+    assert_eq!(
+        seen.as_ref().map(|l| (l.term(), l.value_str())),
+        Some((leading.term(), Some("a")))
+    );
+    let live = nodes.direct_urls();
+    let count = || async {
+        let mut n = 0;
+        for u in &live {
+            n += total_commands(u).await;
+        }
+        n
+    };
+    let before = count().await;
+    sleep(Duration::from_secs(3)).await;
+    let spent = count().await - before;
+    println!("commands on the three nodes in 3 s, a leader renewing, one observer: {spent}");
+    nodes.proxies[0].cut();
+    let first_term = leading.term();
+    leading.resign().await.unwrap();
+    let resigned = Instant::now();
+    until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
+    println!("heard the resignation after {:?}", resigned.elapsed());
+    let next = timeout(Duration::from_secs(3), b.election("e").campaign("b"))
+        .await
+        .expect("no leader on the restarted node and another")
+        .unwrap();
+    let (at, _) = until(&mut rx, Duration::from_secs(3), "b", |l| {
+        value_of(l) == Some("b")
+    })
+    .await;
+    println!("heard b {:?} after the resignation", at - resigned);
+    assert!(next.term() > first_term);
+    assert!(spent < 120, "{spent} commands in 3 s");
+    next.resign().await.unwrap();
+    task.abort();
+    for c in [a, b, watcher] {
+        c.shutdown().await;
+    }
+}
