@@ -16,6 +16,7 @@ pub mod failover;
 pub mod family;
 pub mod faults;
 pub mod holder;
+pub mod observed;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod process;
