@@ -735,3 +735,38 @@ async fn an_observer_follows_a_node_restarted_without_data() {
         c.shutdown().await;
     }
 }
+
+/// B leads on nodes 0 and 1 (node 2 was cut off from it when it campaigned); a reader cut off
+/// from node 0 hears B on node 1 and nobody on node 2: it cannot tell, and says so as a
+/// transient error. The error must not claim that fewer nodes answered than a quorum (seen:
+/// "only 2 of 3 nodes answered, a quorum needs 2").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecided_leader_read_says_why() {
+    let ns = test_namespace!();
+    let nodes = Nodes::start(3);
+    let ports: Vec<u16> = nodes.servers.iter().map(|s| s.port()).collect();
+    let b_net: Vec<Proxy> = ports.iter().map(|p| Proxy::start(*p)).collect();
+    let b_urls = b_net
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{}/", p.port()))
+        .collect();
+    let ttl = Duration::from_secs(5);
+    let b = support::server::redlock::client_on(b_urls, &ns, ttl, Duration::ZERO).await;
+    let reader = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    b_net[2].cut();
+    let leading = b.election("e").campaign("b").await.unwrap();
+    nodes.proxies[0].cut();
+    let err = reader.election("e").leader().await.unwrap_err();
+    println!("{err}");
+    assert!(err.is_transient(), "{err}");
+    assert!(err.to_string().contains("quorum"), "{err}");
+    assert!(
+        !err.to_string().contains("only 2 of 3 nodes answered"),
+        "two of three nodes answered, a quorum: {err}"
+    );
+    nodes.proxies[0].pass();
+    b_net[2].pass();
+    leading.resign().await.unwrap();
+    b.shutdown().await;
+    reader.shutdown().await;
+}

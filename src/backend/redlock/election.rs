@@ -28,7 +28,7 @@ use crate::backend::redis::scripts::{LeaderOf, Proclaim};
 use crate::backend::retry::Backoff;
 use crate::backend::wire::check_value_len;
 use crate::backend::{Claim, Leader, LeaderWatch};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// The first and the longest pause before an observer's subscription on a node that refused it
 /// is tried again.
@@ -94,20 +94,29 @@ impl RedlockBackend {
             }
         }
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
-        let undecided = || {
-            let err = self.no_quorum(n - failed, "leader");
-            match first_error {
-                Some(cause) => err.with_source(cause),
-                None => err,
-            }
+        let with_cause = |err: Error| match first_error {
+            Some(cause) => err.with_source(cause),
+            None => err,
         };
         if failed > n - q {
-            return Err(undecided());
+            return Err(with_cause(self.no_quorum(n - failed, "leader")));
         }
         match agreed(leads, q, failed) {
             Agreed::Leader(leader) => Ok(Some(leader)),
             Agreed::Nobody => Ok(None),
-            Agreed::Undecided => Err(undecided()),
+            // A quorum answered, but the nodes that did not could tip it either way.
+            Agreed::Undecided => Err(with_cause(
+                Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "redlock leader: {} of {n} nodes answered, and no quorum ({q}) of \
+                         them agrees on one leader; the {failed} that did not answer could \
+                         make one",
+                        n - failed
+                    ),
+                )
+                .transient(),
+            )),
         }
     }
 
