@@ -1,5 +1,6 @@
 //! Attacks on Redlock elections (issue 30, helper "rla"), on real `redis-server` nodes behind
-//! fault proxies: an operator's unlock of a Redlock election (library and CLI), cancelled campaigns leaving
+//! fault proxies: a proclaim that reached a majority read back through another majority, an
+//! operator's unlock of a Redlock election (library and CLI), cancelled campaigns leaving
 //! nothing behind, and an observer that must not poll while one node is down for good.
 #![cfg(feature = "redlock")]
 
@@ -25,6 +26,78 @@ async fn total_commands(url: &str) -> u64 {
 
 fn value_of(l: &Option<Leader>) -> Option<&str> {
     l.as_ref().and_then(Leader::value_str)
+}
+
+/// Five nodes, a leader with a long lease. Its `proclaim("new")` reaches nodes 0, 1, 2 (a
+/// majority: it returns `Ok`) while 3 and 4 are cut off and keep "old". Then 0 and 1 go away
+/// and 3, 4 come back: every majority of nodes shares a node with the proclaim's, so a reader
+/// must report "new" (the leader was told its proclaim took), or that it cannot tell, never
+/// "old". Reported before the fix: the value most of the answering nodes hold, "old": a
+/// successful proclaim read back as undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaim_on_a_majority_is_read_back_through_any_majority() {
+    let ns = test_namespace!();
+    let nodes = Nodes::start(5);
+    let ttl = Duration::from_secs(30);
+    let leader = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let reader = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let leading = leader.election("e").campaign("old").await.unwrap();
+    nodes.proxies[3].cut();
+    nodes.proxies[4].cut();
+    leading
+        .proclaim("new")
+        .await
+        .expect("a proclaim on three nodes of five");
+    let all = reader.election("e").leader().await;
+    println!("nodes 3, 4 cut: leader() = {all:?}");
+    nodes.proxies[3].pass();
+    nodes.proxies[4].pass();
+    nodes.proxies[0].cut();
+    nodes.proxies[1].cut();
+    // The reader reconnects to 3 and 4 on its own back-off. For 3 s every read says "new" or
+    // that it cannot tell (transient); never "old".
+    let until = Instant::now() + Duration::from_secs(3);
+    let (mut new, mut unsure) = (0, 0);
+    while Instant::now() < until {
+        match reader.election("e").leader().await {
+            Ok(seen) => {
+                let seen = seen.expect("nobody leads");
+                assert_eq!(seen.term(), leading.term());
+                assert_eq!(
+                    seen.value_str(),
+                    Some("new"),
+                    "a proclaim that returned Ok was read back as undone"
+                );
+                new += 1;
+            }
+            Err(e) => {
+                assert!(e.is_transient(), "leader(): {e}");
+                unsure += 1;
+            }
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    println!("nodes 0, 1 cut: {new} reads said \"new\", {unsure} could not tell");
+    assert!(!leading.is_lost());
+    for p in &nodes.proxies {
+        p.pass();
+    }
+    // Every node back: the read decides, and says "new".
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        match reader.election("e").leader().await {
+            Ok(seen) => break seen.expect("nobody leads"),
+            Err(e) if Instant::now() < deadline => {
+                println!("leader() (going on): {e}");
+                sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no read within 10 s of every node back: {e}"),
+        }
+    };
+    assert_eq!(seen.value_str(), Some("new"));
+    leading.resign().await.unwrap();
+    leader.shutdown().await;
+    reader.shutdown().await;
 }
 
 /// The operator's unlock of a Redlock election, by `LockClient::force_release` and by the CLI

@@ -117,6 +117,18 @@ impl RedlockBackend {
                 )
                 .transient(),
             )),
+            Agreed::ValueUndecided => Err(with_cause(
+                Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "redlock leader: {} of {n} nodes answered and agree on the leader, but \
+                         no quorum ({q}) of them holds one value; the {failed} that did not \
+                         answer could hold the last one proclaimed",
+                        n - failed
+                    ),
+                )
+                .transient(),
+            )),
         }
     }
 
@@ -209,12 +221,22 @@ enum Agreed {
     Nobody,
     /// No majority does among the nodes that answered, but the `unknown` ones could make one.
     Undecided,
+    /// A majority holds one lead, but its value is held by no majority of the nodes that
+    /// answered, and the `unknown` ones could tip it (a proclaim that reached a majority may be
+    /// on them).
+    ValueUndecided,
 }
 
 /// The leader `q` of the nodes agree on, from the confirmed leads the nodes that answered
-/// hold (`leads`, in node order), with `unknown` nodes not heard. Its value is the one most of
-/// those nodes hold (a proclaim reaches nodes one by one), the earliest node's on a tie; its
-/// lease what the `q`-th longest of theirs has left.
+/// hold (`leads`, in node order), with `unknown` nodes not heard; its lease what the `q`-th
+/// longest of theirs has left.
+///
+/// Its value: the one `q` of those nodes hold. A proclaim that succeeded reached `q` nodes, and
+/// any two sets of `q` nodes share one, so once it did no earlier value is on `q` nodes: that
+/// value is the last proclaim that took (or a later one on its way). Where no value is on `q`
+/// of the nodes that answered and the unknown ones could put one there, the read cannot tell
+/// ([`Agreed::ValueUndecided`]). Where they could not (every node that can answer did, and a
+/// proclaim is half way), the value most of them hold, the earliest node's on a tie.
 fn agreed(leads: Vec<HeldLead>, q: usize, unknown: usize) -> Agreed {
     let mut groups: Vec<Vec<HeldLead>> = Vec::new();
     for lead in leads {
@@ -250,6 +272,9 @@ fn agreed(leads: Vec<HeldLead>, q: usize, unknown: usize) -> Agreed {
         if count(&lead.value) > count(best) {
             best = &lead.value;
         }
+    }
+    if count(best) < q && unknown > 0 {
+        return Agreed::ValueUndecided;
     }
     Agreed::Leader(Leader::new(best.clone(), term, lease_left))
 }
@@ -304,6 +329,28 @@ mod tests {
             lead("a", 7, "new", 900),
         ];
         let Agreed::Leader(l) = agreed(leads, 3, 0) else {
+            panic!("no leader")
+        };
+        assert_eq!(l.value(), b"new");
+    }
+
+    #[test]
+    fn a_value_on_no_quorum_is_undecided_while_nodes_are_unheard() {
+        // Five nodes: a proclaim of "new" took on 0-2; 2-4 answer.
+        let leads = vec![
+            lead("a", 7, "new", 900),
+            lead("a", 7, "old", 900),
+            lead("a", 7, "old", 900),
+        ];
+        assert!(matches!(agreed(leads, 3, 2), Agreed::ValueUndecided));
+        // A value on a quorum of the nodes that answered is the last that took.
+        let leads = vec![
+            lead("a", 7, "new", 900),
+            lead("a", 7, "new", 900),
+            lead("a", 7, "new", 900),
+            lead("a", 7, "old", 900),
+        ];
+        let Agreed::Leader(l) = agreed(leads, 3, 1) else {
             panic!("no leader")
         };
         assert_eq!(l.value(), b"new");
