@@ -348,10 +348,19 @@ fn pump(
 
 /// Whether a client's bytes subscribe to messages: Redis `SUBSCRIBE`, PostgreSQL `LISTEN `.
 fn contains_subscribe(bytes: &[u8]) -> bool {
-    bytes
-        .windows(9)
-        .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
-        || bytes.windows(7).any(|w| w == b"LISTEN ")
+    // A (P|S)SUBSCRIBE command's name as its own bulk string, not the word inside a longer
+    // one: a Redis library's source, sent by `FUNCTION LOAD`, may say "subscribed".
+    [
+        &b"$9\r\nSUBSCRIBE\r\n"[..],
+        b"$10\r\nPSUBSCRIBE\r\n",
+        b"$10\r\nSSUBSCRIBE\r\n",
+    ]
+    .iter()
+    .any(|name| {
+        bytes
+            .windows(name.len())
+            .any(|w| w.eq_ignore_ascii_case(name))
+    }) || bytes.windows(7).any(|w| w == b"LISTEN ")
 }
 
 /// One proxy in front of each node of a service (one for a single server, one per node for
