@@ -701,3 +701,150 @@ async fn the_proxy_delays_a_clients_command_replies() {
         "a lock took {took:?} with its replies delayed 500 ms"
     );
 }
+
+/// The same as `a_coalesced_release_never_deletes_a_hold_taken_after_expiry`, with the hold
+/// re-taken by another claim of the SAME client (the owner tokens share the client id and
+/// differ in the claim's part only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coalesced_release_never_deletes_a_hold_its_own_client_took_after_expiry() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let one = client(
+        &url,
+        &ns,
+        Duration::from_secs(20),
+        Duration::from_millis(300),
+        false,
+    )
+    .await;
+    let keys = key_names(30);
+    let stale = futures::future::join_all(keys.iter().map(|k| {
+        let mutex = one.mutex(k.clone()).with_ttl(Duration::from_millis(400));
+        async move { mutex.lock().await.unwrap() }
+    }))
+    .await;
+    sleep(Duration::from_millis(800)).await;
+    let taken = lock_all(&one, &keys).await;
+    let mut before = Vec::new();
+    for k in &keys {
+        before.push(hold_of(&url, &ns, k).await);
+    }
+    for r in release_all(stale) {
+        let _ = r.await.unwrap();
+    }
+    let mut bad = Vec::new();
+    for ((k, g), was) in keys.iter().zip(&taken).zip(&before) {
+        let now = hold_of(&url, &ns, k).await;
+        if now.is_none() || now.as_ref() != was.as_ref() {
+            bad.push(format!("{}: hold {was:?} became {now:?}", short(k)));
+        }
+        if g.is_lost() {
+            bad.push(format!("{}: the new claim's guard is lost", short(k)));
+        }
+    }
+    for g in taken {
+        g.release().await.unwrap();
+    }
+    one.shutdown().await;
+    assert!(bad.is_empty(), "{bad:#?}");
+    until_only_fences(&url, &ns).await;
+    assert_eq!(immortal(&url, &ns).await, Vec::<String>::new());
+}
+
+/// More releases than one coalesced call carries (128), of keys with braces, colons, unicode
+/// and 512 bytes, a third of them with a waiter of another client: every waiter is served at
+/// once with a larger token, the rest are deleted, nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_releases_than_a_batch_carries_hand_every_hold_on() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let ttl = Duration::from_secs(20);
+    let holder = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let waiter = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let keys = key_names(360);
+    let guards = lock_all(&holder, &keys).await;
+    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let waited: Vec<String> = keys.iter().step_by(3).cloned().collect();
+    let waits = queue_on(&waiter, &url, &ns, &waited).await;
+    let released = Instant::now();
+    for r in release_all(guards) {
+        r.await.unwrap().unwrap();
+    }
+    let (ok, bad) = served(&waited, waits, Duration::from_secs(3)).await;
+    println!(
+        "{} waiters served {:?} after the releases",
+        ok.len(),
+        released.elapsed()
+    );
+    let mut back = Vec::new();
+    for (k, g) in &ok {
+        let i = keys.iter().position(|x| x == k).unwrap();
+        if g.fencing_token() <= tokens[i] {
+            back.push(format!(
+                "{}: {} after {}",
+                short(k),
+                g.fencing_token(),
+                tokens[i]
+            ));
+        }
+    }
+    for (_, g) in ok {
+        g.release().await.unwrap();
+    }
+    holder.shutdown().await;
+    waiter.shutdown().await;
+    assert!(bad.is_empty(), "waiters not served: {bad:#?}");
+    assert!(back.is_empty(), "tokens went back: {back:#?}");
+    until_only_fences(&url, &ns).await;
+    assert_eq!(immortal(&url, &ns).await, Vec::<String>::new());
+}
+
+/// Through the sentinels (where the plain-command acquire is off and tokens are lifted above
+/// the clocks): releases coalesced into one call, a waiter of another client on every other
+/// key, each served at once with a larger token, and nothing left on the primary.
+#[cfg(feature = "redis-sentinel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinel_coalesced_releases_hand_every_hold_on() {
+    let ns = test_namespace!();
+    let setup = support::server::sentinel::SentinelSetup::start();
+    let primary = setup.primary.url();
+    let ttl = Duration::from_secs(20);
+    let holder = support::failover::client_for(&setup.url(), &ns, ttl).await;
+    let waiter = support::failover::client_for(&setup.url(), &ns, ttl).await;
+    let keys = key_names(60);
+    let guards = lock_all(&holder, &keys).await;
+    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let waited: Vec<String> = keys.iter().step_by(2).cloned().collect();
+    let waits = queue_on(&waiter, &primary, &ns, &waited).await;
+    let released = Instant::now();
+    for r in release_all(guards) {
+        r.await.unwrap().unwrap();
+    }
+    let (ok, bad) = served(&waited, waits, Duration::from_secs(3)).await;
+    println!(
+        "{} waiters served {:?} after the releases",
+        ok.len(),
+        released.elapsed()
+    );
+    let mut back = Vec::new();
+    for (k, g) in &ok {
+        let i = keys.iter().position(|x| x == k).unwrap();
+        if g.fencing_token() <= tokens[i] {
+            back.push(format!(
+                "{}: {} after {}",
+                short(k),
+                g.fencing_token(),
+                tokens[i]
+            ));
+        }
+    }
+    for (_, g) in ok {
+        g.release().await.unwrap();
+    }
+    holder.shutdown().await;
+    waiter.shutdown().await;
+    assert!(bad.is_empty(), "waiters not served: {bad:#?}");
+    assert!(back.is_empty(), "tokens went back: {back:#?}");
+    until_only_fences(&primary, &ns).await;
+    assert_eq!(immortal(&primary, &ns).await, Vec::<String>::new());
+}
