@@ -848,3 +848,88 @@ async fn through_sentinel_coalesced_releases_hand_every_hold_on() {
     until_only_fences(&primary, &ns).await;
     assert_eq!(immortal(&primary, &ns).await, Vec::<String>::new());
 }
+
+/// One client leads elections and holds mutexes, with another client's candidates and waiters
+/// queued behind: it resigns every lead and releases every mutex at once (the mutexes'
+/// releases coalesce; a lead's release goes alone). Each election goes to the other
+/// candidate, each mutex to its waiter, at once, with larger terms and tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leads_resigned_with_mutexes_released_all_at_once_move_on() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let ttl = Duration::from_secs(20);
+    let one = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let two = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let elections: Vec<String> = (0..6).map(|i| format!("e{{{i}}}:☃")).collect();
+    let keys = key_names(30);
+    let mut leads = Vec::new();
+    for e in &elections {
+        leads.push(one.election(e.clone()).campaign(b"one").await.unwrap());
+    }
+    let terms: Vec<u64> = leads.iter().map(|l| l.term()).collect();
+    let guards = lock_all(&one, &keys).await;
+    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let mut campaigns = Vec::new();
+    for e in &elections {
+        let election = two.election(e.clone());
+        campaigns.push(tokio::spawn(async move { election.campaign(b"two").await }));
+    }
+    for e in &elections {
+        until_queued(&url, &ns, e, 1).await;
+    }
+    let waited: Vec<String> = keys.iter().step_by(2).cloned().collect();
+    let waits = queue_on(&two, &url, &ns, &waited).await;
+    let released = Instant::now();
+    let resigns: Vec<_> = leads
+        .into_iter()
+        .map(|l| tokio::spawn(l.resign()))
+        .collect();
+    let releases = release_all(guards);
+    for r in resigns {
+        r.await.unwrap().unwrap();
+    }
+    for r in releases {
+        r.await.unwrap().unwrap();
+    }
+    let mut bad = Vec::new();
+    let mut won = Vec::new();
+    for ((e, c), term) in elections.iter().zip(campaigns).zip(&terms) {
+        match timeout(Duration::from_secs(3), c).await {
+            Ok(Ok(Ok(l))) => {
+                if l.term() <= *term {
+                    bad.push(format!("{e}: term {} after {term}", l.term()));
+                }
+                won.push(l);
+            }
+            other => bad.push(format!(
+                "{e}: {:?}",
+                other.map(|r| r.map(|r| r.map(|_| ())))
+            )),
+        }
+    }
+    let (ok, late) = served(&waited, waits, Duration::from_secs(3)).await;
+    println!(
+        "{} leads and {} mutexes moved on {:?} after the releases",
+        won.len(),
+        ok.len(),
+        released.elapsed()
+    );
+    bad.extend(late);
+    for (k, g) in &ok {
+        let i = keys.iter().position(|x| x == k).unwrap();
+        if g.fencing_token() <= tokens[i] {
+            bad.push(format!("{}: token went back", short(k)));
+        }
+    }
+    for (_, g) in ok {
+        g.release().await.unwrap();
+    }
+    for l in won {
+        l.resign().await.unwrap();
+    }
+    one.shutdown().await;
+    two.shutdown().await;
+    assert!(bad.is_empty(), "{bad:#?}");
+    until_only_fences(&url, &ns).await;
+    assert_eq!(immortal(&url, &ns).await, Vec::<String>::new());
+}
