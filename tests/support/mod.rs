@@ -23,6 +23,8 @@ pub mod process;
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
+pub mod release;
 pub mod server;
 pub mod suite;
 pub mod tls;

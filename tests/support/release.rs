@@ -1,0 +1,179 @@
+//! What the attacks on the coalesced Redis release share (`tests/redis_release_attacks.rs`,
+//! `tests/redis_release_faults.rs`): key names that stress a claim's one-string layout, many
+//! locks taken and released at once by one client, waiters queued and served, and what a
+//! namespace leaves behind.
+
+use std::time::Duration;
+
+use distlock::{LockClient, MutexGuard};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::proxy::Proxy;
+use super::redis::{connection, keys_in, until_only_fences, until_queued};
+
+pub fn via(proxy: &Proxy) -> String {
+    format!("redis://127.0.0.1:{}/", proxy.port())
+}
+
+/// Key names that stress the one-string layout of a claim's names: braces (the hash tag),
+/// colons, unicode, the longest key allowed.
+pub fn key_names(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| match i % 6 {
+            0 => format!("k{i}"),
+            1 => format!("{{a}}:b}}{i}"),
+            2 => format!("ключ ☃ {i}"),
+            3 => format!("x:{i}:{{}}:c:q:w"),
+            4 => {
+                let tail = format!("-{i}");
+                format!("{}{tail}", "L".repeat(distlock::MAX_KEY_LEN - tail.len()))
+            }
+            _ => format!("}}{{{i}"),
+        })
+        .collect()
+}
+
+/// Every key of `ns` with no expiry (PTTL -1).
+pub async fn immortal(url: &str, ns: &str) -> Vec<String> {
+    let mut con = connection(url).await;
+    let mut out = Vec::new();
+    for k in keys_in(url, ns).await {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&k)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if pttl == -1 {
+            out.push(k);
+        }
+    }
+    out
+}
+
+/// The value of the lock key of `key` (its hold), if any.
+pub async fn hold_of(url: &str, ns: &str, key: &str) -> Option<Vec<u8>> {
+    let mut con = connection(url).await;
+    redis::cmd("GET")
+        .arg(format!("{ns}:{{{key}}}"))
+        .query_async(&mut con)
+        .await
+        .unwrap()
+}
+
+pub async fn lock_all(client: &LockClient, keys: &[String]) -> Vec<MutexGuard> {
+    futures::future::join_all(keys.iter().map(|k| {
+        let mutex = client.mutex(k.clone());
+        async move { mutex.lock().await.unwrap() }
+    }))
+    .await
+}
+
+/// A waiter of `client` on each of `keys`, each queued (server-side) before this returns.
+pub async fn queue_on(
+    client: &LockClient,
+    url: &str,
+    ns: &str,
+    keys: &[String],
+) -> Vec<JoinHandle<distlock::Result<MutexGuard>>> {
+    let mut waits = Vec::new();
+    for k in keys {
+        let mutex = client.mutex(k.clone());
+        waits.push(tokio::spawn(async move { mutex.lock().await }));
+    }
+    for k in keys {
+        until_queued(url, ns, k, 1).await;
+    }
+    waits
+}
+
+/// Releases every guard at once (one client: they coalesce), each from its own task; the
+/// results in order.
+pub fn release_all(guards: Vec<MutexGuard>) -> Vec<JoinHandle<distlock::Result<()>>> {
+    guards
+        .into_iter()
+        .map(|g| tokio::spawn(g.release()))
+        .collect()
+}
+
+/// Waits for each waiter up to `within` from now: the guard, or why not.
+pub async fn served(
+    keys: &[String],
+    waits: Vec<JoinHandle<distlock::Result<MutexGuard>>>,
+    within: Duration,
+) -> (Vec<(String, MutexGuard)>, Vec<String>) {
+    let deadline = Instant::now() + within;
+    let (mut ok, mut bad) = (Vec::new(), Vec::new());
+    for (k, wait) in keys.iter().zip(waits) {
+        match tokio::time::timeout_at(deadline, wait).await {
+            Ok(Ok(Ok(g))) => ok.push((k.clone(), g)),
+            Ok(Ok(Err(e))) => bad.push(format!("{}: {e}", short(k))),
+            Ok(Err(e)) => bad.push(format!("{}: panicked {e}", short(k))),
+            Err(_) => bad.push(format!("{}: not served within {within:?}", short(k))),
+        }
+    }
+    (ok, bad)
+}
+
+pub fn short(k: &str) -> String {
+    k.chars()
+        .rev()
+        .take(24)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect()
+}
+
+/// Each of `served` (key, guard) whose token is not above the token `keys`' holder had
+/// (`tokens`, in the order of `keys`).
+pub fn went_back(keys: &[String], tokens: &[u64], served: &[(String, MutexGuard)]) -> Vec<String> {
+    let mut back = Vec::new();
+    for (k, g) in served {
+        let Some(i) = keys.iter().position(|x| x == k) else {
+            continue;
+        };
+        if g.fencing_token() <= tokens[i] {
+            back.push(format!(
+                "{}: {} after {}",
+                short(k),
+                g.fencing_token(),
+                tokens[i]
+            ));
+        }
+    }
+    back
+}
+
+/// Waits until only fence counters are left in `ns`, and checks every key has an expiry.
+pub async fn nothing_left(url: &str, ns: &str) {
+    until_only_fences(url, ns).await;
+    assert_eq!(immortal(url, ns).await, Vec::<String>::new());
+}
+
+/// Waits for the waiters of `waited` (see [`served`]), then checks each one's token is above
+/// the one `keys`' holder had (`tokens`, in the order of `keys`) and releases it; prints when
+/// they were served after `since`. Returns what went wrong.
+pub async fn serve_and_check(
+    keys: &[String],
+    tokens: &[u64],
+    waited: &[String],
+    waits: Vec<JoinHandle<distlock::Result<MutexGuard>>>,
+    within: Duration,
+    since: Instant,
+) -> Vec<String> {
+    let (ok, mut bad) = served(waited, waits, within).await;
+    println!(
+        "{} of {} waiters served {:?} after the releases",
+        ok.len(),
+        waited.len(),
+        since.elapsed()
+    );
+    bad.extend(went_back(keys, tokens, &ok));
+    for (k, g) in ok {
+        if let Err(e) = g.release().await {
+            bad.push(format!("{}: release {e}", short(&k)));
+        }
+    }
+    bad
+}
