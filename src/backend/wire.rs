@@ -19,13 +19,14 @@ pub(crate) fn client_id() -> String {
 
 /// A claim's owner token on the server: the backend's client id, then the claim's own token.
 /// The server-side code finds the client's channel from the part before the `.`.
+#[cfg(feature = "postgres")]
 pub(crate) fn owner_token(client_id: &str, claim_owner: &str) -> String {
     let mut token = String::with_capacity(client_id.len() + 1 + claim_owner.len());
     push_owner_token(&mut token, client_id, claim_owner);
     token
 }
 
-/// Writes [`owner_token`] at the end of `text`.
+/// Writes a claim's owner token (`<client id>.<claim owner>`) at the end of `text`.
 pub(crate) fn push_owner_token(text: &mut String, client_id: &str, claim_owner: &str) {
     text.push_str(client_id);
     text.push('.');
