@@ -347,20 +347,28 @@ fn pump(
 }
 
 /// Whether a client's bytes subscribe to messages: Redis `SUBSCRIBE`, PostgreSQL `LISTEN `.
+///
+/// A (P|S)SUBSCRIBE command's name as its own bulk string, not the word inside a longer one (a
+/// Redis library's source, sent by `FUNCTION LOAD`, may say "subscribed"). Looked for only where
+/// a bulk string or a `LISTEN` starts: every chunk of every connection passes through here, and
+/// a window-by-window scan of a 1 MiB value took longer than a Redlock node's timeout in a test
+/// build.
 fn contains_subscribe(bytes: &[u8]) -> bool {
-    // A (P|S)SUBSCRIBE command's name as its own bulk string, not the word inside a longer
-    // one: a Redis library's source, sent by `FUNCTION LOAD`, may say "subscribed".
-    [
-        &b"$9\r\nSUBSCRIBE\r\n"[..],
+    const NAMES: [&[u8]; 3] = [
+        b"$9\r\nSUBSCRIBE\r\n",
         b"$10\r\nPSUBSCRIBE\r\n",
         b"$10\r\nSSUBSCRIBE\r\n",
-    ]
-    .iter()
-    .any(|name| {
+    ];
+    let at = |i: usize, what: &[u8]| {
         bytes
-            .windows(name.len())
-            .any(|w| w.eq_ignore_ascii_case(name))
-    }) || bytes.windows(7).any(|w| w == b"LISTEN ")
+            .get(i..i + what.len())
+            .is_some_and(|w| w.eq_ignore_ascii_case(what))
+    };
+    bytes.iter().enumerate().any(|(i, b)| match b {
+        b'$' => NAMES.iter().any(|name| at(i, name)),
+        b'L' => at(i, b"LISTEN "),
+        _ => false,
+    })
 }
 
 /// One proxy in front of each node of a service (one for a single server, one per node for
