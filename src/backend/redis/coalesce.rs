@@ -17,11 +17,18 @@
 //! alone and is dropped leaves what queued behind it to a task as well, on the runtime the
 //! backend was built in.
 //!
+//! Calls wait behind the one out for at most [`HOLD`]: a call whose reply is late or lost (it
+//! waits out its timeout, and is sent again) does not hold up the calls queued behind it, which
+//! go as the next batch while it is still out.
+//!
 //! Coalescing is off on a Cluster (one call's keys must share a slot, and a busy service's keys
 //! rarely do) and where scripts go by `EVALSHA`.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::pin;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use ::redis::{FromRedisValue, Value};
 use tokio::sync::oneshot;
@@ -35,6 +42,12 @@ use crate::sync::LockExt;
 
 /// The most claims one coalesced call carries.
 const MAX_BATCH: usize = 128;
+/// How long calls queued in a lane wait for the call that is out before they go as a batch of
+/// their own. Far above a reply's time on a working connection (coalescing still batches
+/// everything that comes while a call is answered), far below a call's timeout: a release
+/// queued behind a reply that was lost reaches the server, and hands the lock on, within this
+/// instead of after the lost call's whole retry loop (three timeouts).
+const HOLD: Duration = Duration::from_millis(250);
 
 /// A claim's reply: the value, whether an earlier attempt may have run, when it was sent.
 type Reply = Result<(Value, bool, Instant)>;
@@ -98,13 +111,15 @@ impl RedisBackend {
         };
         if first {
             // Nothing out: this call goes at once, alone, and the calls that queue behind it
-            // meanwhile go as one when it is answered (or dropped).
-            let _next = SendNext {
+            // meanwhile go as one when it is answered (or dropped, or held up).
+            let next = SendNext {
                 backend: self,
                 what,
                 name,
             };
-            return self.inner.commands.invoke_noting_doubt(what, call).await;
+            let call = self.inner.commands.invoke_noting_doubt(what, call);
+            let (reply, _next) = next.after(call).await;
+            return reply;
         }
         let rx = queued.ok_or_else(|| lost(what))?;
         let (value, in_doubt, sent) = rx.await.map_err(|_| lost(what))??;
@@ -137,7 +152,17 @@ impl RedisBackend {
             if batch.is_empty() {
                 continue;
             }
-            self.send_batch(what, batch).await;
+            let next = SendNext {
+                backend: &self,
+                what,
+                name,
+            };
+            match next.after(self.send_batch(what, batch)).await {
+                ((), Some(next)) => next.keep(),
+                // Held up: the lane went on without this batch (another task sends what
+                // queued meanwhile).
+                ((), None) => return,
+            }
         }
     }
 
@@ -203,6 +228,25 @@ struct SendNext<'a> {
     backend: &'a RedisBackend,
     what: &'static str,
     name: &'static str,
+}
+
+impl SendNext<'_> {
+    /// Awaits `call`, the lane's call that is out. Past [`HOLD`], passes the lane on (what
+    /// queued behind goes as the next batch) and awaits `call` still. Returns the reply, and
+    /// `self` unless it was passed on: dropped, it passes the lane on then.
+    async fn after<F: Future>(self, call: F) -> (F::Output, Option<Self>) {
+        let mut call = pin!(call);
+        if let Ok(reply) = tokio::time::timeout(HOLD, call.as_mut()).await {
+            return (reply, Some(self));
+        }
+        drop(self);
+        (call.await, None)
+    }
+
+    /// Keeps the lane: the task that holds this goes on sending it.
+    fn keep(self) {
+        std::mem::forget(self);
+    }
 }
 
 impl Drop for SendNext<'_> {
