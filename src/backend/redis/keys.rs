@@ -85,7 +85,8 @@ impl Keys {
             ends: [0; NAMES],
         };
         let named = |keys: &mut Self, name: Name, parts: &[&str]| {
-            for part in [namespace, ":{", key, "}"].iter().chain(parts) {
+            push_lock_name(&mut keys.text, namespace, key);
+            for part in parts {
                 keys.text.push_str(part);
             }
             keys.ends[name as usize] = keys.text.len();
@@ -152,7 +153,16 @@ impl Keys {
 
 /// The name of a lock's main key, `<ns>:{<key>}`: every other name of the lock starts with it.
 pub(crate) fn lock_name(namespace: &str, key: &str) -> String {
-    format!("{namespace}:{{{key}}}")
+    let mut name = String::with_capacity(namespace.len() + key.len() + 3);
+    push_lock_name(&mut name, namespace, key);
+    name
+}
+
+/// Writes the name of a lock's main key (see [`lock_name`]) at the end of `out`.
+fn push_lock_name(out: &mut String, namespace: &str, key: &str) {
+    for part in [namespace, ":{", key, "}"] {
+        out.push_str(part);
+    }
 }
 
 /// A duration in whole milliseconds for a script argument, at least 1.
