@@ -19,14 +19,15 @@
 //!
 //! Calls wait behind the one out for at most [`HOLD`]: a call whose reply is late or lost (it
 //! waits out its timeout, and is sent again) does not hold up the calls queued behind it, which
-//! go as the next batch while it is still out.
+//! go as the next batch while it is still out. The first call to queue behind the one out keeps
+//! that watch for the others (so a client with one call out at a time sets no timer: a timer
+//! due before the runtime's next one wakes the thread parked on its driver, a system call per
+//! lock); the lane's `turn` says which call out holds it, so a call passed over leaves it alone.
 //!
 //! Coalescing is off on a Cluster (one call's keys must share a slot, and a busy service's keys
 //! rarely do) and where scripts go by `EVALSHA`.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -71,11 +72,14 @@ impl Coalescer {
     }
 }
 
-/// The calls of one script waiting to be sent, and whether a task is sending.
+/// The calls of one script waiting to be sent, and whether a call is out.
 #[derive(Default)]
 struct Lane {
     queued: Vec<(Parts, oneshot::Sender<Reply>)>,
     sending: bool,
+    /// Which call out holds the lane (sends what queued once it is answered): moved on when the
+    /// queue goes on without it (see [`HOLD`]).
+    turn: u64,
 }
 
 impl RedisBackend {
@@ -96,45 +100,74 @@ impl RedisBackend {
             _ => return self.inner.commands.invoke_noting_doubt(what, call).await,
         };
         let mut queued = None;
-        let first = {
+        let alone = {
             let mut lanes = self.inner.coalescer.lanes.locked();
             let lane = lanes.entry(name).or_default();
             if lane.sending {
                 let (tx, rx) = oneshot::channel();
+                // The first to queue behind the call out watches it for all.
+                let watch = lane.queued.is_empty().then_some(lane.turn);
                 lane.queued.extend(call.parts().map(|parts| (parts, tx)));
-                queued = Some(rx);
-                false
+                queued = Some((rx, watch));
+                None
             } else {
                 lane.sending = true;
-                true
+                Some(lane.turn)
             }
         };
-        if first {
+        if let Some(turn) = alone {
             // Nothing out: this call goes at once, alone, and the calls that queue behind it
-            // meanwhile go as one when it is answered (or dropped, or held up).
-            let next = SendNext {
+            // meanwhile go as one when it is answered (or dropped, or passed over).
+            let _next = Turn(At {
                 backend: self,
                 what,
                 name,
-            };
-            let call = self.inner.commands.invoke_noting_doubt(what, call);
-            let (reply, _next) = next.after(call).await;
-            return reply;
+                turn,
+            });
+            return self.inner.commands.invoke_noting_doubt(what, call).await;
         }
-        let rx = queued.ok_or_else(|| lost(what))?;
-        let (value, in_doubt, sent) = rx.await.map_err(|_| lost(what))??;
+        let (mut rx, watch) = queued.ok_or_else(|| lost(what))?;
+        let reply = match watch {
+            Some(turn) => {
+                // Dropped (this call's caller went, or the call out held up the queue past
+                // the hold), the watch passes the lane on.
+                let watch = Watch(At {
+                    backend: self,
+                    what,
+                    name,
+                    turn,
+                });
+                match tokio::time::timeout(HOLD, &mut rx).await {
+                    Ok(reply) => {
+                        watch.end();
+                        reply
+                    }
+                    Err(_) => {
+                        drop(watch);
+                        rx.await
+                    }
+                }
+            }
+            None => rx.await,
+        };
+        let (value, in_doubt, sent) = reply.map_err(|_| lost(what))??;
         let value = T::from_redis_value(value).map_err(|e| redis_error(what, e.into()))?;
         Ok((value, in_doubt, sent))
     }
 
-    /// Sends the lane's queued calls, a batch at a time, until none is left.
-    async fn send_lane(self, what: &'static str, name: &'static str) {
+    /// Sends the lane's queued calls, a batch at a time, until none is left or the lane is
+    /// passed on (its `turn` is no longer this task's).
+    async fn send_lane(self, what: &'static str, name: &'static str, turn: u64) {
         loop {
             let batch: Vec<_> = {
                 let mut lanes = self.inner.coalescer.lanes.locked();
                 let Some(lane) = lanes.get_mut(name) else {
                     return;
                 };
+                if lane.turn != turn {
+                    // Passed over: another task sends what queued.
+                    return;
+                }
                 if lane.queued.is_empty() {
                     lane.sending = false;
                     return;
@@ -152,17 +185,7 @@ impl RedisBackend {
             if batch.is_empty() {
                 continue;
             }
-            let next = SendNext {
-                backend: &self,
-                what,
-                name,
-            };
-            match next.after(self.send_batch(what, batch)).await {
-                ((), Some(next)) => next.keep(),
-                // Held up: the lane went on without this batch (another task sends what
-                // queued meanwhile).
-                ((), None) => return,
-            }
+            self.send_batch(what, batch).await;
         }
     }
 
@@ -222,49 +245,73 @@ impl RedisBackend {
     }
 }
 
-/// Sends what queued behind a call sent alone once it is answered or dropped, or marks the
-/// lane idle if nothing did.
-struct SendNext<'a> {
+/// One turn of a lane: the call out that holds it, by its `turn`.
+struct At<'a> {
     backend: &'a RedisBackend,
     what: &'static str,
     name: &'static str,
+    turn: u64,
 }
 
-impl SendNext<'_> {
-    /// Awaits `call`, the lane's call that is out. Past [`HOLD`], passes the lane on (what
-    /// queued behind goes as the next batch) and awaits `call` still. Returns the reply, and
-    /// `self` unless it was passed on: dropped, it passes the lane on then.
-    async fn after<F: Future>(self, call: F) -> (F::Output, Option<Self>) {
-        let mut call = pin!(call);
-        if let Ok(reply) = tokio::time::timeout(HOLD, call.as_mut()).await {
-            return (reply, Some(self));
-        }
-        drop(self);
-        (call.await, None)
-    }
-
-    /// Keeps the lane: the task that holds this goes on sending it.
-    fn keep(self) {
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for SendNext<'_> {
-    fn drop(&mut self) {
-        let mut lanes = self.backend.inner.coalescer.lanes.locked();
+impl At<'_> {
+    /// Sends what queued (from a task) if the lane is still this turn's, else leaves it. With
+    /// `over`, the call out is passed over: it keeps its reply, and the queue goes on without
+    /// it under a new turn; without, the lane is idle if nothing queued.
+    fn pass_on(&self, over: bool) {
+        let coalescer = &self.backend.inner.coalescer;
+        let mut lanes = coalescer.lanes.locked();
         let Some(lane) = lanes.get_mut(self.name) else {
             return;
         };
-        let runtime = (self.backend.inner.coalescer.runtime.clone())
-            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        if lane.turn != self.turn {
+            return;
+        }
+        let runtime =
+            (coalescer.runtime.clone()).or_else(|| tokio::runtime::Handle::try_current().ok());
         match runtime {
             Some(runtime) if !lane.queued.is_empty() => {
+                if over {
+                    lane.turn = lane.turn.wrapping_add(1);
+                }
+                let turn = lane.turn;
                 drop(lanes);
-                runtime.spawn(self.backend.clone().send_lane(self.what, self.name));
+                let lane = self.backend.clone().send_lane(self.what, self.name, turn);
+                runtime.spawn(lane);
             }
+            // Passed over with nothing queued: the call out still holds the lane.
+            _ if over => {}
             // Nothing queued (or no runtime left to send it on: the client is gone).
             _ => lane.sending = false,
         }
+    }
+}
+
+/// A call sent alone, holding the lane: once it is answered or dropped, sends what queued
+/// behind it (from a task), or marks the lane idle if nothing did; unless it was passed over.
+struct Turn<'a>(At<'a>);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.pass_on(false);
+    }
+}
+
+/// The first call queued behind the call out, watching it for the queue: dropped before it
+/// is ended, it passes the call out over (see [`HOLD`]).
+struct Watch<'a>(At<'a>);
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        self.0.pass_on(true);
+    }
+}
+
+impl Watch<'_> {
+    /// Ends the watch, passing nothing on: the call it watched was answered (this call's
+    /// reply came, so its batch went).
+    fn end(self) {
+        // Only references inside: nothing to free.
+        std::mem::forget(self);
     }
 }
 
