@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use support::redis::{client, until_queued};
 use support::release::{
-    hold_of, key_names, lock_all, nothing_left, queue_on, release_all, serve_and_check, served,
-    short,
+    every, hold_of, holds_changed, holds_of, key_names, lock_all, nothing_left, queue_behind,
+    queue_on, release_all, release_all_ok, release_each, renewing, serve_and_check, served, short,
+    tokens, went_back,
 };
 use support::server::redis::shared_redis;
 use tokio::time::{sleep, timeout, Instant};
@@ -36,49 +37,21 @@ async fn a_coalesced_release_never_deletes_a_hold_taken_after_expiry() {
         false,
     )
     .await;
-    let taker = client(
-        &url,
-        &ns,
-        Duration::from_secs(20),
-        Duration::from_millis(300),
-        true,
-    )
-    .await;
-    let third = client(
-        &url,
-        &ns,
-        Duration::from_secs(20),
-        Duration::from_millis(300),
-        true,
-    )
-    .await;
+    let taker = renewing(&url, &ns, Duration::from_secs(20)).await;
+    let third = renewing(&url, &ns, Duration::from_secs(20)).await;
     let keys = key_names(40);
     let stale = lock_all(&late, &keys).await;
-    let stale_tokens: Vec<u64> = stale.iter().map(|g| g.fencing_token()).collect();
+    let stale_tokens = tokens(&stale);
     sleep(Duration::from_millis(800)).await;
     let taken = lock_all(&taker, &keys).await;
-    let mut before = Vec::new();
-    for k in &keys {
-        before.push(hold_of(&url, &ns, k).await);
-    }
+    let before = holds_of(&url, &ns, &keys).await;
     let mut failed = 0;
     for r in release_all(stale) {
         failed += usize::from(r.await.unwrap().is_err());
     }
     println!("{failed} stale releases reported an error");
-    let mut bad = Vec::new();
-    for ((k, g), (was, stale)) in keys
-        .iter()
-        .zip(&taken)
-        .zip(before.iter().zip(&stale_tokens))
-    {
-        let now = hold_of(&url, &ns, k).await;
-        if now.is_none() || now.as_ref() != was.as_ref() {
-            bad.push(format!("{}: hold {was:?} became {now:?}", short(k)));
-        }
-        if g.is_lost() {
-            bad.push(format!("{}: the new owner's guard is lost", short(k)));
-        }
+    let mut bad = holds_changed(&url, &ns, &keys, &taken, &before).await;
+    for ((k, g), stale) in keys.iter().zip(&taken).zip(&stale_tokens) {
         if g.fencing_token() <= *stale {
             bad.push(format!(
                 "{}: token {} after {stale}",
@@ -110,26 +83,12 @@ async fn renewed_extended_and_force_released_holds_release_together() {
     let ns = test_namespace!();
     let url = shared_redis().url();
     let ttl = Duration::from_secs(1);
-    let holder = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    let waiter = client(
-        &url,
-        &ns,
-        Duration::from_secs(20),
-        Duration::from_millis(300),
-        true,
-    )
-    .await;
-    let admin = client(
-        &url,
-        &ns,
-        Duration::from_secs(20),
-        Duration::from_millis(300),
-        true,
-    )
-    .await;
+    let holder = renewing(&url, &ns, ttl).await;
+    let waiter = renewing(&url, &ns, Duration::from_secs(20)).await;
+    let admin = renewing(&url, &ns, Duration::from_secs(20)).await;
     let keys = key_names(36);
     let guards = lock_all(&holder, &keys).await;
-    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let tokens = tokens(&guards);
     // Several renewals of the 1 s lease.
     sleep(Duration::from_millis(1600)).await;
     for (i, g) in guards.iter().enumerate() {
@@ -137,7 +96,7 @@ async fn renewed_extended_and_force_released_holds_release_together() {
             g.extend(Duration::from_secs(2)).await.unwrap();
         }
     }
-    let waited: Vec<String> = keys.iter().step_by(2).cloned().collect();
+    let waited = every(&keys, 2);
     let waits = queue_on(&waiter, &url, &ns, &waited).await;
     let forced: Vec<usize> = (0..keys.len()).filter(|i| i % 3 == 2).collect();
     for &i in &forced {
@@ -200,18 +159,9 @@ async fn renewed_extended_and_force_released_holds_release_together() {
         released.elapsed()
     );
     bad.extend(late_bad);
-    for (k, g) in &ok {
-        let i = keys.iter().position(|x| x == k).unwrap();
-        if g.fencing_token() <= tokens[i] {
-            bad.push(format!("{}: token went back", short(k)));
-        }
-    }
-    for (_, g) in ok {
-        g.release().await.unwrap();
-    }
-    for (_, g) in early {
-        g.release().await.unwrap();
-    }
+    bad.extend(went_back(&keys, &tokens, &ok));
+    release_each(ok).await;
+    release_each(early).await;
     holder.shutdown().await;
     waiter.shutdown().await;
     admin.shutdown().await;
@@ -227,19 +177,12 @@ async fn one_key_released_and_cancelled_twice_in_one_batch_goes_to_the_last_wait
     let ns = test_namespace!();
     let url = shared_redis().url();
     let ttl = Duration::from_secs(20);
-    let one = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let one = renewing(&url, &ns, ttl).await;
     let keys = key_names(30);
     let guards = lock_all(&one, &keys).await;
-    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let tokens = tokens(&guards);
     let first = queue_on(&one, &url, &ns, &keys).await;
-    let mut last = Vec::new();
-    for k in &keys {
-        let mutex = one.mutex(k.clone());
-        last.push(tokio::spawn(async move { mutex.lock().await }));
-    }
-    for k in &keys {
-        until_queued(&url, &ns, k, 2).await;
-    }
+    let last = queue_behind(&one, &url, &ns, &keys, 2).await;
     let released = Instant::now();
     let releases = release_all(guards);
     for w in first {
@@ -285,23 +228,11 @@ async fn a_coalesced_release_never_deletes_a_hold_its_own_client_took_after_expi
     .await;
     sleep(Duration::from_millis(800)).await;
     let taken = lock_all(&one, &keys).await;
-    let mut before = Vec::new();
-    for k in &keys {
-        before.push(hold_of(&url, &ns, k).await);
-    }
+    let before = holds_of(&url, &ns, &keys).await;
     for r in release_all(stale) {
         let _ = r.await.unwrap();
     }
-    let mut bad = Vec::new();
-    for ((k, g), was) in keys.iter().zip(&taken).zip(&before) {
-        let now = hold_of(&url, &ns, k).await;
-        if now.is_none() || now.as_ref() != was.as_ref() {
-            bad.push(format!("{}: hold {was:?} became {now:?}", short(k)));
-        }
-        if g.is_lost() {
-            bad.push(format!("{}: the new claim's guard is lost", short(k)));
-        }
-    }
+    let bad = holds_changed(&url, &ns, &keys, &taken, &before).await;
     for g in taken {
         g.release().await.unwrap();
     }
@@ -318,17 +249,15 @@ async fn more_releases_than_a_batch_carries_hand_every_hold_on() {
     let ns = test_namespace!();
     let url = shared_redis().url();
     let ttl = Duration::from_secs(20);
-    let holder = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    let waiter = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let holder = renewing(&url, &ns, ttl).await;
+    let waiter = renewing(&url, &ns, ttl).await;
     let keys = key_names(360);
     let guards = lock_all(&holder, &keys).await;
-    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
-    let waited: Vec<String> = keys.iter().step_by(3).cloned().collect();
+    let tokens = tokens(&guards);
+    let waited = every(&keys, 3);
     let waits = queue_on(&waiter, &url, &ns, &waited).await;
     let released = Instant::now();
-    for r in release_all(guards) {
-        r.await.unwrap().unwrap();
-    }
+    release_all_ok(guards).await;
     let bad = serve_and_check(
         &keys,
         &tokens,
@@ -358,13 +287,11 @@ async fn through_sentinel_coalesced_releases_hand_every_hold_on() {
     let waiter = support::failover::client_for(&setup.url(), &ns, ttl).await;
     let keys = key_names(60);
     let guards = lock_all(&holder, &keys).await;
-    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
-    let waited: Vec<String> = keys.iter().step_by(2).cloned().collect();
+    let tokens = tokens(&guards);
+    let waited = every(&keys, 2);
     let waits = queue_on(&waiter, &primary, &ns, &waited).await;
     let released = Instant::now();
-    for r in release_all(guards) {
-        r.await.unwrap().unwrap();
-    }
+    release_all_ok(guards).await;
     let bad = serve_and_check(
         &keys,
         &tokens,
@@ -389,8 +316,8 @@ async fn leads_resigned_with_mutexes_released_all_at_once_move_on() {
     let ns = test_namespace!();
     let url = shared_redis().url();
     let ttl = Duration::from_secs(20);
-    let one = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    let two = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let one = renewing(&url, &ns, ttl).await;
+    let two = renewing(&url, &ns, ttl).await;
     let elections: Vec<String> = (0..6).map(|i| format!("e{{{i}}}:☃")).collect();
     let keys = key_names(30);
     let mut leads = Vec::new();
@@ -399,7 +326,7 @@ async fn leads_resigned_with_mutexes_released_all_at_once_move_on() {
     }
     let terms: Vec<u64> = leads.iter().map(|l| l.term()).collect();
     let guards = lock_all(&one, &keys).await;
-    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let tokens = tokens(&guards);
     let mut campaigns = Vec::new();
     for e in &elections {
         let election = two.election(e.clone());
@@ -408,7 +335,7 @@ async fn leads_resigned_with_mutexes_released_all_at_once_move_on() {
     for e in &elections {
         until_queued(&url, &ns, e, 1).await;
     }
-    let waited: Vec<String> = keys.iter().step_by(2).cloned().collect();
+    let waited = every(&keys, 2);
     let waits = queue_on(&two, &url, &ns, &waited).await;
     let released = Instant::now();
     let resigns: Vec<_> = leads
@@ -446,15 +373,8 @@ async fn leads_resigned_with_mutexes_released_all_at_once_move_on() {
         released.elapsed()
     );
     bad.extend(late);
-    for (k, g) in &ok {
-        let i = keys.iter().position(|x| x == k).unwrap();
-        if g.fencing_token() <= tokens[i] {
-            bad.push(format!("{}: token went back", short(k)));
-        }
-    }
-    for (_, g) in ok {
-        g.release().await.unwrap();
-    }
+    bad.extend(went_back(&keys, &tokens, &ok));
+    release_each(ok).await;
     for l in won {
         l.resign().await.unwrap();
     }

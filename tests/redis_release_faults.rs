@@ -13,10 +13,11 @@ mod support;
 use std::time::Duration;
 
 use support::proxy::{Proxy, Which};
-use support::redis::{client, commandstats, connection, keys_in, until_queued};
+use support::redis::{commandstats, connection, non_fence_keys};
 use support::release::{
-    hold_of, immortal, key_names, lock_all, nothing_left, queue_on, release_all, serve_and_check,
-    served, short, via, went_back,
+    every, holds_changed, holds_of, immortal, key_names, lock_all, nothing_left, queue_behind,
+    queue_on, release_all, release_all_ok, release_each, renewing, serve_and_check, served, short,
+    tokens, via, went_back,
 };
 use support::server::redis::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
@@ -31,12 +32,12 @@ async fn releases_in_doubt_mid_batch_still_hand_every_hold_on() {
     let url = server.url();
     let proxy = Proxy::start(server.port());
     let ttl = Duration::from_secs(20);
-    let holder = client(&via(&proxy), &ns, ttl, Duration::from_millis(300), true).await;
-    let waiter = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let holder = renewing(&via(&proxy), &ns, ttl).await;
+    let waiter = renewing(&url, &ns, ttl).await;
     let keys = key_names(48);
     let guards = lock_all(&holder, &keys).await;
-    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
-    let waited: Vec<String> = keys.iter().step_by(2).cloned().collect();
+    let tokens = tokens(&guards);
+    let waited = every(&keys, 2);
     let waits = queue_on(&waiter, &url, &ns, &waited).await;
 
     let mut stats = connection(&url).await;
@@ -78,9 +79,7 @@ async fn releases_in_doubt_mid_batch_still_hand_every_hold_on() {
         fcalls(commandstats(&mut stats).await) - fcalls_before,
     );
     let back = went_back(&keys, &tokens, &ok);
-    for (_, g) in ok {
-        g.release().await.unwrap();
-    }
+    release_each(ok).await;
     holder.shutdown().await;
     waiter.shutdown().await;
     assert!(bad.is_empty(), "waiters not served: {bad:#?}");
@@ -97,9 +96,9 @@ async fn waiters_cancelled_mid_batch_leave_their_keys_free() {
     let url = shared_redis().url();
     let proxy = Proxy::start(shared_redis().port());
     let ttl = Duration::from_secs(20);
-    let holder = client(&via(&proxy), &ns, ttl, Duration::from_millis(300), true).await;
-    let waiter = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    let fresh = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let holder = renewing(&via(&proxy), &ns, ttl).await;
+    let waiter = renewing(&url, &ns, ttl).await;
+    let fresh = renewing(&url, &ns, ttl).await;
     let keys = key_names(40);
     let guards = lock_all(&holder, &keys).await;
     let waits = queue_on(&waiter, &url, &ns, &keys).await;
@@ -134,9 +133,7 @@ async fn waiters_cancelled_mid_batch_leave_their_keys_free() {
         }
     }
     println!("cancelled waiters' keys taken in {:?}", taken.elapsed());
-    for (_, g) in ok {
-        g.release().await.unwrap();
-    }
+    release_each(ok).await;
     holder.shutdown().await;
     waiter.shutdown().await;
     fresh.shutdown().await;
@@ -153,12 +150,12 @@ async fn a_server_restart_mid_batch_leaves_no_waiter_stuck() {
     let url = server.url();
     let proxy = Proxy::start(server.port());
     let ttl = Duration::from_secs(20);
-    let holder = client(&via(&proxy), &ns, ttl, Duration::from_millis(300), true).await;
-    let waiter = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let holder = renewing(&via(&proxy), &ns, ttl).await;
+    let waiter = renewing(&url, &ns, ttl).await;
     let keys = key_names(30);
     let guards = lock_all(&holder, &keys).await;
-    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
-    let waited: Vec<String> = keys.iter().step_by(2).cloned().collect();
+    let tokens = tokens(&guards);
+    let waited = every(&keys, 2);
     let waits = queue_on(&waiter, &url, &ns, &waited).await;
     // The releases reach the server late: it restarts (without its data) under them.
     proxy.delay_requests_containing(Which::Commands, b"release", Duration::from_millis(300));
@@ -196,34 +193,18 @@ async fn holds_handed_to_dead_waiters_in_one_batch_move_on_within_the_handoff_le
     let url = shared_redis().url();
     let dead_proxy = Proxy::start(shared_redis().port());
     let ttl = Duration::from_secs(20);
-    let holder = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    let dead = client(
-        &via(&dead_proxy),
-        &ns,
-        ttl,
-        Duration::from_millis(300),
-        true,
-    )
-    .await;
-    let live = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let holder = renewing(&url, &ns, ttl).await;
+    let dead = renewing(&via(&dead_proxy), &ns, ttl).await;
+    let live = renewing(&url, &ns, ttl).await;
     let keys = key_names(30);
     let guards = lock_all(&holder, &keys).await;
-    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let tokens = tokens(&guards);
     let dead_waits = queue_on(&dead, &url, &ns, &keys).await;
-    let mut live_waits = Vec::new();
-    for k in &keys {
-        let mutex = live.mutex(k.clone());
-        live_waits.push(tokio::spawn(async move { mutex.lock().await }));
-    }
-    for k in &keys {
-        until_queued(&url, &ns, k, 2).await;
-    }
+    let live_waits = queue_behind(&live, &url, &ns, &keys, 2).await;
     // The dead waiters' host is gone: nothing of theirs reaches the server again.
     dead_proxy.blackhole();
     let released = Instant::now();
-    for r in release_all(guards) {
-        r.await.unwrap().unwrap();
-    }
+    release_all_ok(guards).await;
     let bad = serve_and_check(
         &keys,
         &tokens,
@@ -242,15 +223,10 @@ async fn holds_handed_to_dead_waiters_in_one_batch_move_on_within_the_handoff_le
     assert!(bad.is_empty(), "live waiters not served: {bad:#?}");
     // The dead client's queue entries and channels expire on their own.
     dead_proxy.heal();
-    let deadline = Instant::now() + Duration::from_secs(25);
-    while !support::redis::non_fence_keys(&url, &ns).await.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "keys left: {:?}",
-            keys_in(&url, &ns).await
-        );
-        sleep(Duration::from_millis(200)).await;
-    }
+    support::until_none_left(Duration::from_secs(25), "the dead client's keys", || {
+        non_fence_keys(&url, &ns)
+    })
+    .await;
     assert_eq!(immortal(&url, &ns).await, Vec::<String>::new());
 }
 
@@ -263,14 +239,7 @@ async fn the_proxy_delays_a_clients_command_replies() {
     let ns = test_namespace!();
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let holder = client(
-        &via(&proxy),
-        &ns,
-        Duration::from_secs(20),
-        Duration::from_millis(300),
-        true,
-    )
-    .await;
+    let holder = renewing(&via(&proxy), &ns, Duration::from_secs(20)).await;
     // One lock and release first: the connection is open and the library loaded.
     holder
         .mutex("warm")
@@ -302,12 +271,12 @@ async fn a_release_sent_again_after_its_keys_changed_hands_deletes_nothing() {
     let url = shared_redis().url();
     let proxy = Proxy::start(shared_redis().port());
     let ttl = Duration::from_secs(20);
-    let holder = client(&via(&proxy), &ns, ttl, Duration::from_millis(300), true).await;
-    let waiter = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    let taker = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let holder = renewing(&via(&proxy), &ns, ttl).await;
+    let waiter = renewing(&url, &ns, ttl).await;
+    let taker = renewing(&url, &ns, ttl).await;
     let keys = key_names(40);
     let guards = lock_all(&holder, &keys).await;
-    let waited: Vec<String> = keys.iter().step_by(2).cloned().collect();
+    let waited = every(&keys, 2);
     let waits = queue_on(&waiter, &url, &ns, &waited).await;
     // The first release goes alone, its reply late: the others queue behind it in the lane
     // and go as one call when it is answered, whose reply is lost.
@@ -317,14 +286,9 @@ async fn a_release_sent_again_after_its_keys_changed_hands_deletes_nothing() {
     proxy.swallow_replies(Which::Commands);
     // The releases ran: each waiter is served; it lets go, and the taker takes every key.
     let (ok, mut bad) = served(&waited, waits, Duration::from_secs(3)).await;
-    for (_, g) in ok {
-        g.release().await.unwrap();
-    }
+    release_each(ok).await;
     let taken = lock_all(&taker, &keys).await;
-    let mut before = Vec::new();
-    for k in &keys {
-        before.push(hold_of(&url, &ns, k).await);
-    }
+    let before = holds_of(&url, &ns, &keys).await;
     // The holder's connection goes: its releases, in doubt, are sent again.
     let connections = proxy.connections();
     proxy.cut();
@@ -338,12 +302,7 @@ async fn a_release_sent_again_after_its_keys_changed_hands_deletes_nothing() {
         "{failed} releases failed; {} new holder connections",
         proxy.connections() - connections
     );
-    for ((k, g), was) in keys.iter().zip(&taken).zip(&before) {
-        let now = hold_of(&url, &ns, k).await;
-        if now.is_none() || now.as_ref() != was.as_ref() || g.is_lost() {
-            bad.push(format!("{}: hold {was:?} became {now:?}", short(k)));
-        }
-    }
+    bad.extend(holds_changed(&url, &ns, &keys, &taken, &before).await);
     for g in taken {
         g.release().await.unwrap();
     }
@@ -365,8 +324,8 @@ async fn releases_queued_behind_a_lost_reply_go_on_without_it() {
     let url = shared_redis().url();
     let proxy = Proxy::start(shared_redis().port());
     let ttl = Duration::from_secs(30);
-    let holder = client(&via(&proxy), &ns, ttl, Duration::from_millis(300), true).await;
-    let waiter = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    let holder = renewing(&via(&proxy), &ns, ttl).await;
+    let waiter = renewing(&url, &ns, ttl).await;
     let keys = key_names(20);
     let guards = lock_all(&holder, &keys).await;
     let waits = queue_on(&waiter, &url, &ns, &keys).await;

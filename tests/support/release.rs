@@ -10,10 +10,25 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::proxy::Proxy;
-use super::redis::{connection, keys_in, until_only_fences, until_queued};
+use super::redis::{client, connection, keys_in, until_only_fences, until_queued};
 
 pub fn via(proxy: &Proxy) -> String {
     format!("redis://127.0.0.1:{}/", proxy.port())
+}
+
+/// The attacks' client of `url`: leases of `ttl`, renewed, and a 300 ms handoff lease.
+pub async fn renewing(url: &str, ns: &str, ttl: Duration) -> LockClient {
+    client(url, ns, ttl, Duration::from_millis(300), true).await
+}
+
+/// Each guard's fencing token, in order.
+pub fn tokens(guards: &[MutexGuard]) -> Vec<u64> {
+    guards.iter().map(MutexGuard::fencing_token).collect()
+}
+
+/// Every `n`th of `keys`, from the first.
+pub fn every(keys: &[String], n: usize) -> Vec<String> {
+    keys.iter().step_by(n).cloned().collect()
 }
 
 /// Key names that stress the one-string layout of a claim's names: braces (the hash tag),
@@ -76,13 +91,25 @@ pub async fn queue_on(
     ns: &str,
     keys: &[String],
 ) -> Vec<JoinHandle<distlock::Result<MutexGuard>>> {
+    queue_behind(client, url, ns, keys, 1).await
+}
+
+/// A waiter of `client` on each of `keys`, returned once `depth` waiters are queued
+/// (server-side) on each key: the ones queued before and this one.
+pub async fn queue_behind(
+    client: &LockClient,
+    url: &str,
+    ns: &str,
+    keys: &[String],
+    depth: usize,
+) -> Vec<JoinHandle<distlock::Result<MutexGuard>>> {
     let mut waits = Vec::new();
     for k in keys {
         let mutex = client.mutex(k.clone());
         waits.push(tokio::spawn(async move { mutex.lock().await }));
     }
     for k in keys {
-        until_queued(url, ns, k, 1).await;
+        until_queued(url, ns, k, depth).await;
     }
     waits
 }
@@ -94,6 +121,52 @@ pub fn release_all(guards: Vec<MutexGuard>) -> Vec<JoinHandle<distlock::Result<(
         .into_iter()
         .map(|g| tokio::spawn(g.release()))
         .collect()
+}
+
+/// Releases every guard at once (see [`release_all`]) and waits for each: every one must
+/// succeed.
+pub async fn release_all_ok(guards: Vec<MutexGuard>) {
+    for r in release_all(guards) {
+        r.await.unwrap().unwrap();
+    }
+}
+
+/// Releases each guard in turn (the served waiters letting go): every one must succeed.
+pub async fn release_each<K>(guards: Vec<(K, MutexGuard)>) {
+    for (_, g) in guards {
+        g.release().await.unwrap();
+    }
+}
+
+/// The holds (lock key values) of `keys`, in order (see [`hold_of`]).
+pub async fn holds_of(url: &str, ns: &str, keys: &[String]) -> Vec<Option<Vec<u8>>> {
+    let mut holds = Vec::new();
+    for k in keys {
+        holds.push(hold_of(url, ns, k).await);
+    }
+    holds
+}
+
+/// Each of `keys` whose hold is no longer the one it had (`before`, from [`holds_of`]), and
+/// each guard of `taken` (the new owner's, in the order of `keys`) that turned lost.
+pub async fn holds_changed(
+    url: &str,
+    ns: &str,
+    keys: &[String],
+    taken: &[MutexGuard],
+    before: &[Option<Vec<u8>>],
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    for ((k, g), was) in keys.iter().zip(taken).zip(before) {
+        let now = hold_of(url, ns, k).await;
+        if now.is_none() || now.as_ref() != was.as_ref() {
+            bad.push(format!("{}: hold {was:?} became {now:?}", short(k)));
+        }
+        if g.is_lost() {
+            bad.push(format!("{}: the new owner's guard is lost", short(k)));
+        }
+    }
+    bad
 }
 
 /// Waits for each waiter up to `within` from now: the guard, or why not.
