@@ -9,20 +9,11 @@ use std::time::Duration;
 
 use distlock::{ErrorKind, Leader, LockClient};
 use futures::StreamExt;
-use support::observed::{observer, until};
+use support::observed::{observer, until, until_value};
 use support::proxy::Proxy;
-use support::redis::{client, connection};
+use support::redis::{client, commands, connection, total_commands};
 use support::server::redis::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
-
-/// Every command the server ran so far, by name (INFO commandstats), less INFO itself.
-async fn commands(url: &str) -> Vec<(String, u64)> {
-    support::redis::commandstats(&mut connection(url).await).await
-}
-
-async fn total_commands(url: &str) -> u64 {
-    commands(url).await.iter().map(|(_, n)| n).sum()
-}
 
 /// Redis restarts without its data under a leader with a long lease: the leader is gone at
 /// once, so an observer must say nobody leads soon after the server is back (the hub's
@@ -230,31 +221,12 @@ async fn force_release_of_an_election() {
     );
     let (mut rx, task) = observer(&op, "e");
     let leading = a.election("e").campaign("a").await.unwrap();
-    until(&mut rx, Duration::from_secs(3), "a", |l| {
-        l.as_ref().and_then(Leader::value_str) == Some("a")
-    })
-    .await;
+    until_value(&mut rx, "a").await;
     let election = b.election("e");
     let waiting = tokio::spawn(async move { election.campaign("b").await });
     support::redis::until_queued(&url, &ns, "e", 1).await;
     println!("inspect before: {:?}", op.inspect("e").await.unwrap());
-    let cli = |args: &[&str]| {
-        let out = tokio::task::block_in_place(|| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
-                .args(["--url", url.as_str(), "--namespace", ns.as_str()])
-                .args(args)
-                .output()
-                .unwrap()
-        });
-        println!(
-            "$ distlock {} -> {}\n{}{}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.status.code()
-    };
+    let cli = |args: &[&str]| support::cli::distlock(&url, &ns, args);
     cli(&["inspect", "e"]);
     cli(&["unlock", "e"]);
     assert_eq!(cli(&["unlock", "e", "--force"]), Some(0));
@@ -264,10 +236,7 @@ async fn force_release_of_an_election() {
         .unwrap()
         .unwrap();
     assert!(next.term() > leading.term());
-    until(&mut rx, Duration::from_secs(3), "b", |l| {
-        l.as_ref().and_then(Leader::value_str) == Some("b")
-    })
-    .await;
+    until_value(&mut rx, "b").await;
     timeout(ttl, leading.lost())
         .await
         .expect("the unlocked leader never learnt it");

@@ -1,7 +1,9 @@
 //! Attacks on Redlock elections (issue 30, helper "rla"), on real `redis-server` nodes behind
-//! fault proxies: a proclaim that reached a majority read back through another majority, an
-//! operator's unlock of a Redlock election (library and CLI), cancelled campaigns leaving
-//! nothing behind, and an observer that must not poll while one node is down for good.
+//! fault proxies, on what a leader is read as: a proclaim that reached a majority read back
+//! through another majority, an undecided read and what it says, a lead left provisional on
+//! one node, an operator's unlock of a Redlock election (library and CLI), empty values and
+//! odd keys, a mutex and an election on one key. Nodes killed, restarted or cut off under
+//! leaders, candidates and observers: `tests/redlock_election_outages.rs`.
 #![cfg(feature = "redlock")]
 
 mod support;
@@ -9,24 +11,10 @@ mod support;
 use std::time::Duration;
 
 use distlock::{ErrorKind, Leader};
-use support::observed::{observer, until};
-use support::proxy::Proxy;
+use support::observed::{led_within, observer, until_value, value_of};
 use support::redis::connection;
 use support::server::redlock::{shared_nodes, Nodes};
 use tokio::time::{sleep, timeout, Instant};
-
-/// Every command a node ran so far, summed (INFO commandstats, less INFO itself).
-async fn total_commands(url: &str) -> u64 {
-    support::redis::commandstats(&mut connection(url).await)
-        .await
-        .iter()
-        .map(|(_, n)| n)
-        .sum()
-}
-
-fn value_of(l: &Option<Leader>) -> Option<&str> {
-    l.as_ref().and_then(Leader::value_str)
-}
 
 /// Five nodes, a leader with a long lease. Its `proclaim("new")` reaches nodes 0, 1, 2 (a
 /// majority: it returns `Ok`) while 3 and 4 are cut off and keep "old". Then 0 and 1 go away
@@ -116,13 +104,8 @@ async fn force_release_of_a_redlock_election() {
     );
     let (mut rx, task) = observer(&op, "e");
     let leading = a.election("e").campaign("a").await.unwrap();
-    until(&mut rx, Duration::from_secs(3), "a", |l| {
-        value_of(l) == Some("a")
-    })
-    .await;
-    let election = b.election("e");
-    let waiting = tokio::spawn(async move { election.campaign("b").await });
-    nodes.until_queued(&ns, "e", 1).await;
+    until_value(&mut rx, "a").await;
+    let waiting = nodes.in_line(&b, &ns, "e", "b", 1).await;
     println!("inspect before: {:?}", op.inspect("e").await.unwrap());
     let hosts: Vec<String> = nodes
         .urls()
@@ -134,36 +117,18 @@ async fn force_release_of_a_redlock_election() {
         })
         .collect();
     let url = format!("redlock://{}", hosts.join(","));
-    let cli = |args: &[&str]| {
-        let out = tokio::task::block_in_place(|| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
-                .args(["--url", url.as_str(), "--namespace", ns.as_str()])
-                .args(args)
-                .output()
-                .unwrap()
-        });
-        println!(
-            "$ distlock {} -> {}\n{}{}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.status.code()
-    };
+    let cli = |args: &[&str]| support::cli::distlock(&url, &ns, args);
     cli(&["inspect", "e"]);
     let released = op.force_release("e").await.unwrap();
     println!("force_release: {released:?}");
-    let next = timeout(Duration::from_secs(3), waiting)
-        .await
-        .expect("the candidate in line never led after force_release")
-        .unwrap()
-        .unwrap();
-    assert!(next.term() > leading.term());
-    until(&mut rx, Duration::from_secs(3), "b", |l| {
-        value_of(l) == Some("b")
-    })
+    let next = led_within(
+        waiting,
+        Duration::from_secs(3),
+        "the candidate in line never led after force_release",
+    )
     .await;
+    assert!(next.term() > leading.term());
+    until_value(&mut rx, "b").await;
     timeout(ttl * 2, leading.lost())
         .await
         .expect("the unlocked leader never learnt it");
@@ -175,24 +140,20 @@ async fn force_release_of_a_redlock_election() {
     );
 
     // Again through the CLI, with a third candidate in line.
-    let election = a.election("e");
-    let waiting = tokio::spawn(async move { election.campaign("c").await });
-    nodes.until_queued(&ns, "e", 1).await;
+    let waiting = nodes.in_line(&a, &ns, "e", "c", 1).await;
     cli(&["inspect", "e"]);
     assert_eq!(cli(&["unlock", "e", "--force"]), Some(0));
-    let third = timeout(Duration::from_secs(3), waiting)
-        .await
-        .expect("the candidate in line never led after `distlock unlock --force`")
-        .unwrap()
-        .unwrap();
+    let third = led_within(
+        waiting,
+        Duration::from_secs(3),
+        "the candidate in line never led after `distlock unlock --force`",
+    )
+    .await;
     assert!(third.term() > next.term());
     timeout(ttl * 2, next.lost())
         .await
         .expect("the CLI-unlocked leader never learnt it");
-    until(&mut rx, Duration::from_secs(3), "c", |l| {
-        value_of(l) == Some("c")
-    })
-    .await;
+    until_value(&mut rx, "c").await;
     cli(&["inspect", "e"]);
     third.resign().await.unwrap();
     task.abort();
@@ -201,153 +162,6 @@ async fn force_release_of_a_redlock_election() {
         c.shutdown().await;
     }
     nodes.until_clean(&ns).await;
-}
-
-/// Candidates cancelled while waiting in line (dropped campaign futures), under a leader that
-/// then resigns: nothing of theirs is left on any node once the TTLs ran out (SCAN every
-/// node), and a later campaign leads at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_campaigns_leave_nothing_on_any_node() {
-    let ns = test_namespace!();
-    let nodes = shared_nodes();
-    let ttl = Duration::from_secs(1);
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let leading = a.election("e").campaign("a").await.unwrap();
-    for round in 0..6 {
-        let election = b.election("e");
-        let waiting = tokio::spawn(async move { election.campaign(format!("b{round}")).await });
-        nodes.until_queued(&ns, "e", 1).await;
-        // Cancelled at various points of its wait.
-        sleep(Duration::from_millis(37 * round)).await;
-        waiting.abort();
-        let _ = waiting.await;
-    }
-    leading.resign().await.unwrap();
-    let started = Instant::now();
-    let next = timeout(Duration::from_secs(1), b.election("e").campaign("c"))
-        .await
-        .expect("a campaign after cancelled ones was held up")
-        .unwrap();
-    println!("led {:?} after the resignation", started.elapsed());
-    next.resign().await.unwrap();
-    sleep(ttl * 2).await;
-    let left = nodes.leftovers(&ns).await;
-    assert!(left.is_empty(), "left behind: {left:?}");
-    a.shutdown().await;
-    b.shutdown().await;
-}
-
-/// One node of three killed for good under a leader renewing and an observer: the observer
-/// still hears a new leader, and the live nodes run no more than the renewals need (it does
-/// not poll or spin on the dead node's behalf).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_observer_does_not_spin_with_a_node_dead_for_good() {
-    let ns = test_namespace!();
-    let mut nodes = Nodes::start(3);
-    let ttl = Duration::from_secs(3);
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let watcher = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let (mut rx, task) = observer(&watcher, "e");
-    until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
-    nodes.servers[2].kill();
-    sleep(Duration::from_millis(500)).await;
-    let live: Vec<String> = nodes.direct_urls()[..2].to_vec();
-    let count = || async {
-        let mut n = 0;
-        for u in &live {
-            n += total_commands(u).await;
-        }
-        n
-    };
-    let before = count().await;
-    sleep(Duration::from_secs(3)).await;
-    let quiet = count().await - before;
-    println!("commands on the two live nodes in 3 s, nobody leading, one observer: {quiet}");
-    let leading = timeout(Duration::from_secs(2), a.election("e").campaign("a"))
-        .await
-        .expect("no campaign with one node of three dead")
-        .unwrap();
-    until(&mut rx, Duration::from_secs(3), "a", |l| {
-        value_of(l) == Some("a")
-    })
-    .await;
-    sleep(Duration::from_millis(500)).await;
-    let before = count().await;
-    sleep(Duration::from_secs(3)).await;
-    let leading_cost = count().await - before;
-    println!(
-        "commands on the two live nodes in 3 s, a leader renewing, one observer: {leading_cost}"
-    );
-    leading.resign().await.unwrap();
-    until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
-    task.abort();
-    a.shutdown().await;
-    watcher.shutdown().await;
-    assert!(quiet < 30, "the observer polled: {quiet} commands in 3 s");
-    assert!(leading_cost < 60, "{leading_cost} commands in 3 s");
-}
-
-/// Three nodes with a rejoin delay as long as the TTL. A leads on nodes 0 and 1 (2 was cut off
-/// when it campaigned); node 1 restarts without its data. B campaigns: node 2 is free, node 1
-/// forgot A. Never two leaders believing at once: B may lead only after A's guard says lost,
-/// and with a higher term.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_restarted_without_data_never_makes_two_leaders() {
-    let ns = test_namespace!();
-    let mut nodes = Nodes::start(3);
-    let ttl = Duration::from_secs(2);
-    let a = nodes.client_with(&ns, ttl, ttl).await;
-    let b = nodes.client_with(&ns, ttl, ttl).await;
-    // Fresh nodes sit out their rejoin delay first.
-    sleep(ttl + Duration::from_millis(200)).await;
-    nodes.proxies[2].cut();
-    let leading = timeout(Duration::from_secs(5), a.election("e").campaign("a"))
-        .await
-        .expect("no lead on two nodes of three")
-        .unwrap();
-    nodes.proxies[2].pass();
-    nodes.servers[1].restart_after(|| std::thread::sleep(Duration::from_millis(100)));
-    let restarted = Instant::now();
-    let election = b.election("e");
-    let waiting = tokio::spawn(async move {
-        let led = election.campaign("b").await;
-        (Instant::now(), led)
-    });
-    let mut believed = Instant::now();
-    while !waiting.is_finished() {
-        if !leading.is_lost() {
-            believed = Instant::now();
-        }
-        if restarted.elapsed() > Duration::from_secs(15) {
-            panic!("B never led");
-        }
-        sleep(Duration::from_millis(2)).await;
-    }
-    let (led_at, led) = waiting.await.unwrap();
-    let next = led.unwrap();
-    println!(
-        "A believed until {:?} after the restart, B led at {:?}; terms {} then {}",
-        believed - restarted,
-        led_at - restarted,
-        leading.term(),
-        next.term()
-    );
-    assert!(leading.is_lost());
-    assert!(
-        believed < led_at,
-        "A believed it led {:?} after B led",
-        believed - led_at
-    );
-    assert!(next.term() > leading.term());
-    assert_eq!(
-        value_of(&b.election("e").leader().await.unwrap()),
-        Some("b")
-    );
-    next.resign().await.unwrap();
-    drop(leading);
-    a.shutdown().await;
-    b.shutdown().await;
 }
 
 /// Empty values and keys made of the separators a key's names are built from: every election
@@ -386,16 +200,15 @@ async fn empty_values_and_odd_keys() {
         m.as_ref().map(|r| r.is_ok())
     );
     for (key, leading) in leads {
-        let election = b.election(key);
-        let waiting = tokio::spawn(async move { election.campaign("").await });
-        nodes.until_queued(&ns, key, 1).await;
+        let waiting = nodes.in_line(&b, &ns, key, "", 1).await;
         let old = leading.term();
         leading.resign().await.unwrap();
-        let next = timeout(Duration::from_secs(3), waiting)
-            .await
-            .unwrap_or_else(|_| panic!("key {key:?}: the candidate never led"))
-            .unwrap()
-            .unwrap();
+        let next = led_within(
+            waiting,
+            Duration::from_secs(3),
+            &format!("key {key:?}: the candidate never led"),
+        )
+        .await;
         assert!(next.term() > old);
         let seen = a.election(key).leader().await.unwrap();
         assert_eq!(
@@ -409,181 +222,6 @@ async fn empty_values_and_odd_keys() {
     a.shutdown().await;
     b.shutdown().await;
     nodes.until_clean(&ns).await;
-}
-
-/// A lead handed to B on every node (A resigns, its handoff lease long), B cut off from node 2
-/// when it settles: B leads, confirmed on nodes 0 and 1, its hold on node 2 still
-/// provisional; back on node 2, B's renewals extended that provisional hold like any other
-/// (before the fix in redlock `renew.lua`). Then node 0 dies for good. Either B is told lost,
-/// or it still leads and then `leader()` must report it and its proclaim must take (seen
-/// failing: B believed it led on nodes 1 and 2, node 2's hold provisional, while `leader()`
-/// said "only 2 of 3 nodes answered, a quorum needs 2", and its proclaim too).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lead_left_provisional_on_one_node_is_still_reported() {
-    let ns = test_namespace!();
-    let mut nodes = Nodes::start(3);
-    let direct = nodes.direct_urls();
-    let ports: Vec<u16> = nodes.servers.iter().map(|s| s.port()).collect();
-    let b_net: Vec<Proxy> = ports.iter().map(|p| Proxy::start(*p)).collect();
-    let b_urls = b_net
-        .iter()
-        .map(|p| format!("redis://127.0.0.1:{}/", p.port()))
-        .collect();
-    let ttl = Duration::from_secs(2);
-    let client_tuned = support::server::redlock::client_tuned;
-    let a = client_tuned(direct.clone(), &ns, ttl, Duration::ZERO, ttl * 3).await;
-    let b = support::server::redlock::client_on(b_urls, &ns, ttl, Duration::ZERO).await;
-    let reader =
-        support::server::redlock::client_on(direct.clone(), &ns, ttl, Duration::ZERO).await;
-    let leading = a.election("e").campaign("a").await.unwrap();
-    let election = b.election("e");
-    let waiting = tokio::spawn(async move { election.campaign("b").await });
-    nodes.until_queued(&ns, "e", 1).await;
-    b_net[2].cut();
-    leading.resign().await.unwrap();
-    let b_leads = timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("B never led")
-        .unwrap()
-        .unwrap();
-    b_net[2].pass();
-    // B's renewals reach node 2 again.
-    sleep(ttl * 2).await;
-    let mut raw = Vec::new();
-    for u in &direct {
-        let v: Option<String> = redis::cmd("GET")
-            .arg(format!("{ns}:{{e}}"))
-            .query_async(&mut connection(u).await)
-            .await
-            .unwrap();
-        raw.push(v);
-    }
-    println!("the lead's hold on each node: {raw:?}");
-    let all = reader.election("e").leader().await;
-    println!("every node up: leader() = {all:?}");
-    assert!(!b_leads.is_lost());
-    nodes.servers[0].kill();
-    sleep(ttl * 2).await;
-    let still = !b_leads.is_lost();
-    let seen = reader.election("e").leader().await;
-    let proclaimed = b_leads.proclaim("b, later").await;
-    println!("node 0 dead: B believes it leads: {still}; leader() = {seen:?}; B's proclaim = {proclaimed:?}");
-    drop(b_leads);
-    for c in [a, b, reader] {
-        c.shutdown().await;
-    }
-    if still {
-        assert_eq!(
-            seen.ok().flatten().as_ref().and_then(Leader::value_str),
-            Some("b"),
-            "B leads on a majority, but leader() does not say so"
-        );
-        proclaimed.expect("B leads on a majority, but its proclaim was refused");
-    }
-}
-
-/// Sets the instant it is dropped at (a cancelled or finished piece of work).
-struct Ended(std::sync::Arc<std::sync::Mutex<Option<Instant>>>);
-
-impl Drop for Ended {
-    fn drop(&mut self) {
-        *self.0.lock().unwrap() = Some(Instant::now());
-    }
-}
-
-/// `lead()` on a client cut off from two nodes of three (blackholed: no closed connection
-/// tells it): its work is cancelled before another client leads, that client's term is
-/// higher, and meanwhile `lead()` does not hot-loop on the one node it still reaches.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lead_stops_its_work_before_another_leads_and_does_not_hot_loop() {
-    let ns = test_namespace!();
-    let nodes = Nodes::start(3);
-    let ttl = Duration::from_secs(1);
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let b =
-        support::server::redlock::client_on(nodes.direct_urls(), &ns, ttl, Duration::ZERO).await;
-    let ended = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
-    let election = a.election("e");
-    let worker = {
-        let ended = ended.clone();
-        tokio::spawn(async move {
-            election
-                .lead("a", move |term| {
-                    let guard = Ended(ended.clone());
-                    let started_tx = started_tx.clone();
-                    async move {
-                        let _guard = guard;
-                        let _ = started_tx.send((term, Instant::now()));
-                        std::future::pending::<()>().await;
-                    }
-                })
-                .await
-        })
-    };
-    let (a_term, _) = timeout(Duration::from_secs(3), started.recv())
-        .await
-        .expect("lead() never ran its work")
-        .unwrap();
-    nodes.proxies[0].blackhole();
-    nodes.proxies[1].blackhole();
-    let b_leads = timeout(ttl * 5, b.election("e").campaign("b"))
-        .await
-        .expect("B never led")
-        .unwrap();
-    let b_at = Instant::now();
-    let a_ended = ended
-        .lock()
-        .unwrap()
-        .expect("A's work still ran when B led");
-    println!(
-        "A's work (term {a_term}) ended {:?} before B led (term {})",
-        b_at - a_ended,
-        b_leads.term()
-    );
-    assert!(b_leads.term() > a_term);
-    sleep(Duration::from_millis(500)).await;
-    let live = &nodes.direct_urls()[2];
-    let by_name = || async { support::redis::commandstats(&mut connection(live).await).await };
-    let before = by_name().await;
-    sleep(Duration::from_secs(3)).await;
-    let after = by_name().await;
-    let spent: u64 =
-        after.iter().map(|(_, n)| n).sum::<u64>() - before.iter().map(|(_, n)| n).sum::<u64>();
-    let diff: Vec<(String, u64)> = after
-        .iter()
-        .map(|(name, n)| {
-            let was = before
-                .iter()
-                .find(|(b, _)| b == name)
-                .map_or(0, |(_, n)| *n);
-            (name.clone(), n - was)
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect();
-    println!("by command: {diff:?}");
-    // INFO commandstats counts what scripts run too: judge by the scripts called.
-    let calls: u64 = diff
-        .iter()
-        .filter(|(name, _)| name == "fcall" || name == "evalsha")
-        .map(|(_, n)| n)
-        .sum();
-    println!(
-        "on the node A still reaches in 3 s, A's lead() cut off from a majority, B renewing: \
-         {spent} commands, {calls} script calls"
-    );
-    assert!(
-        started.try_recv().is_err(),
-        "A's work ran again while B led"
-    );
-    assert!(calls < 40, "lead() hot-loops: {calls} script calls in 3 s");
-    worker.abort();
-    b_leads.resign().await.unwrap();
-    for p in &nodes.proxies {
-        p.heal();
-    }
-    a.shutdown().await;
-    b.shutdown().await;
 }
 
 /// A mutex and an election on one key, both ways: each is refused as a kind mismatch while
@@ -631,121 +269,63 @@ async fn a_mutex_and_an_election_on_one_key() {
     nodes.until_clean(&ns).await;
 }
 
-/// A candidate that dies in line (its host silent) is handed the lead provisionally on every
-/// node when the leader resigns: `leader()` reports nobody, and `inspect` says what it shows
-/// for that hold (printed); within the handoff lease plus margin the next candidate leads.
+/// A lead handed to B on every node (A resigns, its handoff lease long), B cut off from node 2
+/// when it settles: B leads, confirmed on nodes 0 and 1, its hold on node 2 still
+/// provisional; back on node 2, B's renewals extended that provisional hold like any other
+/// (before the fix in redlock `renew.lua`). Then node 0 dies for good. Either B is told lost,
+/// or it still leads and then `leader()` must report it and its proclaim must take (seen
+/// failing: B believed it led on nodes 1 and 2, node 2's hold provisional, while `leader()`
+/// said "only 2 of 3 nodes answered, a quorum needs 2", and its proclaim too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_candidate_dead_in_line_under_inspect() {
-    let ns = test_namespace!();
-    let nodes = Nodes::start(3);
-    let ports: Vec<u16> = nodes.servers.iter().map(|s| s.port()).collect();
-    let dead_net: Vec<Proxy> = ports.iter().map(|p| Proxy::start(*p)).collect();
-    let dead_urls = dead_net
-        .iter()
-        .map(|p| format!("redis://127.0.0.1:{}/", p.port()))
-        .collect();
-    let ttl = Duration::from_secs(5);
-    let client_on = support::server::redlock::client_on;
-    let a = client_on(nodes.direct_urls(), &ns, ttl, Duration::ZERO).await;
-    let dead = client_on(dead_urls, &ns, ttl, Duration::ZERO).await;
-    let c = client_on(nodes.direct_urls(), &ns, ttl, Duration::ZERO).await;
-    let leading = a.election("e").campaign("a").await.unwrap();
-    let election = dead.election("e");
-    let _dead_waiting = tokio::spawn(async move { election.campaign("dead").await });
-    nodes.until_queued(&ns, "e", 1).await;
-    let election = c.election("e");
-    let waiting = tokio::spawn(async move { election.campaign("c").await });
-    nodes.until_queued(&ns, "e", 2).await;
-    for p in &dead_net {
-        p.blackhole();
-    }
-    leading.resign().await.unwrap();
-    let resigned = Instant::now();
-    let seen = a.election("e").leader().await.unwrap();
-    let inspected = a.inspect("e").await.unwrap();
-    println!("handed to the dead candidate: leader() = {seen:?}\ninspect = {inspected:?}");
-    assert!(seen.is_none(), "a provisional lead reported: {seen:?}");
-    let next = timeout(Duration::from_secs(3), waiting)
-        .await
-        .expect("the live candidate never led")
-        .unwrap()
-        .unwrap();
-    println!(
-        "the live candidate led {:?} after the resignation",
-        resigned.elapsed()
-    );
-    assert!(resigned.elapsed() < Duration::from_millis(500 + 500));
-    assert_eq!(
-        value_of(&a.election("e").leader().await.unwrap()),
-        Some("c")
-    );
-    next.resign().await.unwrap();
-    for c in [a, c] {
-        c.shutdown().await;
-    }
-    drop(dead_net);
-    drop(dead);
-}
-
-/// One node of three restarted without its data under a leader and an observer: the leader
-/// still leads on the other two and is still reported; its resignation and the next leader
-/// (who may lead on the restarted node) are heard; the observer does not poll meanwhile.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_observer_follows_a_node_restarted_without_data() {
+async fn a_lead_left_provisional_on_one_node_is_still_reported() {
     let ns = test_namespace!();
     let mut nodes = Nodes::start(3);
-    let ttl = Duration::from_secs(3);
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let watcher = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let (mut rx, task) = observer(&watcher, "e");
-    until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
+    let direct = nodes.direct_urls();
+    let (b_net, b_urls) = nodes.own_network();
+    let ttl = Duration::from_secs(2);
+    let client_tuned = support::server::redlock::client_tuned;
+    let a = client_tuned(direct.clone(), &ns, ttl, Duration::ZERO, ttl * 3).await;
+    let b = support::server::redlock::client_on(b_urls, &ns, ttl, Duration::ZERO).await;
+    let reader =
+        support::server::redlock::client_on(direct.clone(), &ns, ttl, Duration::ZERO).await;
     let leading = a.election("e").campaign("a").await.unwrap();
-    until(&mut rx, Duration::from_secs(3), "a", |l| {
-        value_of(l) == Some("a")
-    })
-    .await;
-    nodes.servers[1].restart_after(|| std::thread::sleep(Duration::from_millis(300)));
-    sleep(Duration::from_secs(1)).await;
-    assert!(!leading.is_lost());
-    let seen = b.election("e").leader().await.unwrap();
-    assert_eq!(
-        seen.as_ref().map(|l| (l.term(), l.value_str())),
-        Some((leading.term(), Some("a")))
-    );
-    let live = nodes.direct_urls();
-    let count = || async {
-        let mut n = 0;
-        for u in &live {
-            n += total_commands(u).await;
-        }
-        n
-    };
-    let before = count().await;
-    sleep(Duration::from_secs(3)).await;
-    let spent = count().await - before;
-    println!("commands on the three nodes in 3 s, a leader renewing, one observer: {spent}");
-    nodes.proxies[0].cut();
-    let first_term = leading.term();
+    let waiting = nodes.in_line(&b, &ns, "e", "b", 1).await;
+    b_net[2].cut();
     leading.resign().await.unwrap();
-    let resigned = Instant::now();
-    until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
-    println!("heard the resignation after {:?}", resigned.elapsed());
-    let next = timeout(Duration::from_secs(3), b.election("e").campaign("b"))
-        .await
-        .expect("no leader on the restarted node and another")
-        .unwrap();
-    let (at, _) = until(&mut rx, Duration::from_secs(3), "b", |l| {
-        value_of(l) == Some("b")
-    })
-    .await;
-    println!("heard b {:?} after the resignation", at - resigned);
-    assert!(next.term() > first_term);
-    assert!(spent < 120, "{spent} commands in 3 s");
-    next.resign().await.unwrap();
-    task.abort();
-    for c in [a, b, watcher] {
+    let b_leads = led_within(waiting, Duration::from_secs(5), "B never led").await;
+    b_net[2].pass();
+    // B's renewals reach node 2 again.
+    sleep(ttl * 2).await;
+    let mut raw = Vec::new();
+    for u in &direct {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(format!("{ns}:{{e}}"))
+            .query_async(&mut connection(u).await)
+            .await
+            .unwrap();
+        raw.push(v);
+    }
+    println!("the lead's hold on each node: {raw:?}");
+    let all = reader.election("e").leader().await;
+    println!("every node up: leader() = {all:?}");
+    assert!(!b_leads.is_lost());
+    nodes.servers[0].kill();
+    sleep(ttl * 2).await;
+    let still = !b_leads.is_lost();
+    let seen = reader.election("e").leader().await;
+    let proclaimed = b_leads.proclaim("b, later").await;
+    println!("node 0 dead: B believes it leads: {still}; leader() = {seen:?}; B's proclaim = {proclaimed:?}");
+    drop(b_leads);
+    for c in [a, b, reader] {
         c.shutdown().await;
+    }
+    if still {
+        assert_eq!(
+            seen.ok().flatten().as_ref().and_then(Leader::value_str),
+            Some("b"),
+            "B leads on a majority, but leader() does not say so"
+        );
+        proclaimed.expect("B leads on a majority, but its proclaim was refused");
     }
 }
 
@@ -757,12 +337,7 @@ async fn an_observer_follows_a_node_restarted_without_data() {
 async fn an_undecided_leader_read_says_why() {
     let ns = test_namespace!();
     let nodes = Nodes::start(3);
-    let ports: Vec<u16> = nodes.servers.iter().map(|s| s.port()).collect();
-    let b_net: Vec<Proxy> = ports.iter().map(|p| Proxy::start(*p)).collect();
-    let b_urls = b_net
-        .iter()
-        .map(|p| format!("redis://127.0.0.1:{}/", p.port()))
-        .collect();
+    let (b_net, b_urls) = nodes.own_network();
     let ttl = Duration::from_secs(5);
     let b = support::server::redlock::client_on(b_urls, &ns, ttl, Duration::ZERO).await;
     let reader = nodes.client_with(&ns, ttl, Duration::ZERO).await;

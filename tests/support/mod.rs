@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod cancellation;
+pub mod cli;
 #[cfg(feature = "redis")]
 pub mod clock;
 pub mod contract;

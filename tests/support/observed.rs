@@ -1,10 +1,11 @@
 //! An election's observer fed into a channel by a task (so it always waits when a change
-//! comes), and a wait for the item that passes a test.
+//! comes), a wait for the item that passes a test, and a wait for a candidate to lead.
 
 use std::time::Duration;
 
-use distlock::{Leader, LockClient};
+use distlock::{Leader, Leadership, LockClient};
 use futures::StreamExt;
+use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
 
 /// What an observer yielded, with when.
@@ -45,4 +46,31 @@ pub async fn until(
             Err(e) => println!("observer error (going on): {e}"),
         }
     }
+}
+
+/// A leader's value as text, if any leads and its value is text.
+pub fn value_of(l: &Option<Leader>) -> Option<&str> {
+    l.as_ref().and_then(Leader::value_str)
+}
+
+/// Reads items until one says `value` leads, within 3 s (see [`until`]).
+pub async fn until_value(rx: &mut Items, value: &str) -> (Instant, Option<Leader>) {
+    until(rx, Duration::from_secs(3), value, |l| {
+        value_of(l) == Some(value)
+    })
+    .await
+}
+
+/// The lead of a candidate waiting in line (a spawned campaign), within `limit`; fails
+/// saying `what` if it does not lead by then, or if its campaign fails.
+pub async fn led_within(
+    waiting: JoinHandle<distlock::Result<Leadership>>,
+    limit: Duration,
+    what: &str,
+) -> Leadership {
+    timeout(limit, waiting)
+        .await
+        .unwrap_or_else(|_| panic!("{what}"))
+        .unwrap()
+        .unwrap()
 }

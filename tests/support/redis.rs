@@ -27,6 +27,25 @@ pub async fn commandstats(con: &mut redis::aio::MultiplexedConnection) -> Vec<(S
         .collect()
 }
 
+/// Every command the server at `url` ran so far, by name (see [`commandstats`]).
+pub async fn commands(url: &str) -> Vec<(String, u64)> {
+    commandstats(&mut connection(url).await).await
+}
+
+/// Every command the server at `url` ran so far, summed (see [`commandstats`]).
+pub async fn total_commands(url: &str) -> u64 {
+    commands(url).await.iter().map(|(_, n)| n).sum()
+}
+
+/// Every command the servers at `urls` ran so far, summed over them all.
+pub async fn total_commands_on(urls: &[String]) -> u64 {
+    let mut n = 0;
+    for u in urls {
+        n += total_commands(u).await;
+    }
+    n
+}
+
 /// A plain connection to `url`.
 pub async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)

@@ -6,8 +6,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use distlock::backend::RedlockBackend;
-use distlock::LockClient;
+use distlock::{Leadership, LockClient};
 use futures::future::BoxFuture;
+use tokio::task::JoinHandle;
 
 use super::redis::RedisServer;
 use crate::support::proxy::Proxy;
@@ -27,10 +28,34 @@ impl Nodes {
 
     /// The nodes' URLs through their proxies.
     pub fn urls(&self) -> Vec<String> {
-        self.proxies
+        urls_of(&self.proxies)
+    }
+
+    /// A second proxy in front of each node, with their URLs: one client's own network, which
+    /// faults can cut without touching the others'.
+    pub fn own_network(&self) -> (Vec<Proxy>, Vec<String>) {
+        let proxies: Vec<Proxy> = self
+            .servers
             .iter()
-            .map(|p| format!("redis://127.0.0.1:{}/", p.port()))
-            .collect()
+            .map(|s| Proxy::start(s.port()))
+            .collect();
+        let urls = urls_of(&proxies);
+        (proxies, urls)
+    }
+
+    /// A campaign of `client` for `value` on election `key`, returned once `n` candidates wait
+    /// in line on a majority of the nodes (this one the last).
+    pub async fn in_line(
+        &self,
+        client: &LockClient,
+        ns: &str,
+        key: &str,
+        value: impl AsRef<[u8]>,
+        n: usize,
+    ) -> JoinHandle<distlock::Result<Leadership>> {
+        let waiting = tokio::spawn(client.election(key).campaign(value));
+        self.until_queued(ns, key, n).await;
+        waiting
     }
 
     /// A client over every node, with a short rejoin delay (the nodes are fresh).
@@ -102,6 +127,14 @@ impl Nodes {
             panic!("expected {n} queued waiters on a majority of nodes, found {seen:?}");
         }
     }
+}
+
+/// The URLs of `proxies`, in order.
+pub fn urls_of(proxies: &[Proxy]) -> Vec<String> {
+    proxies
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{}/", p.port()))
+        .collect()
 }
 
 /// A Redlock client over `urls`, node timeout 300 ms, handoff lease 500 ms.
