@@ -11,7 +11,7 @@ use distlock::{ErrorKind, Leader, LockClient};
 use futures::StreamExt;
 use support::observed::{observer, until, until_value};
 use support::proxy::Proxy;
-use support::redis::{client, commands, connection, total_commands};
+use support::redis::{client, commands, commands_since, connection, total_commands};
 use support::server::redis::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -103,17 +103,7 @@ async fn many_observers_on_one_client_cost() {
     let secs = 5;
     sleep(Duration::from_secs(secs)).await;
     let after = commands(&url).await;
-    let mut diff: Vec<(String, u64)> = after
-        .iter()
-        .map(|(name, n)| {
-            let was = before
-                .iter()
-                .find(|(b, _)| b == name)
-                .map_or(0, |(_, n)| *n);
-            (name.clone(), n - was)
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect();
+    let mut diff = commands_since(&before, &after);
     diff.sort();
     // INFO counts the commands scripts run too: the calls are the FCALLs (the observers'
     // reads and the leader's renewals).

@@ -17,9 +17,10 @@ use support::redis::{client, until_queued};
 use support::release::{
     every, hold_of, holds_changed, holds_of, key_names, lock_all, nothing_left, queue_behind,
     queue_on, release_all, release_all_ok, release_each, renewing, serve_and_check, served, short,
-    tokens, went_back,
+    tokens, went_back, Handoff,
 };
 use support::server::redis::shared_redis;
+use support::shut_down;
 use tokio::time::{sleep, timeout, Instant};
 
 /// A hold that ran out and was taken by another owner with the plain commands (its value the
@@ -68,9 +69,7 @@ async fn a_coalesced_release_never_deletes_a_hold_taken_after_expiry() {
     for g in taken {
         g.release().await.unwrap();
     }
-    late.shutdown().await;
-    taker.shutdown().await;
-    third.shutdown().await;
+    shut_down([late, taker, third]).await;
     assert!(bad.is_empty(), "{bad:#?}");
     nothing_left(&url, &ns).await;
 }
@@ -162,9 +161,7 @@ async fn renewed_extended_and_force_released_holds_release_together() {
     bad.extend(went_back(&keys, &tokens, &ok));
     release_each(ok).await;
     release_each(early).await;
-    holder.shutdown().await;
-    waiter.shutdown().await;
-    admin.shutdown().await;
+    shut_down([holder, waiter, admin]).await;
     assert!(bad.is_empty(), "{bad:#?}");
     nothing_left(&url, &ns).await;
 }
@@ -251,24 +248,11 @@ async fn more_releases_than_a_batch_carries_hand_every_hold_on() {
     let ttl = Duration::from_secs(20);
     let holder = renewing(&url, &ns, ttl).await;
     let waiter = renewing(&url, &ns, ttl).await;
-    let keys = key_names(360);
-    let guards = lock_all(&holder, &keys).await;
-    let tokens = tokens(&guards);
-    let waited = every(&keys, 3);
-    let waits = queue_on(&waiter, &url, &ns, &waited).await;
+    let (handoff, guards) = Handoff::set_up(&holder, &waiter, &url, &ns, 360, 3).await;
     let released = Instant::now();
     release_all_ok(guards).await;
-    let bad = serve_and_check(
-        &keys,
-        &tokens,
-        &waited,
-        waits,
-        Duration::from_secs(3),
-        released,
-    )
-    .await;
-    holder.shutdown().await;
-    waiter.shutdown().await;
+    let bad = handoff.served_after(Duration::from_secs(3), released).await;
+    shut_down([holder, waiter]).await;
     assert!(bad.is_empty(), "waiters not served: {bad:#?}");
     nothing_left(&url, &ns).await;
 }
@@ -285,24 +269,11 @@ async fn through_sentinel_coalesced_releases_hand_every_hold_on() {
     let ttl = Duration::from_secs(20);
     let holder = support::failover::client_for(&setup.url(), &ns, ttl).await;
     let waiter = support::failover::client_for(&setup.url(), &ns, ttl).await;
-    let keys = key_names(60);
-    let guards = lock_all(&holder, &keys).await;
-    let tokens = tokens(&guards);
-    let waited = every(&keys, 2);
-    let waits = queue_on(&waiter, &primary, &ns, &waited).await;
+    let (handoff, guards) = Handoff::set_up(&holder, &waiter, &primary, &ns, 60, 2).await;
     let released = Instant::now();
     release_all_ok(guards).await;
-    let bad = serve_and_check(
-        &keys,
-        &tokens,
-        &waited,
-        waits,
-        Duration::from_secs(3),
-        released,
-    )
-    .await;
-    holder.shutdown().await;
-    waiter.shutdown().await;
+    let bad = handoff.served_after(Duration::from_secs(3), released).await;
+    shut_down([holder, waiter]).await;
     assert!(bad.is_empty(), "waiters not served: {bad:#?}");
     nothing_left(&primary, &ns).await;
 }
@@ -378,8 +349,7 @@ async fn leads_resigned_with_mutexes_released_all_at_once_move_on() {
     for l in won {
         l.resign().await.unwrap();
     }
-    one.shutdown().await;
-    two.shutdown().await;
+    shut_down([one, two]).await;
     assert!(bad.is_empty(), "{bad:#?}");
     nothing_left(&url, &ns).await;
 }

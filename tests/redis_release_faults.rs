@@ -15,11 +15,12 @@ use std::time::Duration;
 use support::proxy::{Proxy, Which};
 use support::redis::{commandstats, connection, non_fence_keys};
 use support::release::{
-    every, holds_changed, holds_of, immortal, key_names, lock_all, nothing_left, queue_behind,
-    queue_on, release_all, release_all_ok, release_each, renewing, serve_and_check, served, short,
-    tokens, via, went_back,
+    every, holder_behind_proxy, holds_changed, holds_of, immortal, key_names, lock_all,
+    nothing_left, queue_behind, queue_on, release_all, release_all_ok, release_each, renewing,
+    serve_and_check, served, short, tokens, via, went_back, Handoff,
 };
 use support::server::redis::{shared_redis, RedisServer};
+use support::shut_down;
 use tokio::time::{sleep, timeout, Instant};
 
 /// Releases coalesced into batches while the holder's replies are delayed, and its connection
@@ -30,15 +31,15 @@ async fn releases_in_doubt_mid_batch_still_hand_every_hold_on() {
     let ns = test_namespace!();
     let server = RedisServer::start();
     let url = server.url();
-    let proxy = Proxy::start(server.port());
     let ttl = Duration::from_secs(20);
-    let holder = renewing(&via(&proxy), &ns, ttl).await;
-    let waiter = renewing(&url, &ns, ttl).await;
-    let keys = key_names(48);
-    let guards = lock_all(&holder, &keys).await;
-    let tokens = tokens(&guards);
-    let waited = every(&keys, 2);
-    let waits = queue_on(&waiter, &url, &ns, &waited).await;
+    let (proxy, holder, waiter) = holder_behind_proxy(&url, server.port(), &ns, ttl).await;
+    let (handoff, guards) = Handoff::set_up(&holder, &waiter, &url, &ns, 48, 2).await;
+    let Handoff {
+        keys,
+        tokens,
+        waited,
+        waits,
+    } = handoff;
 
     let mut stats = connection(&url).await;
     let fcalls = |stats: Vec<(String, u64)>| {
@@ -80,8 +81,7 @@ async fn releases_in_doubt_mid_batch_still_hand_every_hold_on() {
     );
     let back = went_back(&keys, &tokens, &ok);
     release_each(ok).await;
-    holder.shutdown().await;
-    waiter.shutdown().await;
+    shut_down([holder, waiter]).await;
     assert!(bad.is_empty(), "waiters not served: {bad:#?}");
     assert!(back.is_empty(), "tokens went back: {back:#?}");
     nothing_left(&url, &ns).await;
@@ -94,10 +94,8 @@ async fn releases_in_doubt_mid_batch_still_hand_every_hold_on() {
 async fn waiters_cancelled_mid_batch_leave_their_keys_free() {
     let ns = test_namespace!();
     let url = shared_redis().url();
-    let proxy = Proxy::start(shared_redis().port());
     let ttl = Duration::from_secs(20);
-    let holder = renewing(&via(&proxy), &ns, ttl).await;
-    let waiter = renewing(&url, &ns, ttl).await;
+    let (proxy, holder, waiter) = holder_behind_proxy(&url, shared_redis().port(), &ns, ttl).await;
     let fresh = renewing(&url, &ns, ttl).await;
     let keys = key_names(40);
     let guards = lock_all(&holder, &keys).await;
@@ -134,9 +132,7 @@ async fn waiters_cancelled_mid_batch_leave_their_keys_free() {
     }
     println!("cancelled waiters' keys taken in {:?}", taken.elapsed());
     release_each(ok).await;
-    holder.shutdown().await;
-    waiter.shutdown().await;
-    fresh.shutdown().await;
+    shut_down([holder, waiter, fresh]).await;
     assert!(bad.is_empty(), "{bad:#?}");
     nothing_left(&url, &ns).await;
 }
@@ -148,15 +144,9 @@ async fn a_server_restart_mid_batch_leaves_no_waiter_stuck() {
     let ns = test_namespace!();
     let mut server = RedisServer::start();
     let url = server.url();
-    let proxy = Proxy::start(server.port());
     let ttl = Duration::from_secs(20);
-    let holder = renewing(&via(&proxy), &ns, ttl).await;
-    let waiter = renewing(&url, &ns, ttl).await;
-    let keys = key_names(30);
-    let guards = lock_all(&holder, &keys).await;
-    let tokens = tokens(&guards);
-    let waited = every(&keys, 2);
-    let waits = queue_on(&waiter, &url, &ns, &waited).await;
+    let (proxy, holder, waiter) = holder_behind_proxy(&url, server.port(), &ns, ttl).await;
+    let (handoff, guards) = Handoff::set_up(&holder, &waiter, &url, &ns, 30, 2).await;
     // The releases reach the server late: it restarts (without its data) under them.
     proxy.delay_requests_containing(Which::Commands, b"release", Duration::from_millis(300));
     let releases = release_all(guards);
@@ -169,17 +159,10 @@ async fn a_server_restart_mid_batch_leaves_no_waiter_stuck() {
         failed += usize::from(r.await.unwrap().is_err());
     }
     println!("{failed} releases failed across the restart");
-    let bad = serve_and_check(
-        &keys,
-        &tokens,
-        &waited,
-        waits,
-        Duration::from_secs(10),
-        restarted,
-    )
-    .await;
-    holder.shutdown().await;
-    waiter.shutdown().await;
+    let bad = handoff
+        .served_after(Duration::from_secs(10), restarted)
+        .await;
+    shut_down([holder, waiter]).await;
     assert!(bad.is_empty(), "waiters stuck: {bad:#?}");
     nothing_left(&url, &ns).await;
 }
@@ -217,8 +200,7 @@ async fn holds_handed_to_dead_waiters_in_one_batch_move_on_within_the_handoff_le
     for w in dead_waits {
         w.abort();
     }
-    holder.shutdown().await;
-    live.shutdown().await;
+    shut_down([holder, live]).await;
     drop(dead);
     assert!(bad.is_empty(), "live waiters not served: {bad:#?}");
     // The dead client's queue entries and channels expire on their own.
@@ -269,10 +251,8 @@ async fn the_proxy_delays_a_clients_command_replies() {
 async fn a_release_sent_again_after_its_keys_changed_hands_deletes_nothing() {
     let ns = test_namespace!();
     let url = shared_redis().url();
-    let proxy = Proxy::start(shared_redis().port());
     let ttl = Duration::from_secs(20);
-    let holder = renewing(&via(&proxy), &ns, ttl).await;
-    let waiter = renewing(&url, &ns, ttl).await;
+    let (proxy, holder, waiter) = holder_behind_proxy(&url, shared_redis().port(), &ns, ttl).await;
     let taker = renewing(&url, &ns, ttl).await;
     let keys = key_names(40);
     let guards = lock_all(&holder, &keys).await;
@@ -306,9 +286,7 @@ async fn a_release_sent_again_after_its_keys_changed_hands_deletes_nothing() {
     for g in taken {
         g.release().await.unwrap();
     }
-    holder.shutdown().await;
-    waiter.shutdown().await;
-    taker.shutdown().await;
+    shut_down([holder, waiter, taker]).await;
     assert!(bad.is_empty(), "{bad:#?}");
     nothing_left(&url, &ns).await;
 }
@@ -322,10 +300,8 @@ async fn a_release_sent_again_after_its_keys_changed_hands_deletes_nothing() {
 async fn releases_queued_behind_a_lost_reply_go_on_without_it() {
     let ns = test_namespace!();
     let url = shared_redis().url();
-    let proxy = Proxy::start(shared_redis().port());
     let ttl = Duration::from_secs(30);
-    let holder = renewing(&via(&proxy), &ns, ttl).await;
-    let waiter = renewing(&url, &ns, ttl).await;
+    let (proxy, holder, waiter) = holder_behind_proxy(&url, shared_redis().port(), &ns, ttl).await;
     let keys = key_names(20);
     let guards = lock_all(&holder, &keys).await;
     let waits = queue_on(&waiter, &url, &ns, &keys).await;
@@ -360,8 +336,7 @@ async fn releases_queued_behind_a_lost_reply_go_on_without_it() {
         failed.len(),
         failed.first()
     );
-    holder.shutdown().await;
-    waiter.shutdown().await;
+    shut_down([holder, waiter]).await;
     assert!(bad.is_empty(), "{bad:#?}");
     let late: Vec<_> = times
         .iter()

@@ -14,6 +14,7 @@ use distlock::{ErrorKind, Leader};
 use support::observed::{led_within, observer, until_value, value_of};
 use support::redis::connection;
 use support::server::redlock::{shared_nodes, Nodes};
+use support::shut_down;
 use tokio::time::{sleep, timeout, Instant};
 
 /// Five nodes, a leader with a long lease. Its `proclaim("new")` reaches nodes 0, 1, 2 (a
@@ -27,8 +28,7 @@ async fn a_proclaim_on_a_majority_is_read_back_through_any_majority() {
     let ns = test_namespace!();
     let nodes = Nodes::start(5);
     let ttl = Duration::from_secs(30);
-    let leader = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let reader = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let [leader, reader] = nodes.clients(&ns, ttl).await;
     let leading = leader.election("e").campaign("old").await.unwrap();
     nodes.proxies[3].cut();
     nodes.proxies[4].cut();
@@ -84,8 +84,7 @@ async fn a_proclaim_on_a_majority_is_read_back_through_any_majority() {
     };
     assert_eq!(seen.value_str(), Some("new"));
     leading.resign().await.unwrap();
-    leader.shutdown().await;
-    reader.shutdown().await;
+    shut_down([leader, reader]).await;
 }
 
 /// The operator's unlock of a Redlock election, by `LockClient::force_release` and by the CLI
@@ -97,11 +96,7 @@ async fn force_release_of_a_redlock_election() {
     let ns = test_namespace!();
     let nodes = shared_nodes();
     let ttl = Duration::from_secs(3);
-    let (a, b, op) = (
-        nodes.client_with(&ns, ttl, Duration::ZERO).await,
-        nodes.client_with(&ns, ttl, Duration::ZERO).await,
-        nodes.client_with(&ns, ttl, Duration::ZERO).await,
-    );
+    let [a, b, op] = nodes.clients(&ns, ttl).await;
     let (mut rx, task) = observer(&op, "e");
     let leading = a.election("e").campaign("a").await.unwrap();
     until_value(&mut rx, "a").await;
@@ -158,9 +153,7 @@ async fn force_release_of_a_redlock_election() {
     third.resign().await.unwrap();
     task.abort();
     drop((leading, next));
-    for c in [a, b, op] {
-        c.shutdown().await;
-    }
+    shut_down([a, b, op]).await;
     nodes.until_clean(&ns).await;
 }
 
@@ -172,8 +165,7 @@ async fn empty_values_and_odd_keys() {
     let ns = test_namespace!();
     let nodes = shared_nodes();
     let ttl = Duration::from_secs(2);
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let [a, b] = nodes.clients(&ns, ttl).await;
     let keys = [":", "{", "}", "{}", "a{b}c", "e:e", "e}:e", ""];
     let mut leads = Vec::new();
     for key in keys {
@@ -219,8 +211,7 @@ async fn empty_values_and_odd_keys() {
         next.resign().await.unwrap();
     }
     drop(m);
-    a.shutdown().await;
-    b.shutdown().await;
+    shut_down([a, b]).await;
     nodes.until_clean(&ns).await;
 }
 
@@ -231,8 +222,7 @@ async fn a_mutex_and_an_election_on_one_key() {
     let ns = test_namespace!();
     let nodes = shared_nodes();
     let ttl = Duration::from_secs(2);
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let [a, b] = nodes.clients(&ns, ttl).await;
     let held = a.mutex("k").lock().await.unwrap();
     let err = timeout(Duration::from_secs(3), b.election("k").campaign("b"))
         .await
@@ -264,8 +254,7 @@ async fn a_mutex_and_an_election_on_one_key() {
         .expect("a mutex on a resigned election's key hung")
         .unwrap();
     again.release().await.unwrap();
-    a.shutdown().await;
-    b.shutdown().await;
+    shut_down([a, b]).await;
     nodes.until_clean(&ns).await;
 }
 
@@ -316,9 +305,7 @@ async fn a_lead_left_provisional_on_one_node_is_still_reported() {
     let proclaimed = b_leads.proclaim("b, later").await;
     println!("node 0 dead: B believes it leads: {still}; leader() = {seen:?}; B's proclaim = {proclaimed:?}");
     drop(b_leads);
-    for c in [a, b, reader] {
-        c.shutdown().await;
-    }
+    shut_down([a, b, reader]).await;
     if still {
         assert_eq!(
             seen.ok().flatten().as_ref().and_then(Leader::value_str),
@@ -355,6 +342,5 @@ async fn an_undecided_leader_read_says_why() {
     nodes.proxies[0].pass();
     b_net[2].pass();
     leading.resign().await.unwrap();
-    b.shutdown().await;
-    reader.shutdown().await;
+    shut_down([b, reader]).await;
 }

@@ -11,8 +11,9 @@ mod support;
 use std::time::Duration;
 
 use support::observed::{led_within, observer, until, until_value, value_of};
-use support::redis::{commands, total_commands_on};
+use support::redis::{commands, commands_since, total_commands_on};
 use support::server::redlock::{shared_nodes, Nodes};
+use support::shut_down;
 use tokio::time::{sleep, timeout, Instant};
 
 /// Candidates cancelled while waiting in line (dropped campaign futures), under a leader that
@@ -23,8 +24,7 @@ async fn cancelled_campaigns_leave_nothing_on_any_node() {
     let ns = test_namespace!();
     let nodes = shared_nodes();
     let ttl = Duration::from_secs(1);
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let [a, b] = nodes.clients(&ns, ttl).await;
     let leading = a.election("e").campaign("a").await.unwrap();
     for round in 0..6 {
         let waiting = nodes.in_line(&b, &ns, "e", format!("b{round}"), 1).await;
@@ -44,8 +44,7 @@ async fn cancelled_campaigns_leave_nothing_on_any_node() {
     sleep(ttl * 2).await;
     let left = nodes.leftovers(&ns).await;
     assert!(left.is_empty(), "left behind: {left:?}");
-    a.shutdown().await;
-    b.shutdown().await;
+    shut_down([a, b]).await;
 }
 
 /// One node of three killed for good under a leader renewing and an observer: the observer
@@ -56,8 +55,7 @@ async fn an_observer_does_not_spin_with_a_node_dead_for_good() {
     let ns = test_namespace!();
     let mut nodes = Nodes::start(3);
     let ttl = Duration::from_secs(3);
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let watcher = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let [a, watcher] = nodes.clients(&ns, ttl).await;
     let (mut rx, task) = observer(&watcher, "e");
     until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
     nodes.servers[2].kill();
@@ -83,8 +81,7 @@ async fn an_observer_does_not_spin_with_a_node_dead_for_good() {
     leading.resign().await.unwrap();
     until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
     task.abort();
-    a.shutdown().await;
-    watcher.shutdown().await;
+    shut_down([a, watcher]).await;
     assert!(quiet < 30, "the observer polled: {quiet} commands in 3 s");
     assert!(leading_cost < 60, "{leading_cost} commands in 3 s");
 }
@@ -147,8 +144,7 @@ async fn a_node_restarted_without_data_never_makes_two_leaders() {
     );
     next.resign().await.unwrap();
     drop(leading);
-    a.shutdown().await;
-    b.shutdown().await;
+    shut_down([a, b]).await;
 }
 
 /// One node of three restarted without its data under a leader and an observer: the leader
@@ -159,9 +155,7 @@ async fn an_observer_follows_a_node_restarted_without_data() {
     let ns = test_namespace!();
     let mut nodes = Nodes::start(3);
     let ttl = Duration::from_secs(3);
-    let a = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let b = nodes.client_with(&ns, ttl, Duration::ZERO).await;
-    let watcher = nodes.client_with(&ns, ttl, Duration::ZERO).await;
+    let [a, b, watcher] = nodes.clients(&ns, ttl).await;
     let (mut rx, task) = observer(&watcher, "e");
     until(&mut rx, Duration::from_secs(3), "nobody", Option::is_none).await;
     let leading = a.election("e").campaign("a").await.unwrap();
@@ -196,9 +190,7 @@ async fn an_observer_follows_a_node_restarted_without_data() {
     assert!(spent < 120, "{spent} commands in 3 s");
     next.resign().await.unwrap();
     task.abort();
-    for c in [a, b, watcher] {
-        c.shutdown().await;
-    }
+    shut_down([a, b, watcher]).await;
 }
 
 /// A candidate that dies in line (its host silent) is handed the lead provisionally on every
@@ -242,9 +234,7 @@ async fn a_candidate_dead_in_line_under_inspect() {
         Some("c")
     );
     next.resign().await.unwrap();
-    for c in [a, c] {
-        c.shutdown().await;
-    }
+    shut_down([a, c]).await;
     drop(dead_net);
     drop(dead);
 }
@@ -317,17 +307,7 @@ async fn lead_stops_its_work_before_another_leads_and_does_not_hot_loop() {
     let after = by_name().await;
     let spent: u64 =
         after.iter().map(|(_, n)| n).sum::<u64>() - before.iter().map(|(_, n)| n).sum::<u64>();
-    let diff: Vec<(String, u64)> = after
-        .iter()
-        .map(|(name, n)| {
-            let was = before
-                .iter()
-                .find(|(b, _)| b == name)
-                .map_or(0, |(_, n)| *n);
-            (name.clone(), n - was)
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect();
+    let diff = commands_since(&before, &after);
     println!("by command: {diff:?}");
     // INFO commandstats counts what scripts run too: judge by the scripts called.
     let calls: u64 = diff
@@ -349,6 +329,5 @@ async fn lead_stops_its_work_before_another_leads_and_does_not_hot_loop() {
     for p in &nodes.proxies {
         p.heal();
     }
-    a.shutdown().await;
-    b.shutdown().await;
+    shut_down([a, b]).await;
 }

@@ -91,6 +91,13 @@ pub async fn until_none_left<T, Fut>(
     }
 }
 
+/// Shuts every client down, in order.
+pub async fn shut_down(clients: impl IntoIterator<Item = distlock::LockClient>) {
+    for c in clients {
+        c.shutdown().await;
+    }
+}
+
 /// A namespace unique to one test (and one run), so tests can share a server.
 #[macro_export]
 macro_rules! test_namespace {

@@ -46,6 +46,22 @@ pub async fn total_commands_on(urls: &[String]) -> u64 {
     n
 }
 
+/// What ran between two readings of [`commands`]: each command that ran since `before`, by
+/// name, with how often.
+pub fn commands_since(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)> {
+    after
+        .iter()
+        .map(|(name, n)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| b == name)
+                .map_or(0, |(_, n)| *n);
+            (name.clone(), n - was)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
 /// A plain connection to `url`.
 pub async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)

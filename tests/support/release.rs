@@ -21,6 +21,20 @@ pub async fn renewing(url: &str, ns: &str, ttl: Duration) -> LockClient {
     client(url, ns, ttl, Duration::from_millis(300), true).await
 }
 
+/// A proxy in front of the server at `port` (`url` its own URL), a holder through the proxy
+/// and a waiter straight to the server (both [`renewing`]).
+pub async fn holder_behind_proxy(
+    url: &str,
+    port: u16,
+    ns: &str,
+    ttl: Duration,
+) -> (Proxy, LockClient, LockClient) {
+    let proxy = Proxy::start(port);
+    let holder = renewing(&via(&proxy), ns, ttl).await;
+    let waiter = renewing(url, ns, ttl).await;
+    (proxy, holder, waiter)
+}
+
 /// Each guard's fencing token, in order.
 pub fn tokens(guards: &[MutexGuard]) -> Vec<u64> {
     guards.iter().map(MutexGuard::fencing_token).collect()
@@ -249,4 +263,57 @@ pub async fn serve_and_check(
         }
     }
     bad
+}
+
+/// Locks of one client with another client's waiters queued behind some of them: what a
+/// coalesced release must hand on.
+pub struct Handoff {
+    /// Every key locked.
+    pub keys: Vec<String>,
+    /// The holder's fencing token on each of `keys`, in order.
+    pub tokens: Vec<u64>,
+    /// The keys waited on, each with its waiter in `waits`.
+    pub waited: Vec<String>,
+    pub waits: Vec<JoinHandle<distlock::Result<MutexGuard>>>,
+}
+
+impl Handoff {
+    /// `n` keys (see [`key_names`]) locked by `holder`, with a waiter of `waiter` queued on
+    /// every `step`th (on the server at `url`, see [`queue_on`]); the holder's guards in the
+    /// order of the keys.
+    pub async fn set_up(
+        holder: &LockClient,
+        waiter: &LockClient,
+        url: &str,
+        ns: &str,
+        n: usize,
+        step: usize,
+    ) -> (Self, Vec<MutexGuard>) {
+        let keys = key_names(n);
+        let guards = lock_all(holder, &keys).await;
+        let tokens = tokens(&guards);
+        let waited = every(&keys, step);
+        let waits = queue_on(waiter, url, ns, &waited).await;
+        let handoff = Self {
+            keys,
+            tokens,
+            waited,
+            waits,
+        };
+        (handoff, guards)
+    }
+
+    /// Each waiter served within `within` with a token above its holder's, then released (see
+    /// [`serve_and_check`]; `since`: when the releases began). Returns what went wrong.
+    pub async fn served_after(self, within: Duration, since: Instant) -> Vec<String> {
+        serve_and_check(
+            &self.keys,
+            &self.tokens,
+            &self.waited,
+            self.waits,
+            within,
+            since,
+        )
+        .await
+    }
 }

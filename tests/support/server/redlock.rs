@@ -68,6 +68,18 @@ impl Nodes {
         client_on(self.urls(), ns, ttl, rejoin).await
     }
 
+    /// `N` clients over every node (see [`Nodes::client_with`]), leases of `ttl`, no rejoin
+    /// delay.
+    pub async fn clients<const N: usize>(&self, ns: &str, ttl: Duration) -> [LockClient; N] {
+        let mut clients = Vec::with_capacity(N);
+        for _ in 0..N {
+            clients.push(self.client_with(ns, ttl, Duration::ZERO).await);
+        }
+        clients
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("N clients made"))
+    }
+
     /// The nodes' own URLs, past the proxies (a client whose view no fault touches).
     pub fn direct_urls(&self) -> Vec<String> {
         self.servers.iter().map(RedisServer::url).collect()
