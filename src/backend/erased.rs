@@ -106,7 +106,12 @@ impl<B: Backend> DynBackend for B {
         ticket: &'a AnyTicket,
         wait: bool,
     ) -> BoxFuture<'a, Result<Attempt>> {
-        Box::pin(async move { Backend::acquire(self, claim, typed(ticket)?, wait).await })
+        // The backend's own future, boxed as it is (not wrapped in one more): every lock pays
+        // for this box, by its size.
+        match typed(ticket) {
+            Ok(ticket) => Box::pin(Backend::acquire(self, claim, ticket, wait)),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
 
     fn wait<'a>(
@@ -123,7 +128,10 @@ impl<B: Backend> DynBackend for B {
         claim: &'a Claim,
         ticket: &'a AnyTicket,
     ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Backend::release(self, claim, typed(ticket)?).await })
+        match typed(ticket) {
+            Ok(ticket) => Box::pin(Backend::release(self, claim, ticket)),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
 
     fn downgrade<'a>(

@@ -126,27 +126,43 @@ pub(crate) struct Answered<T> {
     pub(crate) in_doubt: bool,
 }
 
-/// Sends `attempt` until it is answered or `policy`, told of each failure, gives up.
-pub(crate) async fn until_answered<T, F, A>(
+/// Sends `attempt` until it is answered or the policy, told of each failure, gives up. The
+/// policy is made (by `policy`) only once an attempt failed.
+///
+/// The first attempt runs here; what follows a failure (the policy's state, the failure, the
+/// pauses) runs boxed. Every lock's calls await this, and a future holds room for everything it
+/// may await: with the retries inline, a Redis lock's boxed futures grew past the allocator's
+/// small sizes (about 1 KiB), a cost paid on every lock; now only a call that failed pays a box.
+pub(crate) async fn until_answered<T, F, A, P>(
+    mut attempt: impl FnMut() -> A,
+    policy: impl FnOnce() -> P,
+) -> Result<Answered<T>>
+where
+    A: Future<Output = std::result::Result<T, F>>,
+    P: FnMut(F) -> Retry,
+{
+    let sent = Instant::now();
+    match attempt().await {
+        Ok(value) => Ok(Answered {
+            value,
+            sent,
+            in_doubt: false,
+        }),
+        Err(failure) => Box::pin(after_failure(attempt, policy(), failure)).await,
+    }
+}
+
+/// [`until_answered`] once an attempt failed with `failure`.
+async fn after_failure<T, F, A>(
     mut attempt: impl FnMut() -> A,
     mut policy: impl FnMut(F) -> Retry,
+    mut failure: F,
 ) -> Result<Answered<T>>
 where
     A: Future<Output = std::result::Result<T, F>>,
 {
     let mut in_doubt = false;
     loop {
-        let sent = Instant::now();
-        let failure = match attempt().await {
-            Ok(value) => {
-                return Ok(Answered {
-                    value,
-                    sent,
-                    in_doubt,
-                })
-            }
-            Err(failure) => failure,
-        };
         match policy(failure) {
             Retry::Again {
                 pause,
@@ -159,6 +175,17 @@ where
             }
             Retry::Fail(err) => return Err(err),
         }
+        let sent = Instant::now();
+        failure = match attempt().await {
+            Ok(value) => {
+                return Ok(Answered {
+                    value,
+                    sent,
+                    in_doubt,
+                })
+            }
+            Err(failure) => failure,
+        };
     }
 }
 

@@ -110,38 +110,41 @@ impl Commands {
         params: &Params<'_>,
     ) -> Result<Reply> {
         let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
-        let mut pause = Backoff::new(RETRY_MIN, RETRY_MAX);
         let attempt = || async {
             tokio::time::timeout_at(deadline, self.query_once(route, sql, params))
                 .await
                 .unwrap_or(Err(Failure::Timeout))
         };
-        let policy = |failure: Failure| {
-            let (retry, in_doubt) = match &failure {
-                // The deadline passed: the call fails, and the connection it may still be
-                // waiting on is forgotten.
-                Failure::Timeout => {
-                    self.reset(route);
+        // Made only once an attempt failed (see `until_answered`).
+        let policy = || {
+            let mut pause = Backoff::new(RETRY_MIN, RETRY_MAX);
+            move |failure: Failure| {
+                let (retry, in_doubt) = match &failure {
+                    // The deadline passed: the call fails, and the connection it may still be
+                    // waiting on is forgotten.
+                    Failure::Timeout => {
+                        self.reset(route);
+                        return Retry::Fail(describe(what, failure).transient());
+                    }
+                    // Refused before anything ran: a fresh connection may do better.
+                    Failure::Call(e) if is_retryable_state(e) => (true, false),
+                    Failure::Call(e) if e.code().is_some() => (false, false),
+                    Failure::Call(_) => (true, true),
+                    Failure::Pool(_) => (true, false),
+                };
+                if !retry {
+                    return Retry::Fail(describe(what, failure));
+                }
+                // Sent again on a fresh connection after a short pause, while the deadline allows.
+                let wait = pause.current();
+                if tokio::time::Instant::now() + wait >= deadline {
                     return Retry::Fail(describe(what, failure).transient());
                 }
-                // Refused before anything ran: a fresh connection may do better.
-                Failure::Call(e) if is_retryable_state(e) => (true, false),
-                Failure::Call(e) if e.code().is_some() => (false, false),
-                Failure::Call(_) => (true, true),
-                Failure::Pool(_) => (true, false),
-            };
-            if !retry {
-                return Retry::Fail(describe(what, failure));
-            }
-            // Sent again on a fresh connection after a short pause, while the deadline allows.
-            let wait = pause.current();
-            if tokio::time::Instant::now() + wait >= deadline {
-                return Retry::Fail(describe(what, failure).transient());
-            }
-            pause.grow();
-            Retry::Again {
-                pause: Some(wait),
-                in_doubt,
+                pause.grow();
+                Retry::Again {
+                    pause: Some(wait),
+                    in_doubt,
+                }
             }
         };
         let answered = until_answered(attempt, policy).await?;

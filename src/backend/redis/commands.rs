@@ -108,58 +108,67 @@ impl Commands {
         what: &str,
         inv: &impl Request,
     ) -> Result<(T, bool, Instant)> {
-        let mut retries = RETRIES;
-        let mut not_now = Backoff::new(PASSING_PAUSE_MIN, PASSING_PAUSE_MAX);
-        let attempt = || async {
-            match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
-                Ok(reply) => reply,
-                Err(_) => {
-                    // A primary that stopped answering (paused, cut off) may have been
-                    // replaced: ask the sentinels again at the next call.
-                    #[cfg(feature = "redis-sentinel")]
-                    if let Self::Sentinel(sentinel) = self {
-                        sentinel.forget();
+        // Made only once an attempt failed (see `until_answered`).
+        let policy = || {
+            let mut retries = RETRIES;
+            let mut not_now = Backoff::new(PASSING_PAUSE_MIN, PASSING_PAUSE_MAX);
+            move |failure: Failure| {
+                let (retry, in_doubt) = match &failure {
+                    Failure::Call(e) if e.is_connection_refusal() => (true, false),
+                    Failure::Call(e) if e.is_io_error() || e.is_connection_dropped() => {
+                        (true, true)
                     }
-                    Err(Failure::Timeout)
-                }
-            }
-        };
-        let policy = |failure: Failure| {
-            let (retry, in_doubt) = match &failure {
-                Failure::Call(e) if e.is_connection_refusal() => (true, false),
-                Failure::Call(e) if e.is_io_error() || e.is_connection_dropped() => (true, true),
-                Failure::Call(_) => (false, false),
-                Failure::Timeout => (true, true),
-                Failure::Pool(_) => (true, false),
-            };
-            if !retry && passing(&failure) {
-                // A script stopped at a key that migrated may have written before it.
-                let in_doubt =
-                    matches!(&failure, Failure::Call(e) if e.to_string().contains("non local key"));
-                if not_now.exhausted() {
-                    return Retry::Fail(describe(what, failure).transient());
-                }
-                let pause = not_now.current();
-                not_now.grow();
-                return Retry::Again {
-                    pause: Some(pause),
-                    in_doubt,
+                    Failure::Call(_) => (false, false),
+                    Failure::Timeout => (true, true),
+                    Failure::Pool(_) => (true, false),
                 };
-            }
-            match retries.checked_sub(1) {
-                Some(left) if retry => {
-                    retries = left;
-                    Retry::Again {
-                        pause: None,
-                        in_doubt,
+                if !retry && passing(&failure) {
+                    // A script stopped at a key that migrated may have written before it.
+                    let in_doubt = matches!(&failure, Failure::Call(e) if e.to_string().contains("non local key"));
+                    if not_now.exhausted() {
+                        return Retry::Fail(describe(what, failure).transient());
                     }
+                    let pause = not_now.current();
+                    not_now.grow();
+                    return Retry::Again {
+                        pause: Some(pause),
+                        in_doubt,
+                    };
                 }
-                _ if retry => Retry::Fail(describe(what, failure).transient()),
-                _ => Retry::Fail(describe(what, failure)),
+                match retries.checked_sub(1) {
+                    Some(left) if retry => {
+                        retries = left;
+                        Retry::Again {
+                            pause: None,
+                            in_doubt,
+                        }
+                    }
+                    _ if retry => Retry::Fail(describe(what, failure).transient()),
+                    _ => Retry::Fail(describe(what, failure)),
+                }
             }
         };
-        let answered = until_answered(attempt, policy).await?;
+        let answered = until_answered(|| self.attempt(inv), policy).await?;
         Ok((answered.value, answered.in_doubt, answered.sent))
+    }
+
+    /// One attempt at `inv`, within [`CALL_TIMEOUT`].
+    async fn attempt<T: FromRedisValue + Send>(
+        &self,
+        inv: &impl Request,
+    ) -> std::result::Result<T, Failure> {
+        match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                // A primary that stopped answering (paused, cut off) may have been
+                // replaced: ask the sentinels again at the next call.
+                #[cfg(feature = "redis-sentinel")]
+                if let Self::Sentinel(sentinel) = self {
+                    sentinel.forget();
+                }
+                Err(Failure::Timeout)
+            }
+        }
     }
 
     /// `WAIT replicas timeout` on the connection that ran the last script for `key` (the
@@ -205,6 +214,20 @@ impl Commands {
     }
 
     async fn invoke_once<T: FromRedisValue + Send>(
+        &self,
+        inv: &impl Request,
+    ) -> std::result::Result<T, Failure> {
+        match self {
+            Self::Own(conn) => inv.send(&mut conn.clone()).await.map_err(Failure::Call),
+            // Boxed: a pool's checkout or the sentinels' lookup would make the future of every
+            // call larger, on every topology.
+            #[allow(unreachable_patterns)]
+            _ => Box::pin(self.invoke_there(inv)).await,
+        }
+    }
+
+    /// [`invoke_once`](Self::invoke_once) on any topology.
+    async fn invoke_there<T: FromRedisValue + Send>(
         &self,
         inv: &impl Request,
     ) -> std::result::Result<T, Failure> {

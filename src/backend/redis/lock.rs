@@ -33,7 +33,9 @@ impl RedisBackend {
         }
         match (&attempt, self.inner.replicas_ack) {
             (Attempt::Granted(_), Some(ack)) => {
-                self.acknowledged(claim, ticket, ack).await?;
+                // Boxed: only a client that asks for replicas' acknowledgements waits for
+                // them, and this future would double the size of every lock's.
+                Box::pin(self.acknowledged(claim, ticket, ack)).await?;
                 Ok(attempt)
             }
             _ => Ok(attempt),
@@ -65,7 +67,9 @@ impl RedisBackend {
                 Fast::Settle => {}
             }
         }
-        handoff::acquire(self, claim, ticket, keys, wait, busy).await
+        // Boxed: most locks of a busy service end above (a free key), and the script path's
+        // future would make theirs over half as large again.
+        Box::pin(handoff::acquire(self, claim, ticket, keys, wait, busy)).await
     }
 
     pub(super) async fn wait_claim(
@@ -90,19 +94,21 @@ impl RedisBackend {
     pub(super) async fn release_claim(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
         ticket.handoff.set(None);
         ticket.set_holding(None);
-        let keys = ticket.keys(claim, &self.inner.client_id);
         let election = claim.kind() == LockKind::Leader;
-        let release = Release {
-            keys,
-            handoff_ttl: self.inner.handoff_ttl,
-            election,
-        };
-        let inv = match Shared::of(claim.kind()) {
-            Some(shared) => self.call(&ReleaseShared {
-                release,
-                kind: &shared.kind,
-            }),
-            None => self.call(&release),
+        // In a block: what the call is built from is not kept across its await.
+        let inv = {
+            let release = Release {
+                keys: ticket.keys(claim, &self.inner.client_id),
+                handoff_ttl: self.inner.handoff_ttl,
+                election,
+            };
+            match Shared::of(claim.kind()) {
+                Some(shared) => self.call(&ReleaseShared {
+                    release,
+                    kind: &shared.kind,
+                }),
+                None => self.call(&release),
+            }
         };
         let (held, in_doubt, _): (i64, bool, Instant) = if election {
             self.inner

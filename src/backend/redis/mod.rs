@@ -56,6 +56,7 @@ mod ticket;
 ))]
 mod url;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -173,8 +174,14 @@ impl Backend for RedisBackend {
         self.force_release_key(namespace, key).await
     }
 
-    async fn acquire(&self, claim: &Claim, ticket: &RedisTicket, wait: bool) -> Result<Attempt> {
-        self.acquire_claim(claim, ticket, wait).await
+    // The inner futures as they are (one layer less in every lock's boxed future).
+    fn acquire(
+        &self,
+        claim: &Claim,
+        ticket: &RedisTicket,
+        wait: bool,
+    ) -> impl Future<Output = Result<Attempt>> + Send {
+        self.acquire_claim(claim, ticket, wait)
     }
 
     async fn wait(
@@ -186,8 +193,12 @@ impl Backend for RedisBackend {
         self.wait_claim(claim, ticket, recheck_at).await
     }
 
-    async fn release(&self, claim: &Claim, ticket: &RedisTicket) -> Result<bool> {
-        self.release_claim(claim, ticket).await
+    fn release(
+        &self,
+        claim: &Claim,
+        ticket: &RedisTicket,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        self.release_claim(claim, ticket)
     }
 
     async fn downgrade(&self, claim: &Claim, ticket: &RedisTicket) -> Result<Grant> {
