@@ -28,14 +28,15 @@
 //! rarely do) and where scripts go by `EVALSHA`.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ::redis::{FromRedisValue, Value};
+use ::redis::{FromRedisValue, RedisResult, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::commands::redis_error;
+use super::commands::{redis_error, Request};
 use super::script::{Call, Parts};
 use super::RedisBackend;
 use crate::error::{Error, ErrorKind, Result};
@@ -95,64 +96,46 @@ impl RedisBackend {
         what: &'static str,
         call: &Call<'_>,
     ) -> Result<(T, bool, Instant)> {
-        let name = match call.coalescible() {
-            Some(name) if !self.inner.cluster => name,
-            _ => return self.inner.commands.invoke_noting_doubt(what, call).await,
-        };
-        let mut queued = None;
-        let alone = {
-            let mut lanes = self.inner.coalescer.lanes.locked();
-            let lane = lanes.entry(name).or_default();
-            if lane.sending {
-                let (tx, rx) = oneshot::channel();
-                // The first to queue behind the call out watches it for all.
-                let watch = lane.queued.is_empty().then_some(lane.turn);
-                lane.queued.extend(call.parts().map(|parts| (parts, tx)));
-                queued = Some((rx, watch));
-                None
-            } else {
-                lane.sending = true;
-                Some(lane.turn)
-            }
-        };
-        if let Some(turn) = alone {
-            // Nothing out: this call goes at once, alone, and the calls that queue behind it
-            // meanwhile go as one when it is answered (or dropped, or passed over).
-            let _next = Turn(At {
-                backend: self,
-                what,
-                name,
-                turn,
-            });
-            return self.inner.commands.invoke_noting_doubt(what, call).await;
-        }
-        let (mut rx, watch) = queued.ok_or_else(|| lost(what))?;
-        let reply = match watch {
-            Some(turn) => {
-                // Dropped (this call's caller went, or the call out held up the queue past
-                // the hold), the watch passes the lane on.
-                let watch = Watch(At {
+        let mut next = None;
+        if let Some(name) = call.coalescible().filter(|_| !self.inner.cluster) {
+            let waiting = {
+                let mut lanes = self.inner.coalescer.lanes.locked();
+                let lane = lanes.entry(name).or_default();
+                let at = At {
                     backend: self,
                     what,
                     name,
-                    turn,
-                });
-                match tokio::time::timeout(HOLD, &mut rx).await {
-                    Ok(reply) => {
-                        watch.end();
-                        reply
-                    }
-                    Err(_) => {
-                        drop(watch);
-                        rx.await
-                    }
+                    turn: lane.turn,
+                };
+                if lane.sending {
+                    let (tx, rx) = oneshot::channel();
+                    // The first to queue behind the call out watches it for all. (Not made
+                    // otherwise: a watch dropped passes the lane on, which takes this lock.)
+                    let watch = if lane.queued.is_empty() {
+                        Some(Watch(at))
+                    } else {
+                        None
+                    };
+                    lane.queued.extend(call.parts().map(|parts| (parts, tx)));
+                    Some((rx, watch))
+                } else {
+                    // Nothing out: this call goes at once, alone, and the calls that queue
+                    // behind it meanwhile go as one when it is answered (or dropped, or
+                    // passed over).
+                    lane.sending = true;
+                    next = Some(Turn(at));
+                    None
                 }
+            };
+            if let Some((rx, watch)) = waiting {
+                let (value, in_doubt, sent) = queued(what, rx, watch).await?;
+                let value = T::from_redis_value(value).map_err(|e| redis_error(what, e.into()))?;
+                return Ok((value, in_doubt, sent));
             }
-            None => rx.await,
-        };
-        let (value, in_doubt, sent) = reply.map_err(|_| lost(what))??;
-        let value = T::from_redis_value(value).map_err(|e| redis_error(what, e.into()))?;
-        Ok((value, in_doubt, sent))
+        }
+        let reply = self.inner.commands.invoke_noting_doubt(what, call).await;
+        drop(next);
+        reply
     }
 
     /// Sends the lane's queued calls, a batch at a time, until none is left or the lane is
@@ -189,57 +172,122 @@ impl RedisBackend {
         }
     }
 
-    /// Sends one batch and hands each claim its reply.
+    /// Sends one batch and hands each claim its reply. Claims that cannot go as one call
+    /// (their shared arguments differ) go as batches of one, all at once.
     async fn send_batch(&self, what: &'static str, batch: Vec<(Parts, oneshot::Sender<Reply>)>) {
-        let (scripts, functions) = (self.inner.scripts, self.inner.functions.as_ref());
-        let claims: Vec<&Parts> = batch.iter().map(|(parts, _)| parts).collect();
-        let many = if claims.len() > 1 {
-            scripts.call_many(functions, &claims)
+        let scripts = self.inner.scripts;
+        let all: Vec<&Parts> = batch.iter().map(|(parts, _)| parts).collect();
+        let groups: Vec<Vec<usize>> = if scripts.many_of(&all).is_some() {
+            vec![(0..batch.len()).collect()]
         } else {
-            None
+            (0..batch.len()).map(|i| vec![i]).collect()
         };
-        let Some(call) = many else {
-            // One claim, or claims that cannot go as one (their shapes or shared arguments
-            // differ): each alone, all at once.
-            let alone = batch.iter().map(|(parts, _)| {
-                let call = scripts.call_parts(functions, parts);
-                async move { self.inner.commands.invoke_noting_doubt(what, &call).await }
-            });
-            let replies = futures::future::join_all(alone).await;
-            for ((_, tx), reply) in batch.into_iter().zip(replies) {
+        let batches: Vec<Batch<'_>> = groups
+            .into_iter()
+            .map(|among| Batch {
+                backend: self,
+                claims: &batch,
+                among,
+                carried: Mutex::default(),
+            })
+            .collect();
+        let sent = batches
+            .iter()
+            .map(|b| self.inner.commands.invoke_noting_doubt(what, b));
+        let replies: Vec<Result<(Vec<Value>, bool, Instant)>> =
+            futures::future::join_all(sent).await;
+        let mut out: Vec<Option<Reply>> = batch.iter().map(|_| None).collect();
+        for (b, reply) in batches.iter().zip(replies) {
+            b.hand_out(what, reply, &mut out);
+        }
+        drop(batches);
+        for ((_, tx), reply) in batch.into_iter().zip(out) {
+            // A claim the answered attempt did not carry was given up: nobody waits for it.
+            if let Some(reply) = reply {
                 let _ = tx.send(reply);
             }
-            return;
-        };
-        let reply: Result<(Vec<Value>, bool, Instant)> =
-            self.inner.commands.invoke_noting_doubt(what, &call).await;
-        match reply {
-            Ok((values, in_doubt, sent)) if values.len() == batch.len() => {
-                for ((_, tx), value) in batch.into_iter().zip(values) {
-                    let reply = match value {
-                        Value::BulkString(text) => Err(claim_error(what, &text)),
-                        value => Ok((value, in_doubt, sent)),
-                    };
-                    let _ = tx.send(reply);
-                }
-            }
+        }
+    }
+}
+
+/// Claims of one lane sent as one coalesced call: a request built anew at every attempt from
+/// the claims still wanted. An acquire whose acquisition gave up on it (its caller and its
+/// cleanup gone: the cleanup released, or releases, the claim) is left out of the next
+/// attempt, which would otherwise take its lock for no one after that release, as a call sent
+/// alone stops when its cleanup drops it. Releases are always carried.
+struct Batch<'a> {
+    backend: &'a RedisBackend,
+    claims: &'a [(Parts, oneshot::Sender<Reply>)],
+    /// This batch's claims: indexes in `claims`.
+    among: Vec<usize>,
+    /// The claims the last attempt carried, in its order.
+    carried: Mutex<Vec<usize>>,
+}
+
+impl Batch<'_> {
+    /// Hands each claim the last attempt carried its part of `reply`, in `out`.
+    fn hand_out(
+        &self,
+        what: &str,
+        reply: Result<(Vec<Value>, bool, Instant)>,
+        out: &mut [Option<Reply>],
+    ) {
+        let carried = std::mem::take(&mut *self.carried.locked());
+        let replies: Vec<Reply> = match reply {
+            Ok((values, in_doubt, sent)) if values.len() == carried.len() => values
+                .into_iter()
+                .map(|value| match value {
+                    Value::BulkString(text) => Err(claim_error(what, &text)),
+                    value => Ok((value, in_doubt, sent)),
+                })
+                .collect(),
             Ok((values, ..)) => {
                 let e = Error::new(
                     ErrorKind::Backend,
                     format!(
                         "redis {what}: {} replies to a coalesced call of {}",
                         values.len(),
-                        batch.len()
+                        carried.len()
                     ),
                 );
-                for (_, tx) in batch {
-                    let _ = tx.send(Err(e.clone()));
-                }
+                carried.iter().map(|_| Err(e.clone())).collect()
             }
-            Err(e) => {
-                for (_, tx) in batch {
-                    let _ = tx.send(Err(e.clone()));
-                }
+            Err(e) => carried.iter().map(|_| Err(e.clone())).collect(),
+        };
+        for (i, reply) in carried.into_iter().zip(replies) {
+            if let Some(slot) = out.get_mut(i) {
+                *slot = Some(reply);
+            }
+        }
+    }
+}
+
+impl Request for Batch<'_> {
+    fn send<C, T>(&self, con: &mut C) -> impl Future<Output = RedisResult<T>> + Send
+    where
+        C: ::redis::aio::ConnectionLike + Send,
+        T: FromRedisValue + Send,
+    {
+        let wanted: Vec<usize> = (self.among.iter().copied())
+            .filter(|&i| {
+                self.claims
+                    .get(i)
+                    .is_some_and(|(parts, tx)| parts.name != "acquire" || !tx.is_closed())
+            })
+            .collect();
+        let parts: Vec<&Parts> = wanted
+            .iter()
+            .filter_map(|&i| self.claims.get(i))
+            .map(|(p, _)| p)
+            .collect();
+        let inner = &self.backend.inner;
+        let call = inner.scripts.call_many(inner.functions.as_ref(), &parts);
+        *self.carried.locked() = if call.is_some() { wanted } else { Vec::new() };
+        async move {
+            match call {
+                Some(call) => call.invoke_async(con).await,
+                // Nothing left to send (every claim was given up).
+                None => T::from_redis_value(Value::Array(Vec::new())).map_err(Into::into),
             }
         }
     }
@@ -313,6 +361,28 @@ impl Watch<'_> {
         // Only references inside: nothing to free.
         std::mem::forget(self);
     }
+}
+
+/// Waits for the reply of a call queued in a lane; `watch` if it is the first queued behind
+/// the call out. Apart from [`RedisBackend::invoke_coalesced`], whose every call's future
+/// would otherwise be this one's size more.
+async fn queued(what: &str, mut rx: oneshot::Receiver<Reply>, watch: Option<Watch<'_>>) -> Reply {
+    let reply = match watch {
+        Some(watch) => match tokio::time::timeout(HOLD, &mut rx).await {
+            Ok(reply) => {
+                watch.end();
+                reply
+            }
+            Err(_) => {
+                // The call out held the queue up past the hold: the watch, dropped, passes
+                // it over. (Dropped with this call, it passes it over too.)
+                drop(watch);
+                rx.await
+            }
+        },
+        None => rx.await,
+    };
+    reply.map_err(|_| lost(what))?
 }
 
 fn lost(what: &str) -> Error {

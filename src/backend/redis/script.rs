@@ -216,24 +216,6 @@ impl Library {
             .find(|s| s.name == name && s.many == many)
     }
 
-    /// The call `parts` describe, alone.
-    pub(crate) fn call_parts<'a>(
-        &'a self,
-        functions: Option<&'a Functions>,
-        parts: &Parts,
-    ) -> Call<'a> {
-        Call {
-            script: self.script(parts.name, false),
-            name: parts.name,
-            functions: None,
-            fallback: true,
-            keys: parts.keys.clone(),
-            args: parts.args.clone(),
-            clocks: parts.clock.into_iter().collect(),
-        }
-        .using(functions)
-    }
-
     /// One call of the coalesced form of the script every one of `claims` calls (see
     /// `MANY_LUA`): their keys in turn; then the count of keys and of own arguments each claim
     /// has, of the shared arguments, and of claims; their own arguments in turn; then the
@@ -245,20 +227,10 @@ impl Library {
         functions: Option<&'a Functions>,
         claims: &[&Parts],
     ) -> Option<Call<'a>> {
+        let (script, own) = self.many_of(claims)?;
         let first = claims.first()?;
-        let (nk, na) = (first.keys.len(), first.args.len());
-        let script = self.script(first.name, true)?;
-        let shared = script.shared.min(na);
-        let own = na - shared;
-        let first_tail: Vec<&[u8]> = first.args.iter().skip(own).collect();
-        if claims.iter().any(|c| {
-            c.name != first.name
-                || c.keys.len() != nk
-                || c.args.len() != na
-                || !c.args.iter().skip(own).eq(first_tail.iter().copied())
-        }) {
-            return None;
-        }
+        let (nk, shared) = (first.keys.len(), first.args.len() - own);
+        let first_tail = first.args.iter().skip(own);
         let mut call = Call {
             script: Some(script),
             name: first.name,
@@ -291,6 +263,23 @@ impl Library {
             call.args.push(arg);
         }
         Some(call.using(functions))
+    }
+
+    /// Whether `claims` can go as one call of a coalesced form (see
+    /// [`call_many`](Self::call_many)): its script, and how many of each claim's arguments are
+    /// its own.
+    pub(crate) fn many_of(&self, claims: &[&Parts]) -> Option<(&Script, usize)> {
+        let first = claims.first()?;
+        let (nk, na) = (first.keys.len(), first.args.len());
+        let script = self.script(first.name, true)?;
+        let own = na - script.shared.min(na);
+        let fits = claims.iter().all(|c| {
+            c.name == first.name
+                && c.keys.len() == nk
+                && c.args.len() == na
+                && c.args.iter().skip(own).eq(first.args.iter().skip(own))
+        });
+        fits.then_some((script, own))
     }
 
     /// Loads the library on the server behind `con` (on a Cluster connection: on every
@@ -477,7 +466,7 @@ impl Call<'_> {
             )));
         };
         let Some(functions) = self.functions else {
-            return self.eval(script, con).await;
+            return Box::pin(self.eval(script, con)).await;
         };
         let mut fcall = ::redis::Cmd::with_capacity(
             3 + self.keys.len() + self.args.len(),
@@ -494,12 +483,16 @@ impl Call<'_> {
         for arg in self.sent_args(&now) {
             fcall.arg(arg);
         }
+        // The rare paths (the library not loaded yet, scripts by EVALSHA) are boxed: their
+        // futures would make this one, on every lock's path, over twice the size.
         let refused = match fcall.query_async(con).await {
-            Err(e) if says(&e, "function not found") => match functions.library.load(con).await {
-                Ok(()) => return fcall.query_async(con).await,
-                Err(e) if answered(&e) => e,
-                Err(e) => return Err(e),
-            },
+            Err(e) if says(&e, "function not found") => {
+                match Box::pin(functions.library.load(con)).await {
+                    Ok(()) => return fcall.query_async(con).await,
+                    Err(e) if answered(&e) => e,
+                    Err(e) => return Err(e),
+                }
+            }
             Err(e) if says(&e, "unknown command") || (says(&e, "noperm") && says(&e, "fcall")) => e,
             reply => return reply,
         };
@@ -512,7 +505,7 @@ impl Call<'_> {
                 "redis: the server refuses distlock's function library now; scripts go by EVALSHA"
             );
         }
-        self.eval(script, con).await
+        Box::pin(self.eval(script, con)).await
     }
 
     /// Sends the call by `EVALSHA` (the text on `NOSCRIPT`).
