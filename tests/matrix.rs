@@ -159,6 +159,7 @@ const REPLICATED: Sizes = Sizes {
 };
 
 /// ZooKeeper: every claim is a node, every wait a watch.
+#[cfg(feature = "zookeeper")]
 const ZOOKEEPER: Sizes = Sizes {
     contend: (6, 20, Duration::from_micros(300)),
     fifo: 6,

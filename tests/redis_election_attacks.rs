@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use distlock::{ErrorKind, Leader, LockClient};
 use futures::StreamExt;
-use support::observed::{observer, until, until_value};
+use support::observed::{observer, until};
 use support::proxy::Proxy;
 use support::redis::{client, commands, commands_since, connection, total_commands};
 use support::server::redis::{shared_redis, RedisServer};
@@ -199,8 +199,11 @@ async fn an_empty_value_is_reported() {
 /// The operator's unlock of an election: the leader is dropped, the candidate in line leads
 /// with a higher term, observers hear of it, the old leader's guard turns lost and its
 /// proclaim is refused; `inspect` calls the key an election before and after.
+// The `distlock` binary is built with the `cli` feature only.
+#[cfg(feature = "cli")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_release_of_an_election() {
+    use support::observed::until_value;
     let ns = test_namespace!();
     let url = shared_redis().url();
     let (ttl, handoff) = (Duration::from_secs(3), Duration::from_millis(300));
@@ -396,6 +399,7 @@ async fn a_campaign_does_not_turn_a_free_mutex_with_waiters_into_an_election() {
 /// After the observer's primary is gone for good and its replica took over, the observer still
 /// follows the election: the leader resigns on the new primary and another leads, and the
 /// observer sees the new leader long before the old lease (30 s) would have woken it.
+#[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
 async fn an_observer_follows_across_a_failover(url: &str, ns: &str, fail_over: impl FnOnce()) {
     let ttl = Duration::from_secs(30);
     let connect = || support::failover::client_for(url, ns, ttl);

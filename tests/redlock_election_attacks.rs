@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use distlock::{ErrorKind, Leader};
-use support::observed::{led_within, observer, until_value, value_of};
+use support::observed::led_within;
 use support::redis::connection;
 use support::server::redlock::{shared_nodes, Nodes};
 use support::shut_down;
@@ -91,8 +91,11 @@ async fn a_proclaim_on_a_majority_is_read_back_through_any_majority() {
 /// (`distlock inspect` / `unlock --force` on a `redlock://` URL): the leader is dropped, the
 /// candidate in line leads with a higher term within bounded time, observers hear of it, the
 /// old leader's guard turns lost and its proclaim is refused.
+// The `distlock` binary is built with the `cli` feature only.
+#[cfg(feature = "cli")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_release_of_a_redlock_election() {
+    use support::observed::{observer, until_value, value_of};
     let ns = test_namespace!();
     let nodes = shared_nodes();
     let ttl = Duration::from_secs(3);
