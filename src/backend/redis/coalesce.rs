@@ -225,7 +225,8 @@ struct Batch<'a> {
 }
 
 impl Batch<'_> {
-    /// Hands each claim the last attempt carried its part of `reply`, in `out`.
+    /// Hands each claim the last attempt carried its part of `reply`, in `out`; a failure to
+    /// every claim of the batch (see [`replies`]).
     fn hand_out(
         &self,
         what: &str,
@@ -233,33 +234,47 @@ impl Batch<'_> {
         out: &mut [Option<Reply>],
     ) {
         let carried = std::mem::take(&mut *self.carried.locked());
-        let replies: Vec<Reply> = match reply {
-            Ok((values, in_doubt, sent)) if values.len() == carried.len() => values
-                .into_iter()
-                .map(|value| match value {
-                    Value::BulkString(text) => Err(claim_error(what, &text)),
-                    value => Ok((value, in_doubt, sent)),
-                })
-                .collect(),
-            Ok((values, ..)) => {
-                let e = Error::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "redis {what}: {} replies to a coalesced call of {}",
-                        values.len(),
-                        carried.len()
-                    ),
-                );
-                carried.iter().map(|_| Err(e.clone())).collect()
-            }
-            Err(e) => carried.iter().map(|_| Err(e.clone())).collect(),
-        };
-        for (i, reply) in carried.into_iter().zip(replies) {
+        for (i, reply) in replies(what, &self.among, carried, reply) {
             if let Some(slot) = out.get_mut(i) {
                 *slot = Some(reply);
             }
         }
     }
+}
+
+/// Each claim's reply, by its index: the values of the attempt that was answered to the claims
+/// it `carried`, in order; a failure to every claim `among` the batch's, also where no attempt
+/// was sent (a pool's checkout or the sentinels' lookup failed first, so none carried any):
+/// the claims still wanted must get the error itself (a transient one, which a waiter rides
+/// out), not find their reply lost.
+fn replies(
+    what: &str,
+    among: &[usize],
+    carried: Vec<usize>,
+    reply: Result<(Vec<Value>, bool, Instant)>,
+) -> Vec<(usize, Reply)> {
+    let e = match reply {
+        Ok((values, in_doubt, sent)) if values.len() == carried.len() => {
+            return carried
+                .into_iter()
+                .zip(values)
+                .map(|(i, value)| match value {
+                    Value::BulkString(text) => (i, Err(claim_error(what, &text))),
+                    value => (i, Ok((value, in_doubt, sent))),
+                })
+                .collect();
+        }
+        Ok((values, ..)) => Error::new(
+            ErrorKind::Backend,
+            format!(
+                "redis {what}: {} replies to a coalesced call of {}",
+                values.len(),
+                carried.len()
+            ),
+        ),
+        Err(e) => e,
+    };
+    among.iter().map(|&i| (i, Err(e.clone()))).collect()
 }
 
 impl Request for Batch<'_> {
@@ -405,5 +420,35 @@ fn claim_error(what: &str, text: &[u8]) -> Error {
             ErrorKind::Backend,
             format!("redis {what} failed: {}", String::from_utf8_lossy(text)),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch whose every attempt failed before anything was sent (nothing carried): each of
+    /// its claims gets the failure itself, transient as it was.
+    #[test]
+    fn a_failure_reaches_every_claim_of_the_batch_even_with_nothing_sent() {
+        let e = Error::new(ErrorKind::Backend, "redis acquire failed").transient();
+        let got = replies("acquire", &[2, 5], Vec::new(), Err(e));
+        let errs: Vec<_> = got
+            .iter()
+            .map(|(i, r)| (*i, r.as_ref().err().map(Error::is_transient)))
+            .collect();
+        assert_eq!(errs, [(2, Some(true)), (5, Some(true))]);
+    }
+
+    /// The answered attempt's values go to the claims it carried, in order; a claim's error
+    /// text becomes its error.
+    #[test]
+    fn values_go_to_the_claims_the_answered_attempt_carried() {
+        let now = Instant::now();
+        let values = vec![Value::Int(7), Value::BulkString(b"ERR no".to_vec())];
+        let got = replies("acquire", &[0, 1, 2], vec![0, 2], Ok((values, false, now)));
+        assert_eq!(got.len(), 2);
+        assert!(matches!(got[0], (0, Ok((Value::Int(7), false, _)))));
+        assert!(matches!(got[1], (2, Err(_))));
     }
 }
