@@ -147,6 +147,9 @@ pub(crate) struct Log {
     pub(crate) restarts: Vec<(u128, u128)>,
     /// When holders were killed (one entry a holder): their queue entries may still be in line.
     pub(crate) kills: Vec<Instant>,
+    /// Holders killed by a holder fault (not a waiter fault, which judges its own victims):
+    /// (holder, killed at in wall ns). One may have died holding the lock.
+    pub(crate) killed: Vec<(usize, u128)>,
     /// Each judged handoff after a waiter kill: (release to next grant, bound).
     pub(crate) handoffs: Vec<(Duration, Duration)>,
     /// Problems found while the faults ran (a waiter fault's handoff judged on the spot).
@@ -159,6 +162,32 @@ pub(crate) struct Log {
 }
 
 impl Log {
+    /// Notes that holder `i` was killed by a holder fault, now.
+    pub(crate) fn killed(&mut self, i: usize) {
+        self.kills.push(Instant::now());
+        self.killed.push((i, crate::wall_ns()));
+    }
+
+    /// The latest kill (wall ns) after `from_ns` and before `to_ns` of a holder that held the
+    /// lock when it died (its last grant before then has no release): it kept the lock for up
+    /// to a lease. Its grant may come before `from_ns`, beside a hold that outlasted a restart.
+    pub(crate) fn killed_holding(&self, from_ns: u128, to_ns: u128) -> Option<u128> {
+        let held_at = |i: usize, k: u128| {
+            let grant = (self.lines.iter())
+                .filter(|l| l.holder == i)
+                .filter_map(|l| match l.report {
+                    Report::Granted { start_ns } if start_ns < k => Some(start_ns),
+                    _ => None,
+                })
+                .max();
+            grant.is_some_and(|g| !self.intervals().any(|h| h.holder == i && h.start_ns == g))
+        };
+        (self.killed.iter())
+            .filter(|&&(i, k)| k > from_ns && k < to_ns && held_at(i, k))
+            .map(|&(_, k)| k)
+            .max()
+    }
+
     fn stopped(&self, holder: usize, from_ns: u128, to_ns: u128) -> bool {
         self.stops
             .iter()

@@ -71,8 +71,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
                     .log
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .kills
-                    .push(Instant::now());
+                    .killed(i);
                 fleet.kill(i);
                 fleet.spawn(i);
             }
@@ -80,12 +79,10 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
                 // Two in a row: with one holder at a time, at least one was a queued waiter,
                 // and often both (two dead waiters in a row).
                 let j = (i + 1) % HOLDERS;
-                fleet
-                    .log
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .kills
-                    .extend([Instant::now(); 2]);
+                let mut log = fleet.log.lock().unwrap_or_else(|p| p.into_inner());
+                log.killed(i);
+                log.killed(j);
+                drop(log);
                 fleet.kill(i);
                 fleet.kill(j);
                 fleet.spawn(i);

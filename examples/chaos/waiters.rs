@@ -173,15 +173,16 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
         fleet.spawn(i);
     }
     let dead = victims.len() + earlier;
-    let mut bound = dead_waiters_cost(backend, dead) + HANDOFF_SLACK;
+    let mut extra = HANDOFF_SLACK;
     // Shared holds: the next in line may need a second holder's release too.
     if matches!(primitive, "rw" | "permits") {
-        bound += LONG_HOLD;
+        extra += LONG_HOLD;
     }
     // A multi-lock waiter may die holding its first key (for a TTL).
     if primitive == "multi" {
-        bound += ttl();
+        extra += ttl();
     }
+    let mut bound = dead_waiters_cost(backend, dead) + extra;
     std::thread::sleep(ttl() + LONG_HOLD + bound + Duration::from_secs(1));
     let mut log = log(fleet);
     // The releases judged: the first hold to end after the kill, and the last to end before
@@ -236,6 +237,46 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
             who(release, true),
             who(next, false)
         );
+        let ms = |t: u128| (t as i128 - t0 as i128) as f64 / 1e6;
+        for &(i, k) in &log.killed {
+            eprintln!("killq:   killed {i} at {:+.0} ms", ms(k));
+        }
+        for l in &log.lines {
+            match &l.report {
+                Report::Granted { start_ns } if ms(*start_ns).abs() < 5000.0 => {
+                    eprintln!("killq:   {} granted at {:+.0} ms", l.holder, ms(*start_ns))
+                }
+                Report::Held(i) if ms(i.end_ns).abs() < 5000.0 => eprintln!(
+                    "killq:   {} held {:+.0}..{:+.0} ms token {}",
+                    i.holder,
+                    ms(i.start_ns),
+                    ms(i.end_ns),
+                    i.token
+                ),
+                Report::Queued
+                    if l.at
+                        .max(killed_at)
+                        .duration_since(l.at.min(killed_at))
+                        .as_millis()
+                        < 5000 =>
+                {
+                    eprintln!("killq:   {} queued", l.holder)
+                }
+                _ => {}
+            }
+        }
+    }
+    // A holder killed a moment before by a holder fault, granted since the release judged and
+    // holding when it died, kept the lock for up to a lease from its death (its last renewal
+    // was at most a TTL before); the dead waiters in line after it cost their handoffs then.
+    if let Some((r, k)) = release.and_then(|r| Some((r, log.killed_holding(r, t0)?))) {
+        let held = Duration::from_nanos(k.saturating_sub(judged_from(r)) as u64) + ttl();
+        bound = bound.max(held + dead_waiters_cost(backend, dead - 1) + extra);
+        if std::env::var_os("CHAOS_DEBUG").is_some() {
+            eprintln!(
+                "killq: a holder killed since the release judged died holding; bound {bound:?}"
+            );
+        }
     }
     let problem = match (release, next) {
         (Some(r), Some(g)) => {
