@@ -393,3 +393,145 @@ async fn given_up_behind_a_late_reply(ns: String, wanted: usize) {
     );
     nothing_left(&url, &ns).await;
 }
+
+/// Hangs and lost wake-ups (issue 29, helper atb): 24 tasks of ONE client lock and release 4
+/// keys at random, half the locks given up after 1 to 50 ms (so callers go while queued, while
+/// watching the call out, right at the hold, and with the lock granted), the others after 0.2
+/// to 1.5 s, some guards dropped
+/// instead of released, the client's replies delayed 0 to 400 ms and the delay changing every
+/// 150 ms, for 6 s. Checked: every `lock_timeout` and `release` future completes within 3 s (a
+/// deadlock in the lanes or a lost wake-up shows as a call that never completes), one holder at
+/// a time with tokens increasing, and afterwards a fresh client gets every key at once (none
+/// taken for no one, the 20 s TTL not waited out) and no key is left without an expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_given_up_at_every_point_of_the_lanes_never_hang_the_client() {
+    let ns = test_namespace!();
+    let server = RedisServer::start();
+    let url = server.url();
+    let proxy = Proxy::start(server.port());
+    let ttl = Duration::from_secs(20);
+    // A handed-off lock's provisional lease (2 s) above the replies' delay: with 300 ms, a
+    // holder's release queued behind 400 ms replies comes after that lease, honestly "lost".
+    let handoff = Duration::from_secs(2);
+    let busy = client(&via(&proxy), &ns, ttl, handoff, true).await;
+    let fresh = client(&url, &ns, ttl, handoff, true).await;
+    let book = Arc::new(Book::new(key_names(4)));
+    let bound = Duration::from_secs(3);
+    let until = Instant::now() + Duration::from_secs(6);
+    let (gave_up, dropped, granted) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let tasks: Vec<_> = (0..24u64)
+        .map(|w| {
+            let (busy, book) = (busy.clone(), book.clone());
+            let (gave_up, dropped, granted) = (gave_up.clone(), dropped.clone(), granted.clone());
+            tokio::spawn(async move {
+                let mut seed = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut next = move |n: u64| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed % n
+                };
+                while Instant::now() < until {
+                    let i = usize::try_from(next(4)).unwrap();
+                    // Most callers give up at once (1 to 50 ms), the others wait long
+                    // enough (to 1.5 s) to be granted past the late replies.
+                    let patience = if next(2) == 0 {
+                        Duration::from_millis(1 + next(50))
+                    } else {
+                        Duration::from_millis(200 + next(1300))
+                    };
+                    let mutex = busy.mutex(book.keys[i].clone());
+                    let asked = Instant::now();
+                    match timeout(bound, mutex.lock_timeout(patience)).await {
+                        Ok(Ok(g)) => {
+                            granted.fetch_add(1, Ordering::SeqCst);
+                            book.enter(i, g.fencing_token(), asked.elapsed());
+                            sleep(Duration::from_millis(next(3))).await;
+                            // Left before the release is sent: its server hands the lock on
+                            // (the next holder told by a message) before its reply comes.
+                            book.leave(i);
+                            if next(4) == 0 {
+                                dropped.fetch_add(1, Ordering::SeqCst);
+                                drop(g);
+                            } else {
+                                let token = g.fencing_token();
+                                match timeout(bound, g.release()).await {
+                                    Ok(Ok(())) => {}
+                                    Ok(Err(e)) => book.bad(format!(
+                                        "release of token {token} granted {:?} ago: {e}; \
+                                         last token granted there {}",
+                                        asked.elapsed(),
+                                        book.last.lock().unwrap()[i]
+                                    )),
+                                    Err(_) => book.bad(format!(
+                                        "{}: release not done within {bound:?}",
+                                        short(&book.keys[i])
+                                    )),
+                                }
+                            }
+                        }
+                        Ok(Err(e)) if e.is_timeout() => {
+                            gave_up.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok(Err(e)) => book.bad(format!("lock: {e}")),
+                        Err(_) => book.bad(format!(
+                            "{}: lock_timeout({patience:?}) not done within {bound:?}",
+                            short(&book.keys[i])
+                        )),
+                    }
+                }
+            })
+        })
+        .collect();
+    let changing = async {
+        let mut seed = 0x2545_F491_4F6C_DD1D_u64;
+        while Instant::now() < until {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            proxy.delay_replies(Which::Commands, Duration::from_millis(seed % 401));
+            sleep(Duration::from_millis(150)).await;
+        }
+    };
+    let (done, ()) = tokio::join!(futures::future::join_all(tasks), changing);
+    for d in done {
+        if let Err(e) = d {
+            book.bad(format!("worker panicked: {e}"));
+        }
+    }
+    proxy.pass();
+    println!(
+        "{} granted, {} given up, {} guards dropped unreleased, longest granted wait {} ms",
+        granted.load(Ordering::SeqCst),
+        gave_up.load(Ordering::SeqCst),
+        dropped.load(Ordering::SeqCst),
+        book.longest_wait_ms.load(Ordering::SeqCst)
+    );
+    // The busy client still works, and nothing was taken for no one: every key at once.
+    let mut slow = Vec::new();
+    for k in &book.keys {
+        for (who, c) in [("busy", &busy), ("fresh", &fresh)] {
+            let t = Instant::now();
+            match c.mutex(k.clone()).lock_timeout(bound).await {
+                Ok(g) => {
+                    if t.elapsed() > Duration::from_secs(1) {
+                        slow.push(format!("{who} {}: {:?}", short(k), t.elapsed()));
+                    }
+                    g.release().await.unwrap();
+                }
+                Err(e) => slow.push(format!("{who} {}: {e}", short(k))),
+            }
+        }
+    }
+    busy.shutdown().await;
+    fresh.shutdown().await;
+    let bad = book.bad.lock().unwrap().clone();
+    assert!(bad.is_empty(), "{bad:#?}");
+    assert!(slow.is_empty(), "keys not free afterwards: {slow:#?}");
+    assert!(granted.load(Ordering::SeqCst) > 0 && gave_up.load(Ordering::SeqCst) > 0);
+    nothing_left(&url, &ns).await;
+}
