@@ -148,3 +148,96 @@ async fn a_batch_cut_after_its_acquires_were_given_up_grants_the_wanted_and_take
     assert!(bad.is_empty(), "{bad:#?}");
     nothing_left(&url, &ns).await;
 }
+
+/// The first attempt of a call sent alone (no other call out: the lane idle) is cut after the
+/// server ran it, its reply 500 ms late: the retry path (made only after a failed first
+/// attempt) sends it again. An acquire: the lock is granted once, held, its token above the
+/// last; a release: it succeeds (in doubt, the second attempt finds the lock already let go)
+/// and the key is free. Each call completes within 3 s, and nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_alone_cut_during_its_first_attempt_is_answered_by_its_retry() {
+    let ns = test_namespace!();
+    let server = RedisServer::start();
+    let url = server.url();
+    let proxy = Proxy::start(server.port());
+    let ttl = Duration::from_secs(10);
+    let handoff = Duration::from_secs(2);
+    let busy = client(&via(&proxy), &ns, ttl, handoff, true).await;
+    let fresh = client(&url, &ns, ttl, handoff, true).await;
+    let key = key_names(1).remove(0);
+    let before = fresh.mutex(key.clone()).lock().await.unwrap();
+    let last = before.fencing_token();
+    before.release().await.unwrap();
+    let mut bad = Vec::new();
+    for round in 0..3 {
+        proxy.delay_replies(Which::Commands, Duration::from_millis(500));
+        let asked = Instant::now();
+        let lock = tokio::spawn(busy.mutex(key.clone()).lock_timeout(Duration::from_secs(8)));
+        sleep(Duration::from_millis(200)).await;
+        proxy.cut();
+        sleep(Duration::from_millis(20)).await;
+        proxy.heal();
+        let g = match tokio::time::timeout(Duration::from_secs(3), lock).await {
+            Ok(Ok(Ok(g))) => g,
+            other => {
+                bad.push(format!("round {round}: acquire {other:?}"));
+                break;
+            }
+        };
+        println!(
+            "round {round}: acquire answered after {:?}",
+            asked.elapsed()
+        );
+        if g.fencing_token() <= last {
+            bad.push(format!(
+                "round {round}: token {} after {last}",
+                g.fencing_token()
+            ));
+        }
+        if hold_of(&url, &ns, &key).await.is_none() {
+            bad.push(format!("round {round}: granted, not held on the server"));
+        }
+        let asked = Instant::now();
+        let release = tokio::spawn(g.release());
+        sleep(Duration::from_millis(200)).await;
+        proxy.cut();
+        sleep(Duration::from_millis(20)).await;
+        proxy.heal();
+        match tokio::time::timeout(Duration::from_secs(3), release).await {
+            Ok(Ok(Ok(()))) => {}
+            other => bad.push(format!("round {round}: release {other:?}")),
+        }
+        println!(
+            "round {round}: release answered after {:?}",
+            asked.elapsed()
+        );
+        proxy.pass();
+        if let Some(h) = hold_of(&url, &ns, &key).await {
+            bad.push(format!(
+                "round {round}: still held by {:?}",
+                String::from_utf8_lossy(&h)
+            ));
+        }
+        let t = Instant::now();
+        match fresh
+            .mutex(key.clone())
+            .lock_timeout(Duration::from_secs(8))
+            .await
+        {
+            Ok(g) => {
+                if t.elapsed() > Duration::from_millis(500) {
+                    bad.push(format!(
+                        "round {round}: a fresh client waited {:?}",
+                        t.elapsed()
+                    ));
+                }
+                g.release().await.unwrap();
+            }
+            Err(e) => bad.push(format!("round {round}: a fresh client: {e}")),
+        }
+    }
+    busy.shutdown().await;
+    fresh.shutdown().await;
+    assert!(bad.is_empty(), "{bad:#?}");
+    nothing_left(&url, &ns).await;
+}
