@@ -338,14 +338,62 @@ impl At<'_> {
                 }
                 let turn = lane.turn;
                 drop(lanes);
-                let lane = self.backend.clone().send_lane(self.what, self.name, turn);
-                runtime.spawn(lane);
+                let mut unsent = Unsent {
+                    backend: self.backend.clone(),
+                    name: self.name,
+                    turn,
+                    done: false,
+                };
+                let what = self.what;
+                runtime.spawn(async move {
+                    let lane = unsent.backend.clone();
+                    lane.send_lane(what, unsent.name, turn).await;
+                    unsent.sent();
+                });
             }
             // Passed over with nothing queued: the call out still holds the lane.
             _ if over => {}
             // Nothing queued (or no runtime left to send it on: the client is gone).
             _ => lane.sending = false,
         }
+    }
+}
+
+/// A lane's sending task, until it is done: dropped before (its runtime shut down, the task
+/// dropped unrun or mid-batch), it drops what queued in its turn (their callers get an error,
+/// instead of waiting for a task that will never run) and leaves the lane idle.
+struct Unsent {
+    backend: RedisBackend,
+    name: &'static str,
+    turn: u64,
+    /// The task ran to its end: nothing to undo.
+    done: bool,
+}
+
+impl Unsent {
+    /// The task ran to its end: nothing to undo.
+    fn sent(&mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let dropped = {
+            let mut lanes = self.backend.inner.coalescer.lanes.locked();
+            match lanes.get_mut(self.name) {
+                Some(lane) if lane.turn == self.turn => {
+                    lane.sending = false;
+                    std::mem::take(&mut lane.queued)
+                }
+                _ => Vec::new(),
+            }
+        };
+        // Outside the lock: the senders' receivers wake with an error.
+        drop(dropped);
     }
 }
 
