@@ -329,8 +329,12 @@ impl At<'_> {
         if lane.turn != self.turn {
             return;
         }
-        let runtime =
-            (coalescer.runtime.clone()).or_else(|| tokio::runtime::Handle::try_current().ok());
+        // The runtime the backend was built in first; if it has shut down (the spawn drops the
+        // task at once), the caller's.
+        let (runtime, fallback) = match coalescer.runtime.clone() {
+            Some(built) => (Some(built), true),
+            None => (tokio::runtime::Handle::try_current().ok(), false),
+        };
         match runtime {
             Some(runtime) if !lane.queued.is_empty() => {
                 if over {
@@ -338,18 +342,15 @@ impl At<'_> {
                 }
                 let turn = lane.turn;
                 drop(lanes);
-                let mut unsent = Unsent {
+                let unsent = Unsent {
                     backend: self.backend.clone(),
+                    what: self.what,
                     name: self.name,
                     turn,
+                    fallback,
                     done: false,
                 };
-                let what = self.what;
-                runtime.spawn(async move {
-                    let lane = unsent.backend.clone();
-                    lane.send_lane(what, unsent.name, turn).await;
-                    unsent.sent();
-                });
+                unsent.spawn_on(&runtime);
             }
             // Passed over with nothing queued: the call out still holds the lane.
             _ if over => {}
@@ -359,18 +360,32 @@ impl At<'_> {
     }
 }
 
-/// A lane's sending task, until it is done: dropped before (its runtime shut down, the task
-/// dropped unrun or mid-batch), it drops what queued in its turn (their callers get an error,
-/// instead of waiting for a task that will never run) and leaves the lane idle.
+/// A lane's sending task, until it is done. Dropped before (its runtime shut down, the task
+/// dropped unrun or mid-batch), it sends what queued in its turn from a task on the current
+/// runtime instead, once (a client built in a runtime since shut down, used from another);
+/// failing that, it drops the queue (their callers get an error, instead of waiting for a task
+/// that will never run) and leaves the lane idle.
 struct Unsent {
     backend: RedisBackend,
+    what: &'static str,
     name: &'static str,
     turn: u64,
+    /// Dropped before its end, it may try the current runtime.
+    fallback: bool,
     /// The task ran to its end: nothing to undo.
     done: bool,
 }
 
 impl Unsent {
+    /// Spawns the lane's sending task on `runtime`, this guard inside it.
+    fn spawn_on(mut self, runtime: &tokio::runtime::Handle) {
+        runtime.spawn(async move {
+            let backend = self.backend.clone();
+            backend.send_lane(self.what, self.name, self.turn).await;
+            self.sent();
+        });
+    }
+
     /// The task ran to its end: nothing to undo.
     fn sent(&mut self) {
         self.done = true;
@@ -382,18 +397,45 @@ impl Drop for Unsent {
         if self.done {
             return;
         }
+        let mut current = (self.fallback)
+            .then(|| tokio::runtime::Handle::try_current().ok())
+            .flatten();
         let dropped = {
             let mut lanes = self.backend.inner.coalescer.lanes.locked();
             match lanes.get_mut(self.name) {
-                Some(lane) if lane.turn == self.turn => {
-                    lane.sending = false;
-                    std::mem::take(&mut lane.queued)
+                Some(lane) if lane.turn == self.turn && !lane.queued.is_empty() => {
+                    if current.is_some() {
+                        Vec::new()
+                    } else {
+                        lane.sending = false;
+                        std::mem::take(&mut lane.queued)
+                    }
                 }
-                _ => Vec::new(),
+                Some(lane) if lane.turn == self.turn => {
+                    current = None;
+                    lane.sending = false;
+                    Vec::new()
+                }
+                _ => {
+                    current = None;
+                    Vec::new()
+                }
             }
         };
-        // Outside the lock: the senders' receivers wake with an error.
+        // Outside the lock: the senders' receivers wake with an error; the task on the current
+        // runtime (if it too has shut down, this runs again, and drops the queue).
         drop(dropped);
+        if let Some(current) = current {
+            let again = Unsent {
+                backend: self.backend.clone(),
+                what: self.what,
+                name: self.name,
+                turn: self.turn,
+                fallback: false,
+                done: false,
+            };
+            again.spawn_on(&current);
+        }
     }
 }
 
