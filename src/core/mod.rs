@@ -160,8 +160,10 @@ impl Core {
     /// release that overtook an acquire still on its way (on another pooled connection, or
     /// retried on a new one) would find nothing, and the late acquire would then hold the lock
     /// for no one until its lease ran out. The call is awaited for at most the claim's TTL
-    /// (within [`IN_FLIGHT_MIN`], [`IN_FLIGHT_MAX`]); every backend bounds its calls well
-    /// within that.
+    /// (within [`IN_FLIGHT_MIN`], [`IN_FLIGHT_MAX`]), then dropped: it sends no retry after the
+    /// release (a Redis call may take up to three 5 s attempts, more than a short TTL; a
+    /// coalesced acquire given up is left out of its batch's next attempt). A request already
+    /// sent may still take the lock after the release, for at most its lease.
     fn release_in_task_after(
         self: &Arc<Self>,
         handle: &Handle,
