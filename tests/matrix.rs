@@ -29,6 +29,7 @@ macro_rules! cases {
 }
 
 /// One test per case of `$group`, which the backend lacks: see [`suite::skipped`].
+#[cfg(any(feature = "redlock", feature = "zookeeper"))]
 macro_rules! skipped_cases {
     ($env:path, $group:ident: $($case:ident),+) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,6 +136,11 @@ const BASE: Sizes = Sizes {
 };
 
 /// A Redis topology with a replica or a shard more to go through.
+#[cfg(any(
+    feature = "redis-cluster",
+    feature = "redis-sentinel",
+    feature = "redlock"
+))]
 const REPLICATED: Sizes = Sizes {
     contend: (4, 15, Duration::from_micros(300)),
     fifo: 6,
