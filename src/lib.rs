@@ -230,7 +230,7 @@ pub mod __private {
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-#[cfg(test)]
+#[cfg(all(test, feature = "memory"))]
 mod bounds {
     use super::*;
 

@@ -2,6 +2,7 @@
 //! runtimes, and what its statistics show. Each contender gets its own `LockClient` (its own
 //! renewal task), as separate processes would. The behaviour suite every backend runs is in
 //! `tests/matrix.rs` (`memory::`).
+#![cfg(feature = "memory")]
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;

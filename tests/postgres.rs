@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use distlock::backend::PgBackend;
 use distlock::LockClient;
-use support::contract::{contend, granted};
+use support::contract::granted;
 use support::pg::{claims_in, connection, terminate, until_queued};
 use support::server::postgres::shared_postgres;
 use tokio::time::{sleep, timeout, Instant};
@@ -426,7 +426,7 @@ async fn statements_through_a_deadpool_pool() {
             .unwrap();
         cs.push(LockClient::builder(backend).namespace(&ns).build().unwrap());
     }
-    contend(cs, "pool", 15, Duration::from_micros(300)).await;
+    support::contract::contend(cs, "pool", 15, Duration::from_micros(300)).await;
     assert_eq!(claims_in(&shared_postgres().url(), &ns).await, 0);
 }
 
@@ -463,7 +463,7 @@ async fn tls_as_sslmode_says() {
     for _ in 0..3 {
         cs.push(client(full.clone()).await.unwrap());
     }
-    contend(cs, "tls", 10, Duration::from_micros(300)).await;
+    support::contract::contend(cs, "tls", 10, Duration::from_micros(300)).await;
 
     for ok in [
         url(

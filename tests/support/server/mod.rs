@@ -18,6 +18,7 @@
 #[cfg(feature = "redis-cluster")]
 pub mod cluster;
 pub mod ensemble;
+#[cfg(feature = "memory")]
 pub mod memory;
 pub mod pgbouncer;
 pub mod postgres;
