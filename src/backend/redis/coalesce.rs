@@ -128,7 +128,15 @@ impl RedisBackend {
                 }
             };
             if let Some((rx, watch)) = waiting {
-                let (value, in_doubt, sent) = queued(what, rx, watch).await?;
+                let Some(reply) = queued(rx, watch).await else {
+                    // The lane's sending task ended before it answered (its runtime shut down
+                    // with the call queued or out): the call goes alone, from this caller's
+                    // runtime, in doubt (its batch may have run).
+                    let alone = Box::pin(self.inner.commands.invoke_noting_doubt(what, call));
+                    let alone = alone.await;
+                    return alone.map(|(value, _, sent)| (value, true, sent));
+                };
+                let (value, in_doubt, sent) = reply?;
                 let value = T::from_redis_value(value).map_err(|e| redis_error(what, e.into()))?;
                 return Ok((value, in_doubt, sent));
             }
@@ -329,12 +337,8 @@ impl At<'_> {
         if lane.turn != self.turn {
             return;
         }
-        // The runtime the backend was built in first; if it has shut down (the spawn drops the
-        // task at once), the caller's.
-        let (runtime, fallback) = match coalescer.runtime.clone() {
-            Some(built) => (Some(built), true),
-            None => (tokio::runtime::Handle::try_current().ok(), false),
-        };
+        let runtime =
+            (coalescer.runtime.clone()).or_else(|| tokio::runtime::Handle::try_current().ok());
         match runtime {
             Some(runtime) if !lane.queued.is_empty() => {
                 if over {
@@ -342,15 +346,18 @@ impl At<'_> {
                 }
                 let turn = lane.turn;
                 drop(lanes);
-                let unsent = Unsent {
+                let mut unsent = Unsent {
                     backend: self.backend.clone(),
-                    what: self.what,
                     name: self.name,
                     turn,
-                    fallback,
                     done: false,
                 };
-                unsent.spawn_on(&runtime);
+                let what = self.what;
+                runtime.spawn(async move {
+                    let lane = unsent.backend.clone();
+                    lane.send_lane(what, unsent.name, turn).await;
+                    unsent.sent();
+                });
             }
             // Passed over with nothing queued: the call out still holds the lane.
             _ if over => {}
@@ -360,32 +367,19 @@ impl At<'_> {
     }
 }
 
-/// A lane's sending task, until it is done. Dropped before (its runtime shut down, the task
-/// dropped unrun or mid-batch), it sends what queued in its turn from a task on the current
-/// runtime instead, once (a client built in a runtime since shut down, used from another);
-/// failing that, it drops the queue (their callers get an error, instead of waiting for a task
-/// that will never run) and leaves the lane idle.
+/// A lane's sending task, until it is done: dropped before (its runtime shut down, the task
+/// dropped unrun or mid-batch), it drops what queued in its turn and leaves the lane idle. The
+/// callers find their replies gone and send their calls alone (see `invoke_coalesced`),
+/// instead of waiting for a task that will never run.
 struct Unsent {
     backend: RedisBackend,
-    what: &'static str,
     name: &'static str,
     turn: u64,
-    /// Dropped before its end, it may try the current runtime.
-    fallback: bool,
     /// The task ran to its end: nothing to undo.
     done: bool,
 }
 
 impl Unsent {
-    /// Spawns the lane's sending task on `runtime`, this guard inside it.
-    fn spawn_on(mut self, runtime: &tokio::runtime::Handle) {
-        runtime.spawn(async move {
-            let backend = self.backend.clone();
-            backend.send_lane(self.what, self.name, self.turn).await;
-            self.sent();
-        });
-    }
-
     /// The task ran to its end: nothing to undo.
     fn sent(&mut self) {
         self.done = true;
@@ -397,45 +391,18 @@ impl Drop for Unsent {
         if self.done {
             return;
         }
-        let mut current = (self.fallback)
-            .then(|| tokio::runtime::Handle::try_current().ok())
-            .flatten();
         let dropped = {
             let mut lanes = self.backend.inner.coalescer.lanes.locked();
             match lanes.get_mut(self.name) {
-                Some(lane) if lane.turn == self.turn && !lane.queued.is_empty() => {
-                    if current.is_some() {
-                        Vec::new()
-                    } else {
-                        lane.sending = false;
-                        std::mem::take(&mut lane.queued)
-                    }
-                }
                 Some(lane) if lane.turn == self.turn => {
-                    current = None;
                     lane.sending = false;
-                    Vec::new()
+                    std::mem::take(&mut lane.queued)
                 }
-                _ => {
-                    current = None;
-                    Vec::new()
-                }
+                _ => Vec::new(),
             }
         };
-        // Outside the lock: the senders' receivers wake with an error; the task on the current
-        // runtime (if it too has shut down, this runs again, and drops the queue).
+        // Outside the lock: the senders' receivers wake.
         drop(dropped);
-        if let Some(current) = current {
-            let again = Unsent {
-                backend: self.backend.clone(),
-                what: self.what,
-                name: self.name,
-                turn: self.turn,
-                fallback: false,
-                done: false,
-            };
-            again.spawn_on(&current);
-        }
     }
 }
 
@@ -471,7 +438,7 @@ impl Watch<'_> {
 /// Waits for the reply of a call queued in a lane; `watch` if it is the first queued behind
 /// the call out. Apart from [`RedisBackend::invoke_coalesced`], whose every call's future
 /// would otherwise be this one's size more.
-async fn queued(what: &str, mut rx: oneshot::Receiver<Reply>, watch: Option<Watch<'_>>) -> Reply {
+async fn queued(mut rx: oneshot::Receiver<Reply>, watch: Option<Watch<'_>>) -> Option<Reply> {
     let reply = match watch {
         Some(watch) => match tokio::time::timeout(HOLD, &mut rx).await {
             Ok(reply) => {
@@ -487,14 +454,7 @@ async fn queued(what: &str, mut rx: oneshot::Receiver<Reply>, watch: Option<Watc
         },
         None => rx.await,
     };
-    reply.map_err(|_| lost(what))?
-}
-
-fn lost(what: &str) -> Error {
-    Error::new(
-        ErrorKind::Backend,
-        format!("redis {what}: the coalesced call was lost"),
-    )
+    reply.ok()
 }
 
 /// A claim's error in a coalesced reply (the server's error text, see `MANY_LUA`), as the
