@@ -108,9 +108,17 @@ impl Engine {
         }
     }
 
-    /// Stops the task; `tx` receives the leases it still tracked.
+    /// Stops the task; `tx` receives the leases it still tracked, or is dropped if the task is
+    /// gone (its runtime shut down): it tracks nothing then.
     pub(crate) fn shutdown(&self, tx: oneshot::Sender<Vec<Arc<Lease>>>) {
-        self.inbox().shutdown = Some(tx);
+        let mut inbox = self.inbox();
+        // Under the inbox's lock: the task, ending, clears `alive` before it takes the lock to
+        // drop a sender left here.
+        if !self.shared.alive.load(Ordering::Acquire) {
+            return;
+        }
+        inbox.shutdown = Some(tx);
+        drop(inbox);
         self.shared.wake.notify_one();
     }
 
@@ -155,6 +163,9 @@ struct Alive(Arc<Shared>);
 impl Drop for Alive {
     fn drop(&mut self) {
         self.0.alive.store(false, Ordering::Release);
+        // A shutdown asked of a task that will not answer (dropped with its runtime) hears so.
+        let unanswered = self.0.inbox.locked().shutdown.take();
+        drop(unanswered);
     }
 }
 

@@ -1,0 +1,80 @@
+//! A Redis client that outlives the runtime it was built in (a client kept in a static across
+//! `#[tokio::test]`s, each test its own runtime), used from the next runtime: the tasks it
+//! started went with the first. The lanes' case is in `redis_lane_faults.rs` (and the attacks
+//! on it in `redis_runtime_attacks.rs`); here, waiters and the client's shutdown.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::time::Duration;
+
+use support::redis::client;
+use support::release::{key_names, nothing_left};
+use support::server::redis::RedisServer;
+use tokio::time::Instant;
+
+/// Built in runtime A (then shut down), used from B, then from C: in each, a lock is held and a
+/// second lock of the same key waits; the holder releases after 300 ms. The TTL is 10 s, so a
+/// waiter that heard nothing would be granted only at the deadline it learned (about 10 s).
+/// Checked: in each runtime the waiter is granted within 1 s of the release (about 55 ms here:
+/// the pub/sub hub's task went with A), with a higher token; then, from a fourth runtime, the
+/// client's shutdown ends within 5 s and nothing is left in the namespace. Before: the shutdown
+/// waited forever for an answer from the renewal task, which had gone with the runtime it last
+/// ran on.
+#[test]
+fn a_client_whose_runtime_is_gone_serves_its_waiters_and_shuts_down() {
+    let ns = test_namespace!();
+    let server = RedisServer::start();
+    let url = server.url();
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let busy = first.block_on(client(
+        &url,
+        &ns,
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+        true,
+    ));
+    // The hub's task runs, connected, before its runtime goes.
+    first.block_on(async {
+        let g = busy.mutex("warm").lock().await.unwrap();
+        g.release().await.unwrap();
+    });
+    drop(first);
+    let mut late = Vec::new();
+    for (round, key) in key_names(2).into_iter().enumerate() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let waited = runtime.block_on(async {
+            let held = busy.mutex(key.clone()).lock().await.unwrap();
+            let waiter = busy.mutex(key.clone());
+            let waiting = tokio::spawn(async move {
+                let g = waiter.lock_timeout(Duration::from_secs(20)).await;
+                (g, Instant::now())
+            });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let token = held.fencing_token();
+            held.release().await.unwrap();
+            let released = Instant::now();
+            let (granted, at) = waiting.await.unwrap();
+            let granted = granted.unwrap();
+            let next = granted.fencing_token();
+            assert!(next > token, "round {round}: {next} after {token}");
+            granted.release().await.unwrap();
+            at.saturating_duration_since(released)
+        });
+        println!("round {round}: granted {waited:?} after the release");
+        if waited > Duration::from_secs(1) {
+            late.push(format!("round {round}: {waited:?}"));
+        }
+        drop(runtime);
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let shut = tokio::time::timeout(Duration::from_secs(5), busy.shutdown()).await;
+        assert!(shut.is_ok(), "the client's shutdown did not end within 5 s");
+        nothing_left(&url, &ns).await;
+    });
+    assert!(
+        late.is_empty(),
+        "waiters granted late after the release: {late:?}"
+    );
+}
