@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use support::proxy::{Proxy, Which};
-use support::redis::client;
+use support::redis::{client, orphaned_client};
 use support::release::{hold_of, key_names, lock_all, nothing_left, short, via};
 use support::server::redis::RedisServer;
 use tokio::time::{sleep, Instant};
@@ -256,15 +256,7 @@ fn a_client_whose_runtime_is_gone_still_sends_its_queued_calls() {
     let ns = test_namespace!();
     let server = RedisServer::start();
     let url = server.url();
-    let first = tokio::runtime::Runtime::new().unwrap();
-    let busy = first.block_on(client(
-        &url,
-        &ns,
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-        true,
-    ));
-    drop(first);
+    let busy = orphaned_client(&url, &ns, Duration::from_secs(10));
     let second = tokio::runtime::Runtime::new().unwrap();
     let outcomes = second.block_on(async {
         let keys = key_names(9);

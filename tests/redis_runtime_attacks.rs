@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock::LockClient;
-use support::redis::client;
+use support::redis::{client, orphaned_client};
 use support::release::nothing_left;
 use support::server::redis::RedisServer;
 use tokio::time::Instant;
@@ -29,14 +29,6 @@ fn runtime(multi: bool) -> tokio::runtime::Runtime {
             .build()
             .unwrap()
     }
-}
-
-/// A client of `url` built in a runtime that is shut down before this returns.
-fn orphan(url: &str, ns: &str, ttl: Duration) -> LockClient {
-    let first = runtime(true);
-    let c = first.block_on(client(url, ns, ttl, Duration::from_secs(2), true));
-    drop(first);
-    c
 }
 
 /// What one round of locks saw: the errors (and hangs), and each key's tokens in order.
@@ -99,7 +91,7 @@ fn steady_while_others_end(multi: bool) {
     let ns = format!("{}.{}", test_namespace!(), multi);
     let server = RedisServer::start();
     let url = server.url();
-    let shared = orphan(&url, &ns, Duration::from_secs(10));
+    let shared = orphaned_client(&url, &ns, Duration::from_secs(10));
     let steady_seen = Arc::new(Mutex::new(Seen::default()));
     let steady = {
         let (c, seen) = (shared.clone(), steady_seen.clone());
@@ -180,7 +172,7 @@ fn an_orphaned_client_serves_runtimes_in_sequence() {
     let ns = test_namespace!();
     let server = RedisServer::start();
     let url = server.url();
-    let shared = orphan(&url, &ns, Duration::from_secs(10));
+    let shared = orphaned_client(&url, &ns, Duration::from_secs(10));
     let seen = Mutex::new(Seen::default());
     for i in 0..6 {
         let rt = runtime(i % 2 == 0);
@@ -202,7 +194,7 @@ fn guards_dropped_after_their_runtime_are_freed_within_their_ttl() {
     let server = RedisServer::start();
     let url = server.url();
     let ttl = Duration::from_secs(3);
-    let shared = orphan(&url, &ns, ttl);
+    let shared = orphaned_client(&url, &ns, ttl);
     let b = runtime(false);
     let guards = b.block_on(async {
         let mut gs = Vec::new();
@@ -266,7 +258,7 @@ fn a_runtime_that_ends_does_not_take_the_queued_calls_of_another_with_it() {
         Duration::from_secs(2),
         true,
     ));
-    let shared = orphan(&via(&proxy), &ns, Duration::from_secs(10));
+    let shared = orphaned_client(&via(&proxy), &ns, Duration::from_secs(10));
     let c = runtime(true);
     // C reconnects the client's connection (its task now on C, which lives).
     c.block_on(async {
@@ -356,7 +348,7 @@ fn a_runtime_that_ends_does_not_take_the_queued_releases_of_another_with_it() {
         Duration::from_secs(2),
         true,
     ));
-    let shared = orphan(&via(&proxy), &ns, Duration::from_secs(10));
+    let shared = orphaned_client(&via(&proxy), &ns, Duration::from_secs(10));
     let c = runtime(true);
     let held = c.block_on(async {
         let mut held = Vec::new();
@@ -481,7 +473,7 @@ fn an_orphaned_client_shared_by_ending_runtimes_never_grants_a_key_twice() {
     let ns = test_namespace!();
     let server = RedisServer::start();
     let url = server.url();
-    let shared = orphan(&url, &ns, Duration::from_secs(2));
+    let shared = orphaned_client(&url, &ns, Duration::from_secs(2));
     let holders = Arc::new(Mutex::new(Holders::default()));
     let steady = {
         let (c, holders) = (shared.clone(), holders.clone());

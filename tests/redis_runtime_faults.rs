@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::redis::client;
+use support::redis::orphaned_client;
 use support::release::{key_names, nothing_left};
 use support::server::redis::RedisServer;
 use tokio::time::Instant;
@@ -26,20 +26,7 @@ fn a_client_whose_runtime_is_gone_serves_its_waiters_and_shuts_down() {
     let ns = test_namespace!();
     let server = RedisServer::start();
     let url = server.url();
-    let first = tokio::runtime::Runtime::new().unwrap();
-    let busy = first.block_on(client(
-        &url,
-        &ns,
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-        true,
-    ));
-    // The hub's task runs, connected, before its runtime goes.
-    first.block_on(async {
-        let g = busy.mutex("warm").lock().await.unwrap();
-        g.release().await.unwrap();
-    });
-    drop(first);
+    let busy = orphaned_client(&url, &ns, Duration::from_secs(10));
     let mut late = Vec::new();
     for (round, key) in key_names(2).into_iter().enumerate() {
         let runtime = tokio::runtime::Runtime::new().unwrap();

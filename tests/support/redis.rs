@@ -149,6 +149,21 @@ pub async fn client(
         .unwrap()
 }
 
+/// A client of `url` (handoff lease 2 s, renewing) built in a runtime that is shut down before
+/// this returns, once it has locked and released a key there (its connections and tasks
+/// started): a client kept in a static across `#[tokio::test]`s, each test its own runtime.
+pub fn orphaned_client(url: &str, ns: &str, ttl: Duration) -> distlock::LockClient {
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let c = first.block_on(async {
+        let c = client(url, ns, ttl, Duration::from_secs(2), true).await;
+        let g = c.mutex("orphaned-warm-up").lock().await.unwrap();
+        g.release().await.unwrap();
+        c
+    });
+    drop(first);
+    c
+}
+
 /// The shared fault scenarios' view of the binary's shared `redis-server`.
 pub fn service() -> super::faults::Service {
     super::faults::Service {
