@@ -13,6 +13,7 @@ use std::time::Duration;
 use support::contract::{partition_then_handover, spawn_timed, spawn_timed_lock};
 use support::counting::Counting;
 use support::faults::{self, grant_elsewhere, stays_lost};
+use support::orphan::{orphan, waiter_hears_its_grant};
 use support::pg::{client, until_queued};
 use support::proxy::{Proxy, Which};
 use support::server::postgres::{shared_postgres, PgServer};
@@ -417,4 +418,33 @@ async fn a_rw_lock_with_a_crashed_writer_and_crashed_writers_queued_passes_on() 
         Some(faults::Shared::WriteThenRead),
     )
     .await;
+}
+
+/// A client built in a runtime that ended (a client kept in a static across
+/// `#[tokio::test]`s), used from the next one: its waiter is granted within 1 s of the release,
+/// where the TTL is 10 s. Before: the LISTEN connection's task had gone with the first runtime,
+/// and the waiter heard nothing until the holder's lease deadline.
+fn an_orphaned_client_hears_its_grants(ns: &str, warm_up: bool) {
+    let url = shared_postgres().url();
+    let ttl = Duration::from_secs(10);
+    let client = orphan(|| client(&url, ns, ttl, Duration::from_secs(2)), warm_up);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let key = "orphan-waits";
+    let unknown: Option<fn() -> std::future::Ready<bool>> = None;
+    runtime.block_on(waiter_hears_its_grant(
+        client,
+        key,
+        || until_queued(&url, ns, key, 1),
+        unknown,
+    ));
+}
+
+#[test]
+fn a_client_whose_runtime_ended_before_its_first_call_hears_its_grants() {
+    an_orphaned_client_hears_its_grants(&test_namespace!(), false);
+}
+
+#[test]
+fn a_client_whose_runtime_ended_after_a_lock_hears_its_grants() {
+    an_orphaned_client_hears_its_grants(&test_namespace!(), true);
 }

@@ -18,6 +18,7 @@ pub mod family;
 pub mod faults;
 pub mod holder;
 pub mod observed;
+pub mod orphan;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod process;

@@ -153,15 +153,32 @@ pub async fn client(
 /// this returns, once it has locked and released a key there (its connections and tasks
 /// started): a client kept in a static across `#[tokio::test]`s, each test its own runtime.
 pub fn orphaned_client(url: &str, ns: &str, ttl: Duration) -> distlock::LockClient {
-    let first = tokio::runtime::Runtime::new().unwrap();
-    let c = first.block_on(async {
-        let c = client(url, ns, ttl, Duration::from_secs(2), true).await;
-        let g = c.mutex("orphaned-warm-up").lock().await.unwrap();
-        g.release().await.unwrap();
-        c
-    });
-    drop(first);
-    c
+    super::orphan::orphan(|| client(url, ns, ttl, Duration::from_secs(2), true), true)
+}
+
+/// A client of `url` (handoff lease 2 s, renewing) built in a runtime that is shut down before
+/// this returns and before any call: its tasks went with it, perhaps before they connected.
+pub fn unused_orphan(url: &str, ns: &str, ttl: Duration) -> distlock::LockClient {
+    super::orphan::orphan(|| client(url, ns, ttl, Duration::from_secs(2), true), false)
+}
+
+/// How many connections to `url` listen to a pub/sub channel or shard channel.
+pub async fn listening(url: &str) -> usize {
+    let mut conn = connection(url).await;
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let count = |line: &str, field: &str| {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(field))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    list.lines()
+        .filter(|l| count(l, "sub=") + count(l, "ssub=") > 0)
+        .count()
 }
 
 /// The shared fault scenarios' view of the binary's shared `redis-server`.

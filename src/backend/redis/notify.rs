@@ -444,9 +444,11 @@ impl Link for PubSub {
             return hub::gone().await;
         };
         // Resubscribe what is in use; the hub then lets every waiter re-check what it may have
-        // missed.
+        // missed. A channel nobody uses any more is left: the reminder to leave it after its
+        // linger went with the last connection.
         let wanted: Vec<Arc<str>> = {
             let mut channels = inner.channels.locked();
+            channels.retain(|_, c| !c.mailboxes.is_empty());
             channels.values_mut().for_each(|c| c.subscribed = false);
             channels.keys().cloned().collect()
         };
