@@ -13,7 +13,7 @@ use std::time::Duration;
 use support::contract::{partition_then_handover, spawn_timed, spawn_timed_lock};
 use support::counting::Counting;
 use support::faults::{self, grant_elsewhere, stays_lost};
-use support::orphan::{orphan, waiter_hears_its_grant};
+use support::orphan::{orphan, waiter_hears_its_grant, waiter_outlives_its_hubs_runtime};
 use support::pg::{client, until_queued};
 use support::proxy::{Proxy, Which};
 use support::server::postgres::{shared_postgres, PgServer};
@@ -447,4 +447,21 @@ fn a_client_whose_runtime_ended_before_its_first_call_hears_its_grants() {
 #[test]
 fn a_client_whose_runtime_ended_after_a_lock_hears_its_grants() {
     an_orphaned_client_hears_its_grants(&test_namespace!(), true);
+}
+
+/// The client is built in runtime A and kept there; a lock waits in B; then A shuts down,
+/// taking the LISTEN task with it while the waiter waits. Before: nothing started the task
+/// again, and the waiter heard nothing until a deadline.
+#[test]
+fn a_waiter_outlives_the_runtime_of_its_listen_task() {
+    let ns = test_namespace!();
+    let url = shared_postgres().url();
+    let key = "orphan-waits";
+    let unknown: Option<fn() -> std::future::Ready<bool>> = None;
+    waiter_outlives_its_hubs_runtime(
+        || client(&url, &ns, Duration::from_secs(10), Duration::from_secs(2)),
+        key,
+        || until_queued(&url, &ns, key, 1),
+        unknown,
+    );
 }

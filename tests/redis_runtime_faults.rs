@@ -8,8 +8,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::orphan::waiter_hears_its_grant;
-use support::redis::{listening, orphaned_client, until_queued, unused_orphan};
+use support::orphan::{waiter_hears_its_grant, waiter_outlives_its_hubs_runtime};
+use support::redis::{client, listening, orphaned_client, until_queued, unused_orphan};
 use support::release::{key_names, nothing_left};
 use support::server::redis::RedisServer;
 use tokio::time::Instant;
@@ -103,4 +103,29 @@ fn a_client_whose_runtime_ended_after_a_lock_hears_its_grants() {
     let client = orphaned_client(&url, &ns, Duration::from_secs(10));
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(hears(&url, &ns, client));
+}
+
+/// The client is built in runtime A and kept there; a lock waits in B; then A shuts down,
+/// taking the pub/sub task with it while the waiter waits. Before: nothing started the task
+/// again, and the waiter heard nothing until the deadline it learned (about 10 s).
+#[test]
+fn a_waiter_outlives_the_runtime_of_its_pub_sub_task() {
+    let ns = test_namespace!();
+    let server = RedisServer::start();
+    let url = server.url();
+    let key = "orphan-waits";
+    waiter_outlives_its_hubs_runtime(
+        || {
+            client(
+                &url,
+                &ns,
+                Duration::from_secs(10),
+                Duration::from_secs(2),
+                true,
+            )
+        },
+        key,
+        || until_queued(&url, &ns, key, 1),
+        Some(|| async { listening(&url).await > 0 }),
+    );
 }

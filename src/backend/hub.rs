@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::handoff::{parse, Mailbox, Wake};
+use super::handoff::{parse, Listening, Mailbox, Wake};
 use super::retry::Backoff;
 use crate::sync::LockExt;
 
@@ -257,6 +257,18 @@ impl<S: Shared> Registration<S> {
     }
 }
 
+impl<S: Shared> Listening for Registration<S> {
+    fn mailbox(&self) -> &Arc<Mailbox> {
+        &self.mailbox
+    }
+
+    fn revive(&self) {
+        if let Some(hub) = self.hub.upgrade() {
+            hub.common().revive();
+        }
+    }
+}
+
 impl<S: Shared> Drop for Registration<S> {
     fn drop(&mut self) {
         if let Some(hub) = self.hub.upgrade() {
@@ -382,6 +394,9 @@ impl<L: Link> Drop for Parked<L> {
         });
         let before = common.parked.locked().replace(respawn);
         drop(before);
+        // Waiters of other runtimes ask the server again, and in doing so start the task again
+        // on theirs.
+        hub.recheck_all();
     }
 }
 

@@ -35,7 +35,7 @@ use self::commands::{route_of, Commands, Params};
 use self::listen::{Hub, Registration};
 use super::handoff::renewal::{fail_all, RenewAnswer};
 use super::handoff::reply::{downgraded, granted, lease_left, queued, released};
-use super::handoff::{self, wait_for_handoff, Asking, HandoffTicket, Listener, Listening, Mailbox};
+use super::handoff::{self, wait_for_handoff, Asking, HandoffTicket, Listener};
 use super::wire::{kind_mismatch, owner_token, parse_family};
 use super::{Attempt, Backend, Claim, Family, Grant, Leader, LeaderWatch, LockKind, Renewal};
 use crate::error::{Error, ErrorKind, Result};
@@ -178,12 +178,6 @@ pub struct PgTicket(HandoffTicket<Registration>);
 impl std::fmt::Debug for PgTicket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgTicket").finish_non_exhaustive()
-    }
-}
-
-impl Listening for Registration {
-    fn mailbox(&self) -> &Arc<Mailbox> {
-        &self.mailbox
     }
 }
 

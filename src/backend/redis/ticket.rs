@@ -1,12 +1,12 @@
 //! What the backend keeps about one claim between calls.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, OnceLock};
+use std::sync::{Mutex as StdMutex, OnceLock};
 use std::time::Duration;
 
 use super::notify::{Holding, Subscription};
 use super::Keys;
-use crate::backend::handoff::{HandoffTicket, Listening, Mailbox};
+use crate::backend::handoff::HandoffTicket;
 use crate::backend::Claim;
 use crate::sync::LockExt;
 
@@ -29,12 +29,6 @@ pub struct RedisTicket {
 impl std::fmt::Debug for RedisTicket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisTicket").finish_non_exhaustive()
-    }
-}
-
-impl Listening for Subscription {
-    fn mailbox(&self) -> &Arc<Mailbox> {
-        &self.mailbox
     }
 }
 
