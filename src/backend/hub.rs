@@ -320,8 +320,10 @@ pub(crate) trait Link: Send + 'static {
 /// A hub's task: opens `link`'s connection, serves it, and opens it again when it is lost,
 /// until the hub is closed or dropped (`stop`). `again`: the first connection is a reconnect
 /// (the task was started again after its runtime ended).
-async fn run<L: Link>(link: L, mut stop: watch::Receiver<bool>, mut again: bool) {
-    let mut task = Parked(Some(link));
+///
+/// The link comes in its [`Parked`] guard, made before the task is spawned: a task dropped
+/// before its first poll (its runtime shutting down) parks the link too.
+async fn run<L: Link>(mut task: Parked<L>, mut stop: watch::Receiver<bool>, mut again: bool) {
     let Some(link) = task.0.as_mut() else {
         return;
     };
@@ -390,7 +392,7 @@ impl<L: Link> Drop for Parked<L> {
         let common = hub.common();
         common.connected.send_replace(None);
         let respawn: Respawn = Box::new(move |stop| {
-            tokio::spawn(run(link, stop, true));
+            tokio::spawn(run(Parked(Some(link)), stop, true));
         });
         let before = common.parked.locked().replace(respawn);
         drop(before);
@@ -403,7 +405,7 @@ impl<L: Link> Drop for Parked<L> {
 /// Starts a hub's task for `link` on the current runtime.
 pub(crate) fn start<L: Link>(link: L, hub: &L::Hub) {
     let stop = hub.common().stop.subscribe();
-    tokio::spawn(run(link, stop, false));
+    tokio::spawn(run(Parked(Some(link)), stop, false));
 }
 
 /// What a [`Link`]'s future awaits once it finds the hub gone: it never resolves, and the

@@ -75,7 +75,9 @@ impl Engine {
             wake: Notify::new(),
             alive: AtomicBool::new(true),
         });
-        handle.spawn(run(backend, config, shared.clone()));
+        // Made before the task is spawned: a task dropped before its first poll (its runtime
+        // shutting down) clears `alive` too.
+        handle.spawn(run(backend, config, Alive(shared.clone())));
         Self { shared }
     }
 
@@ -169,8 +171,8 @@ impl Drop for Alive {
     }
 }
 
-async fn run(backend: Arc<dyn DynBackend>, config: EngineConfig, shared: Arc<Shared>) {
-    let _alive = Alive(shared.clone());
+async fn run(backend: Arc<dyn DynBackend>, config: EngineConfig, alive: Alive) {
+    let shared = alive.0.clone();
     let mut reconnects = backend.reconnects();
     let mut task = Task {
         backend,
