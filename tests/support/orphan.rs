@@ -28,7 +28,11 @@ where
 {
     let c = build().await;
     if warm_up {
-        let g = c.mutex("orphaned-warm-up").lock().await.unwrap();
+        let g = c
+            .mutex("orphaned-warm-up")
+            .lock_timeout(Duration::from_secs(10))
+            .await
+            .unwrap();
         g.release().await.unwrap();
     }
     c
@@ -40,13 +44,29 @@ pub struct OneWaits {
     waiting: JoinHandle<(distlock::Result<MutexGuard>, Instant)>,
 }
 
+impl OneWaits {
+    /// The held lock, and the waiting task (it returns its outcome and when it ended).
+    pub fn into_parts(
+        self,
+    ) -> (
+        MutexGuard,
+        JoinHandle<(distlock::Result<MutexGuard>, Instant)>,
+    ) {
+        (self.held, self.waiting)
+    }
+}
+
 /// Holds a lock of `key` and starts a second one waiting for it; `queued` resolves once it is
 /// queued.
 pub async fn one_waits<Q>(client: &LockClient, key: &str, queued: impl FnOnce() -> Q) -> OneWaits
 where
     Q: Future<Output = ()>,
 {
-    let held = client.mutex(key).lock().await.unwrap();
+    let held = client
+        .mutex(key)
+        .lock_timeout(Duration::from_secs(10))
+        .await
+        .unwrap();
     let waiter = client.mutex(key);
     let waiting = tokio::spawn(async move {
         let g = waiter.lock_timeout(Duration::from_secs(20)).await;

@@ -8,10 +8,12 @@
 //! every call (R12) and reports the session's states on a channel, tagged with the session's
 //! number, so that nothing runs on the crate's I/O task.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::FutureExt;
 use tokio::sync::mpsc;
 use zookeeper_client as zkc;
 
@@ -360,6 +362,17 @@ fn stat(s: &zkc::Stat) -> NodeStat {
     }
 }
 
+/// What a watch of `zookeeper-client` says once it fires. Its session's task going with its
+/// runtime drops the watch's sender, and the crate (0.11) unwraps the cancelled receive: that
+/// panic is caught here and taken for what it means, the session's end (the hub opens another
+/// session at its next use from a live runtime).
+async fn fired_at(watcher: zkc::OneshotWatcher) -> Fired {
+    match AssertUnwindSafe(watcher.changed()).catch_unwind().await {
+        Ok(event) => fired(&event),
+        Err(_) => Fired::SessionEnded,
+    }
+}
+
 fn fired(event: &zkc::WatchedEvent) -> Fired {
     match event.event_type {
         zkc::EventType::NodeDeleted => Fired::Deleted,
@@ -503,7 +516,7 @@ impl Zk for Session {
     fn watch_exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(bool, Watch)>> {
         Box::pin(async move {
             let (found, watcher) = self.call(self.client.check_and_watch_stat(path)).await?;
-            let watch: Watch = Box::pin(async move { fired(&watcher.changed().await) });
+            let watch: Watch = Box::pin(fired_at(watcher));
             Ok((found.is_some(), watch))
         })
     }
@@ -511,7 +524,7 @@ impl Zk for Session {
     fn watch_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<String>, Watch)>> {
         Box::pin(async move {
             let (children, watcher) = self.call(self.client.list_and_watch_children(path)).await?;
-            let watch: Watch = Box::pin(async move { fired(&watcher.changed().await) });
+            let watch: Watch = Box::pin(fired_at(watcher));
             Ok((children, watch))
         })
     }
@@ -521,7 +534,7 @@ impl Zk for Session {
             // `getData`, not `exists`: no watch is left on the server if the node is already
             // gone (CURATOR-107).
             let (_, _, watcher) = self.call(self.client.get_and_watch_data(path)).await?;
-            let watch: Watch = Box::pin(async move { fired(&watcher.changed().await) });
+            let watch: Watch = Box::pin(fired_at(watcher));
             Ok(watch)
         })
     }
