@@ -1,0 +1,371 @@
+//! Attacks on the notification hubs' revival (a hub task gone with its runtime, started again
+//! by the next waiter on its own runtime), against real servers, through the public API: Redis
+//! single, Redlock (3 nodes) and PostgreSQL.
+#![cfg(all(feature = "redis", feature = "postgres", feature = "redlock"))]
+
+mod support;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use support::orphan::{orphan, waiter_hears_its_grant};
+use support::redis::{client, listening, orphaned_client, until_queued};
+use support::release::nothing_left;
+use support::server::postgres::shared_postgres;
+use support::server::redis::RedisServer;
+use support::server::redlock::{client_on, Nodes};
+use tokio::time::Instant;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Sets its flag when the library logs that it starts a hub's task again.
+#[derive(Clone, Default)]
+struct Revived(Arc<AtomicBool>);
+
+impl std::io::Write for Revived {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if String::from_utf8_lossy(buf).contains("starting its task again") {
+            self.0.store(true, Ordering::SeqCst);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Revived {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
+/// Polls `inner` until a poll of it starts a hub's task again, and ends there, in that very
+/// poll (as a `select!`, a `timeout` or a finished `#[tokio::test]` body may).
+struct UntilRevived<F> {
+    inner: Pin<Box<F>>,
+    revived: Revived,
+    /// Control: after the revival, yield once (the runtime polls the task it was handed) and
+    /// only then end.
+    yield_once: bool,
+    yielded: bool,
+}
+
+impl<F: Future> Future for UntilRevived<F> {
+    type Output = bool;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let done = self.inner.as_mut().poll(cx).is_ready();
+        if self.revived.0.load(Ordering::SeqCst) {
+            if self.yield_once && !self.yielded {
+                self.yielded = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            return Poll::Ready(true);
+        }
+        if done {
+            return Poll::Ready(false);
+        }
+        Poll::Pending
+    }
+}
+
+/// Runs `inner` in a current-thread runtime until one of its polls starts a hub's task again
+/// there, then returns from `block_on` at once and shuts the runtime down, before the runtime
+/// ever polls the task it was handed (unless `yield_once`: the control). Whether a revival
+/// happened.
+fn revive_then_end_runtime<F: Future>(inner: F, yield_once: bool) -> bool {
+    let revived = Revived::default();
+    let _logging = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::DEBUG)
+        .with_writer(revived.clone())
+        .finish()
+        .set_default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let hit = rt.block_on(UntilRevived {
+        inner: Box::pin(inner),
+        revived,
+        yield_once,
+        yielded: false,
+    });
+    drop(rt);
+    hit
+}
+
+/// A runtime whose only use is to keep a second client's lock held.
+fn keeper() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().unwrap()
+}
+
+/// A Redis client (its pub/sub task parked with the runtime it was built in); in a current-thread runtime one of
+/// its locks waits on a key another client holds, which starts the hub's task there; the
+/// runtime polls that task once, then ends (the task parks again). Checked: from the next
+/// runtime, the client's next waiter is granted within 1 s of the release, with a higher
+/// token, and the client shuts down. (The control for the `..._before_running_it_...`
+/// case, where the runtime ends in the very poll that started the task.)
+#[test]
+fn redis_a_revival_on_a_runtime_that_ends_after_running_it_is_not_lost() {
+    redis_revival_then_end(&test_namespace!(), true);
+}
+
+fn redis_revival_then_end(ns: &str, yield_once: bool) {
+    let ns = ns.to_owned();
+    let server = RedisServer::start();
+    let url = server.url();
+    let c = orphaned_client(&url, &ns, Duration::from_secs(10));
+    let keep = keeper();
+    let other = keep.block_on(client(
+        &url,
+        &ns,
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+        true,
+    ));
+    let held = keep.block_on(other.mutex("busy").lock()).unwrap();
+    let revived = revive_then_end_runtime(
+        c.mutex("busy").lock_timeout(Duration::from_secs(3)),
+        yield_once,
+    );
+    assert!(revived, "the waiter never started the hub's task again");
+    keep.block_on(held.release()).unwrap();
+    let next = tokio::runtime::Runtime::new().unwrap();
+    next.block_on(async {
+        let key = "after";
+        waiter_hears_its_grant(
+            c,
+            key,
+            || until_queued(&url, &ns, key, 1),
+            Some(|| async { listening(&url).await > 0 }),
+        )
+        .await;
+    });
+    keep.block_on(other.shutdown());
+}
+
+/// A PostgreSQL client (its LISTEN task parked with the runtime it was built in); in a current-thread runtime one of
+/// its locks waits on a key another client holds, which starts the hub's task there; the
+/// runtime polls that task once, then ends (the task parks again). Checked: from the next
+/// runtime, the client's next waiter is granted within 1 s of the release, with a higher
+/// token, and the client shuts down. (The control for the `..._before_running_it_...`
+/// case, where the runtime ends in the very poll that started the task.)
+#[test]
+fn postgres_a_revival_on_a_runtime_that_ends_after_running_it_is_not_lost() {
+    postgres_revival_then_end(&test_namespace!(), true);
+}
+
+fn postgres_revival_then_end(ns: &str, yield_once: bool) {
+    let ns = ns.to_owned();
+    let url = shared_postgres().url();
+    let ttl = Duration::from_secs(10);
+    let handoff = Duration::from_secs(2);
+    let c = orphan(|| support::pg::client(&url, &ns, ttl, handoff), true);
+    let keep = keeper();
+    let other = keep.block_on(support::pg::client(&url, &ns, ttl, handoff));
+    let held = keep.block_on(other.mutex("busy").lock()).unwrap();
+    let revived = revive_then_end_runtime(
+        c.mutex("busy").lock_timeout(Duration::from_secs(3)),
+        yield_once,
+    );
+    assert!(revived, "the waiter never started the hub's task again");
+    keep.block_on(held.release()).unwrap();
+    let next = tokio::runtime::Runtime::new().unwrap();
+    let unknown: Option<fn() -> std::future::Ready<bool>> = None;
+    next.block_on(async {
+        let key = "after";
+        waiter_hears_its_grant(
+            c,
+            key,
+            || support::pg::until_queued(&url, &ns, key, 1),
+            unknown,
+        )
+        .await;
+    });
+    keep.block_on(other.shutdown());
+}
+
+/// A Redlock client over 3 nodes (its nodes' pub/sub tasks parked with the runtime it was built in); in a current-thread runtime one of
+/// its locks waits on a key another client holds, which starts the hub's task there; the
+/// runtime polls that task once, then ends (the task parks again). Checked: from the next
+/// runtime, the client's next waiter is granted within 1 s of the release, with a higher
+/// token, and the client shuts down. (The control for the `..._before_running_it_...`
+/// case, where the runtime ends in the very poll that started the task.)
+#[test]
+fn redlock_a_revival_on_a_runtime_that_ends_after_running_it_is_not_lost() {
+    redlock_revival_then_end(&test_namespace!(), true);
+}
+
+fn redlock_revival_then_end(ns: &str, yield_once: bool) {
+    let ns = ns.to_owned();
+    let nodes = Nodes::start(3);
+    let urls = nodes.urls();
+    let ttl = Duration::from_secs(10);
+    let c = orphan(|| client_on(urls.clone(), &ns, ttl, Duration::ZERO), true);
+    let keep = keeper();
+    let other = keep.block_on(client_on(urls.clone(), &ns, ttl, Duration::ZERO));
+    let held = keep.block_on(other.mutex("busy").lock()).unwrap();
+    let revived = revive_then_end_runtime(
+        c.mutex("busy").lock_timeout(Duration::from_secs(3)),
+        yield_once,
+    );
+    assert!(revived, "the waiter never started a hub's task again");
+    keep.block_on(held.release()).unwrap();
+    let next = tokio::runtime::Runtime::new().unwrap();
+    let unknown: Option<fn() -> std::future::Ready<bool>> = None;
+    next.block_on(async {
+        let key = "after";
+        waiter_hears_its_grant(c, key, || nodes.until_queued(&ns, key, 1), unknown).await;
+    });
+    keep.block_on(other.shutdown());
+}
+
+/// A Redis client kept across five current-thread runtimes in turn (a static across
+/// `#[tokio::test]`s). In each, a lock is held and a second waits; the holder releases after
+/// 300 ms. Checked: each waiter is granted within 1 s of the release with a higher token; at no
+/// sampled moment does more than one connection listen (one hub task, never two); the
+/// shutdown ends; nothing is left.
+#[test]
+fn redis_static_client_across_current_thread_runtimes_keeps_one_listener() {
+    let ns = test_namespace!();
+    let server = RedisServer::start();
+    let url = server.url();
+    let c = orphaned_client(&url, &ns, Duration::from_secs(10));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut last = 0;
+    for round in 0..5 {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let key = format!("k{round}");
+        let (token, next, waited) = rt.block_on(async {
+            let held = c.mutex(key.clone()).lock().await.unwrap();
+            let waiter = c.mutex(key.clone());
+            let waiting = tokio::spawn(async move {
+                let g = waiter.lock_timeout(Duration::from_secs(20)).await;
+                (g, Instant::now())
+            });
+            until_queued(&url, &ns, &key, 1).await;
+            let began = Instant::now();
+            while began.elapsed() < Duration::from_millis(300) {
+                most.fetch_max(listening(&url).await, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let token = held.fencing_token();
+            held.release().await.unwrap();
+            let released = Instant::now();
+            let (g, at) = waiting.await.unwrap();
+            let g = g.unwrap();
+            let next = g.fencing_token();
+            g.release().await.unwrap();
+            (token, next, at.saturating_duration_since(released))
+        });
+        drop(rt);
+        assert!(next > token, "round {round}: token {next} after {token}");
+        assert!(token > last || round == 0);
+        last = next;
+        assert!(
+            waited < Duration::from_secs(1),
+            "round {round}: granted {waited:?} after the release"
+        );
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), c.shutdown())
+            .await
+            .expect("shutdown did not end");
+        nothing_left(&url, &ns).await;
+    });
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 1, "{most} connections listened at once");
+}
+
+/// A Redis client whose pub/sub task runs on runtime A; three other runtimes, each on its own
+/// thread, have one lock waiting each behind a holder (of three keys); A shuts down while they
+/// wait. Checked: each waiter is granted within 1 s of its release with a higher token, at most
+/// one connection listens afterwards, the client shuts down and nothing is left.
+#[test]
+fn redis_waiters_in_three_runtimes_outlive_the_hubs_runtime() {
+    let ns = test_namespace!();
+    let server = RedisServer::start();
+    let url = server.url();
+    let a = tokio::runtime::Runtime::new().unwrap();
+    let c = a.block_on(async {
+        let c = client(
+            &url,
+            &ns,
+            Duration::from_secs(10),
+            Duration::from_secs(2),
+            true,
+        )
+        .await;
+        let g = c.mutex("warm").lock().await.unwrap();
+        g.release().await.unwrap();
+        c
+    });
+    let ready = Arc::new(std::sync::Barrier::new(4));
+    let go = Arc::new(std::sync::Barrier::new(4));
+    let threads: Vec<_> = (0..3)
+        .map(|i| {
+            let (c, url, ns) = (c.clone(), url.clone(), ns.clone());
+            let (ready, go) = (ready.clone(), go.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let key = format!("w{i}");
+                    let held = c.mutex(key.clone()).lock().await.unwrap();
+                    let waiter = c.mutex(key.clone());
+                    let waiting = tokio::spawn(async move {
+                        let g = waiter.lock_timeout(Duration::from_secs(20)).await;
+                        (g, Instant::now())
+                    });
+                    until_queued(&url, &ns, &key, 1).await;
+                    tokio::task::spawn_blocking(move || ready.wait())
+                        .await
+                        .unwrap();
+                    // A goes down now; wait a while in this runtime.
+                    tokio::task::spawn_blocking(move || go.wait())
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let token = held.fencing_token();
+                    held.release().await.unwrap();
+                    let released = Instant::now();
+                    let (g, at) = waiting.await.unwrap();
+                    let g = g.unwrap();
+                    assert!(g.fencing_token() > token);
+                    g.release().await.unwrap();
+                    at.saturating_duration_since(released)
+                })
+            })
+        })
+        .collect();
+    ready.wait();
+    drop(a);
+    go.wait();
+    let waited: Vec<Duration> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    println!("granted after the release: {waited:?}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let n = listening(&url).await;
+        assert!(n <= 1, "{n} connections listen");
+        tokio::time::timeout(Duration::from_secs(5), c.shutdown())
+            .await
+            .expect("shutdown did not end");
+        nothing_left(&url, &ns).await;
+    });
+    assert!(
+        waited.iter().all(|w| *w < Duration::from_secs(1)),
+        "late grants: {waited:?}"
+    );
+}
