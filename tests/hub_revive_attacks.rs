@@ -105,6 +105,18 @@ fn keeper() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().unwrap()
 }
 
+/// A Redis client orphaned (its pub/sub task parked), then, in a current-thread runtime, one of
+/// its locks waits on a busy key: registering starts the hub's task again there, and the
+/// runtime ends in that same poll (a `select!`/`timeout` that finished, a test body that
+/// returned), before it ever polled the task. Checked: from the next runtime, the client's
+/// waiter still hears its grant within 1 s of the release, with a connection listening.
+///
+/// Fails at bbb1e57 (the task, dropped before its first poll, never parks its link).
+#[test]
+fn redis_a_revival_on_a_runtime_that_ends_before_running_it_is_not_lost() {
+    redis_revival_then_end(&test_namespace!(), false);
+}
+
 /// A Redis client (its pub/sub task parked with the runtime it was built in); in a current-thread runtime one of
 /// its locks waits on a key another client holds, which starts the hub's task there; the
 /// runtime polls that task once, then ends (the task parks again). Checked: from the next
@@ -150,6 +162,15 @@ fn redis_revival_then_end(ns: &str, yield_once: bool) {
     keep.block_on(other.shutdown());
 }
 
+/// The same for PostgreSQL: the LISTEN task started again on a runtime that ends in that very
+/// poll; the client's next waiter, in another runtime, must hear its grant within 1 s.
+///
+/// Fails at bbb1e57 (the task, dropped before its first poll, never parks its link).
+#[test]
+fn postgres_a_revival_on_a_runtime_that_ends_before_running_it_is_not_lost() {
+    postgres_revival_then_end(&test_namespace!(), false);
+}
+
 /// A PostgreSQL client (its LISTEN task parked with the runtime it was built in); in a current-thread runtime one of
 /// its locks waits on a key another client holds, which starts the hub's task there; the
 /// runtime polls that task once, then ends (the task parks again). Checked: from the next
@@ -189,6 +210,15 @@ fn postgres_revival_then_end(ns: &str, yield_once: bool) {
         .await;
     });
     keep.block_on(other.shutdown());
+}
+
+/// The same for Redlock (3 nodes, one hub each): one node's hub started again on a runtime
+/// that ends in that very poll; the client's next waiter must hear its grant within 1 s.
+///
+/// Fails at bbb1e57 (the task, dropped before its first poll, never parks its link).
+#[test]
+fn redlock_a_revival_on_a_runtime_that_ends_before_running_it_is_not_lost() {
+    redlock_revival_then_end(&test_namespace!(), false);
 }
 
 /// A Redlock client over 3 nodes (its nodes' pub/sub tasks parked with the runtime it was built in); in a current-thread runtime one of
