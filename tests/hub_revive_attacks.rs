@@ -400,6 +400,99 @@ fn redis_waiters_in_three_runtimes_outlive_the_hubs_runtime() {
     );
 }
 
+/// A multi-thread runtime with one worker.
+fn one_worker() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Two runtimes end at about the same time (two `#[tokio::test]`s sharing a static client
+/// finish together): A, where the client's pub/sub task runs, and B, where one of its locks
+/// waits. A's end wakes B's waiter (told to re-check), whose re-check starts the task again on
+/// B, which is shutting down. Repeated with B's end a little later each time, for 10 s. Checked
+/// after every round: a lock that waits in a fresh runtime has a connection listening within
+/// 1 s (the task was not lost), and in the end the waiter there is granted.
+///
+/// It failed in about half its runs before the client's own command connection was replaced on
+/// a panic (`own.rs`): B's end could leave the connection manager's shared reconnect holding
+/// B's timer, and the next lock, polling it from a fresh runtime, panicked (as did every later
+/// call of the client), so no waiter was left to listen.
+#[test]
+fn redis_hub_and_waiter_runtimes_ending_together_do_not_lose_the_task() {
+    let ns = test_namespace!();
+    let server = RedisServer::start();
+    let url = server.url();
+    let keep = keeper();
+    let other = keep.block_on(client(
+        &url,
+        &ns,
+        Duration::from_secs(30),
+        Duration::from_secs(2),
+        true,
+    ));
+    let held = keep.block_on(other.mutex("held").lock()).unwrap();
+    let mut a = one_worker();
+    let c = a.block_on(client(
+        &url,
+        &ns,
+        Duration::from_secs(30),
+        Duration::from_secs(2),
+        true,
+    ));
+    // The task runs on A, a lock waiting there.
+    let probe = |rt: &tokio::runtime::Runtime| {
+        let w = c.mutex("held");
+        rt.spawn(async move { w.lock_timeout(Duration::from_secs(60)).await })
+    };
+    let mut _waiting = probe(&a);
+    let began = std::time::Instant::now();
+    let mut round = 0u64;
+    while began.elapsed() < Duration::from_secs(10) {
+        round += 1;
+        keep.block_on(async {
+            let start = Instant::now();
+            while listening(&url).await == 0 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(1),
+                    "round {round}: no connection listens 1 s after a lock started waiting"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        let b = one_worker();
+        let _w = probe(&b);
+        std::thread::sleep(Duration::from_millis(5));
+        let delay = Duration::from_micros(round * 7 % 300);
+        let ending = std::thread::spawn(move || drop(a));
+        let t = std::time::Instant::now();
+        while t.elapsed() < delay {
+            std::hint::spin_loop();
+        }
+        drop(b);
+        ending.join().unwrap();
+        // The connection went with A (or B): the server drops it.
+        keep.block_on(async {
+            let start = Instant::now();
+            while listening(&url).await > 0 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(1),
+                    "round {round}: a connection still listens"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        a = one_worker();
+        _waiting = probe(&a);
+    }
+    println!("{round} rounds");
+    drop(a);
+    keep.block_on(held.release()).unwrap();
+    keep.block_on(other.shutdown());
+}
+
 /// A Redis client orphaned (its pub/sub task parked); eight threads, each with its own
 /// current-thread runtime, start a waiter at the same moment (a barrier), each behind a holder
 /// of its own key: all of them try to start the task again at once. Checked: at no sampled

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::ConnectionManagerConfig;
 
 #[cfg(feature = "redis-cluster")]
 use super::cluster;
@@ -20,6 +20,7 @@ use super::library::SHARDED;
 #[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
 use super::notify;
 use super::notify::Hub;
+use super::own::Own;
 use super::replicas::Ack;
 use super::script::{Functions, Library};
 use super::scripts::Ping;
@@ -350,10 +351,10 @@ impl RedisBackendBuilder {
                     .set_connection_timeout(Some(CALL_TIMEOUT))
                     .set_response_timeout(Some(CALL_TIMEOUT))
                     .set_number_of_retries(2);
-                let conn = ConnectionManager::new_with_config(client.clone(), config)
+                let own = Own::connect(client.clone(), config)
                     .await
                     .map_err(|e| redis_error("connect", e))?;
-                Commands::Own(conn)
+                Commands::Own(std::sync::Arc::new(own))
             }
             #[cfg(feature = "redis-deadpool")]
             Source::Deadpool(pool) => Commands::Deadpool(pool),

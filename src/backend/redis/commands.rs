@@ -8,10 +8,10 @@
 use std::future::Future;
 use std::time::Duration;
 
-use ::redis::aio::ConnectionManager;
 use ::redis::{FromRedisValue, RedisError, RedisResult};
 use tokio::time::Instant;
 
+use super::own::Own;
 use super::script::Call;
 use crate::backend::retry::{self, until_answered, Backoff, Retry};
 use crate::error::{Error, ErrorKind, Result};
@@ -28,7 +28,7 @@ const PASSING_PAUSE_MAX: Duration = Duration::from_millis(400);
 
 #[derive(Clone)]
 pub(crate) enum Commands {
-    Own(ConnectionManager),
+    Own(std::sync::Arc<Own>),
     /// A Redis Cluster: each script goes to the primary of its keys' slot, following `MOVED`.
     #[cfg(feature = "redis-cluster")]
     Cluster(::redis::cluster_async::ClusterConnection),
@@ -181,7 +181,7 @@ impl Commands {
         let _ = key;
         let asked = async {
             match self {
-                Self::Own(conn) => wait.query_async::<i64>(&mut conn.clone()).await,
+                Self::Own(own) => own.query::<i64>(&wait).await,
                 #[cfg(feature = "redis-cluster")]
                 Self::Cluster(conn) => {
                     use ::redis::cluster_routing::{
@@ -218,7 +218,7 @@ impl Commands {
         inv: &impl Request,
     ) -> std::result::Result<T, Failure> {
         match self {
-            Self::Own(conn) => inv.send(&mut conn.clone()).await.map_err(Failure::Call),
+            Self::Own(own) => own.send(inv).await.map_err(Failure::Call),
             // Boxed: a pool's checkout or the sentinels' lookup would make the future of every
             // call larger, on every topology.
             #[allow(unreachable_patterns)]
@@ -232,7 +232,7 @@ impl Commands {
         inv: &impl Request,
     ) -> std::result::Result<T, Failure> {
         match self {
-            Self::Own(conn) => inv.send(&mut conn.clone()).await.map_err(Failure::Call),
+            Self::Own(own) => own.send(inv).await.map_err(Failure::Call),
             #[cfg(feature = "redis-cluster")]
             Self::Cluster(conn) => inv.send(&mut conn.clone()).await.map_err(Failure::Call),
             #[cfg(feature = "redis-sentinel")]

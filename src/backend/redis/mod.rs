@@ -41,6 +41,7 @@ mod keys;
 mod library;
 mod lock;
 pub(crate) mod notify;
+pub(crate) mod own;
 mod renewal;
 mod replicas;
 pub(crate) mod script;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::ConnectionManagerConfig;
 use ::redis::FromRedisValue;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::library::{self, LIBRARY};
 use crate::backend::redis::commands::{redis_error, Commands, CALL_TIMEOUT};
 use crate::backend::redis::notify::Hub;
+use crate::backend::redis::own::Own;
 use crate::backend::redis::script::{Call, Functions};
 use crate::backend::redis::scripts::Ping;
 use crate::backend::retry::Backoff;
@@ -337,9 +338,9 @@ impl Link {
                         .set_connection_timeout(Some(self.timeout))
                         .set_response_timeout(Some(CALL_TIMEOUT))
                         .set_number_of_retries(1);
-                    ConnectionManager::new_with_config(self.client.clone(), config)
+                    Own::connect(self.client.clone(), config)
                         .await
-                        .map(Commands::Own)
+                        .map(|own| Commands::Own(std::sync::Arc::new(own)))
                         .map_err(|e| redis_error("connect", e).transient())
                 })
                 .await?;
