@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use distlock::LockClient;
 use support::orphan::{orphan, waiter_hears_its_grant};
 use support::redis::{client, listening, orphaned_client, until_queued};
 use support::release::nothing_left;
@@ -129,18 +130,34 @@ fn redis_a_revival_on_a_runtime_that_ends_after_running_it_is_not_lost() {
 }
 
 fn redis_revival_then_end(ns: &str, yield_once: bool) {
-    let ns = ns.to_owned();
     let server = RedisServer::start();
     let url = server.url();
-    let c = orphaned_client(&url, &ns, Duration::from_secs(10));
+    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_secs(2));
+    let c = orphaned_client(&url, ns, ttl);
     let keep = keeper();
-    let other = keep.block_on(client(
-        &url,
-        &ns,
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-        true,
-    ));
+    let other = keep.block_on(client(&url, ns, ttl, handoff, true));
+    revival_then_end(
+        (c, other, &keep),
+        yield_once,
+        |key| until_queued(&url, ns, key, 1),
+        Some(|| async { listening(&url).await > 0 }),
+    );
+}
+
+/// `c` (its hub's task parked), in a current-thread runtime: one of its locks waits on a key
+/// `other` holds (in `keep`), which starts the hub's task there; the runtime ends in that very
+/// poll or, `yield_once`, after polling the task once. Checked: the waiter started the task
+/// again; from the next runtime, `c`'s next waiter hears its grant (see
+/// [`waiter_hears_its_grant`]; `queued` waits until a key's waiter is queued).
+fn revival_then_end<Q, L>(
+    (c, other, keep): (LockClient, LockClient, &tokio::runtime::Runtime),
+    yield_once: bool,
+    queued: impl FnOnce(&'static str) -> Q,
+    listening: Option<impl Fn() -> L>,
+) where
+    Q: Future<Output = ()>,
+    L: Future<Output = bool>,
+{
     let held = keep.block_on(other.mutex("busy").lock()).unwrap();
     let revived = revive_then_end_runtime(
         c.mutex("busy").lock_timeout(Duration::from_secs(3)),
@@ -149,16 +166,8 @@ fn redis_revival_then_end(ns: &str, yield_once: bool) {
     assert!(revived, "the waiter never started the hub's task again");
     keep.block_on(held.release()).unwrap();
     let next = tokio::runtime::Runtime::new().unwrap();
-    next.block_on(async {
-        let key = "after";
-        waiter_hears_its_grant(
-            c,
-            key,
-            || until_queued(&url, &ns, key, 1),
-            Some(|| async { listening(&url).await > 0 }),
-        )
-        .await;
-    });
+    let key = "after";
+    next.block_on(waiter_hears_its_grant(c, key, || queued(key), listening));
     keep.block_on(other.shutdown());
 }
 
@@ -183,33 +192,18 @@ fn postgres_a_revival_on_a_runtime_that_ends_after_running_it_is_not_lost() {
 }
 
 fn postgres_revival_then_end(ns: &str, yield_once: bool) {
-    let ns = ns.to_owned();
     let url = shared_postgres().url();
-    let ttl = Duration::from_secs(10);
-    let handoff = Duration::from_secs(2);
-    let c = orphan(|| support::pg::client(&url, &ns, ttl, handoff), true);
+    let (ttl, handoff) = (Duration::from_secs(10), Duration::from_secs(2));
+    let c = orphan(|| support::pg::client(&url, ns, ttl, handoff), true);
     let keep = keeper();
-    let other = keep.block_on(support::pg::client(&url, &ns, ttl, handoff));
-    let held = keep.block_on(other.mutex("busy").lock()).unwrap();
-    let revived = revive_then_end_runtime(
-        c.mutex("busy").lock_timeout(Duration::from_secs(3)),
-        yield_once,
-    );
-    assert!(revived, "the waiter never started the hub's task again");
-    keep.block_on(held.release()).unwrap();
-    let next = tokio::runtime::Runtime::new().unwrap();
+    let other = keep.block_on(support::pg::client(&url, ns, ttl, handoff));
     let unknown: Option<fn() -> std::future::Ready<bool>> = None;
-    next.block_on(async {
-        let key = "after";
-        waiter_hears_its_grant(
-            c,
-            key,
-            || support::pg::until_queued(&url, &ns, key, 1),
-            unknown,
-        )
-        .await;
-    });
-    keep.block_on(other.shutdown());
+    revival_then_end(
+        (c, other, &keep),
+        yield_once,
+        |key| support::pg::until_queued(&url, ns, key, 1),
+        unknown,
+    );
 }
 
 /// The same for Redlock (3 nodes, one hub each): one node's hub started again on a runtime
@@ -233,27 +227,19 @@ fn redlock_a_revival_on_a_runtime_that_ends_after_running_it_is_not_lost() {
 }
 
 fn redlock_revival_then_end(ns: &str, yield_once: bool) {
-    let ns = ns.to_owned();
     let nodes = Nodes::start(3);
     let urls = nodes.urls();
     let ttl = Duration::from_secs(10);
-    let c = orphan(|| client_on(urls.clone(), &ns, ttl, Duration::ZERO), true);
+    let c = orphan(|| client_on(urls.clone(), ns, ttl, Duration::ZERO), true);
     let keep = keeper();
-    let other = keep.block_on(client_on(urls.clone(), &ns, ttl, Duration::ZERO));
-    let held = keep.block_on(other.mutex("busy").lock()).unwrap();
-    let revived = revive_then_end_runtime(
-        c.mutex("busy").lock_timeout(Duration::from_secs(3)),
-        yield_once,
-    );
-    assert!(revived, "the waiter never started a hub's task again");
-    keep.block_on(held.release()).unwrap();
-    let next = tokio::runtime::Runtime::new().unwrap();
+    let other = keep.block_on(client_on(urls.clone(), ns, ttl, Duration::ZERO));
     let unknown: Option<fn() -> std::future::Ready<bool>> = None;
-    next.block_on(async {
-        let key = "after";
-        waiter_hears_its_grant(c, key, || nodes.until_queued(&ns, key, 1), unknown).await;
-    });
-    keep.block_on(other.shutdown());
+    revival_then_end(
+        (c, other, &keep),
+        yield_once,
+        |key| nodes.until_queued(ns, key, 1),
+        unknown,
+    );
 }
 
 /// A Redis client kept across five current-thread runtimes in turn (a static across
