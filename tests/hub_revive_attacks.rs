@@ -180,12 +180,8 @@ fn postgres_a_revival_on_a_runtime_that_ends_before_running_it_is_not_lost() {
     postgres_revival_then_end(&test_namespace!(), false);
 }
 
-/// A PostgreSQL client (its LISTEN task parked with the runtime it was built in); in a current-thread runtime one of
-/// its locks waits on a key another client holds, which starts the hub's task there; the
-/// runtime polls that task once, then ends (the task parks again). Checked: from the next
-/// runtime, the client's next waiter is granted within 1 s of the release, with a higher
-/// token, and the client shuts down. (The control for the `..._before_running_it_...`
-/// case, where the runtime ends in the very poll that started the task.)
+/// The control for PostgreSQL: the runtime polls the restarted task once before it ends (see
+/// `redis_a_revival_on_a_runtime_that_ends_after_running_it_is_not_lost`).
 #[test]
 fn postgres_a_revival_on_a_runtime_that_ends_after_running_it_is_not_lost() {
     postgres_revival_then_end(&test_namespace!(), true);
@@ -215,12 +211,8 @@ fn redlock_a_revival_on_a_runtime_that_ends_before_running_it_is_not_lost() {
     redlock_revival_then_end(&test_namespace!(), false);
 }
 
-/// A Redlock client over 3 nodes (its nodes' pub/sub tasks parked with the runtime it was built in); in a current-thread runtime one of
-/// its locks waits on a key another client holds, which starts the hub's task there; the
-/// runtime polls that task once, then ends (the task parks again). Checked: from the next
-/// runtime, the client's next waiter is granted within 1 s of the release, with a higher
-/// token, and the client shuts down. (The control for the `..._before_running_it_...`
-/// case, where the runtime ends in the very poll that started the task.)
+/// The control for Redlock: the runtime polls the restarted task once before it ends (see
+/// `redis_a_revival_on_a_runtime_that_ends_after_running_it_is_not_lost`).
 #[test]
 fn redlock_a_revival_on_a_runtime_that_ends_after_running_it_is_not_lost() {
     redlock_revival_then_end(&test_namespace!(), true);
