@@ -176,15 +176,14 @@ impl<H: Clone> Common<H> {
         if *self.stop.borrow() {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
-        };
+        }
         // Taken before spawning: a runtime shutting down drops the task at once, and it parks
         // itself again.
         let parked = self.parked.locked().take();
         if let Some(respawn) = parked {
             tracing::debug!("a notification hub's runtime ended; starting its task again");
-            let _entered = runtime.enter();
             respawn(self.stop.subscribe());
         }
     }
