@@ -39,7 +39,7 @@ const RECONNECT_MAX: Duration = Duration::from_secs(1);
 const CLEANUP_MIN: Duration = Duration::from_millis(100);
 const CLEANUP_MAX: Duration = Duration::from_secs(5);
 /// How long `close` waits for the server to confirm the session is closed.
-const CLOSE_WAIT: Duration = Duration::from_secs(2);
+pub(super) const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// What waiters and the recipe see of the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +104,9 @@ pub(super) struct Hub {
     settings: Settings,
     /// Whether the hub's task runs; cleared when it ends, or goes with its runtime.
     running: AtomicBool,
+    /// Set when the tasks start again (see [`revive`](Self::revive)), until the new session
+    /// is up.
+    reviving: AtomicBool,
     /// The hub itself, for starting its tasks again.
     me: Weak<Hub>,
 }
@@ -132,6 +135,7 @@ impl Hub {
             links: StdMutex::new(links),
             settings,
             running: AtomicBool::new(true),
+            reviving: AtomicBool::new(false),
             me: me.clone(),
         });
         tokio::spawn(run(Running(Arc::downgrade(&hub)), links_rx, false));
@@ -154,6 +158,7 @@ impl Hub {
             return;
         }
         tracing::debug!("zookeeper: the session's runtime ended; opening a new session here");
+        self.reviving.store(true, Ordering::Release);
         self.lose_session("its runtime shut down");
         let (links, links_rx) = mpsc::unbounded_channel();
         let old = std::mem::replace(&mut *self.links.locked(), links);
@@ -216,6 +221,14 @@ impl Hub {
                 )
                 .transient());
             }
+        }
+    }
+
+    /// Waits, at most `patience`, for a session being opened again after its runtime ended
+    /// (see [`revive`](Self::revive)), starting that if it is due; returns at once otherwise.
+    pub(super) async fn until_revived(&self, patience: Duration) {
+        if self.current().is_none() && self.reviving.load(Ordering::Acquire) {
+            let _ = self.until_up(patience).await;
         }
     }
 
@@ -393,6 +406,7 @@ impl Hub {
             c.timeout = timeout;
         });
         drop(session);
+        self.reviving.store(false, Ordering::Release);
         self.cleanup.notify_one();
     }
 
