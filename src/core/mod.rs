@@ -54,6 +54,9 @@ pub(crate) struct Core {
     pub(crate) ids: LeaseIds,
     /// Where blocking calls run.
     pub(crate) blocking: blocking::Blocking,
+    /// Leases whose release task went, unrun, with its runtime, where no other runtime was at
+    /// hand to run it: released at shutdown (or their leases end).
+    unreleased: StdMutex<Vec<Arc<Lease>>>,
 }
 
 impl Core {
@@ -66,6 +69,7 @@ impl Core {
             closed: watch::Sender::new(false),
             ids: LeaseIds::default(),
             blocking: blocking::Blocking::capture(),
+            unreleased: StdMutex::default(),
         }
     }
 
@@ -172,7 +176,15 @@ impl Core {
     ) {
         let token = self.pending.start();
         let backend = self.backend.clone();
+        // Made before the spawn: a task dropped unrun (the runtime that acquired the lock shut
+        // down since) hands its release on.
+        let mut unsent = Unsent {
+            core: self.clone(),
+            lease: Some(lease.clone()),
+            runtime: handle.id(),
+        };
         handle.spawn(async move {
+            unsent.started();
             if let Some(call) = in_flight {
                 let limit = lease.claim.ttl().clamp(IN_FLIGHT_MIN, IN_FLIGHT_MAX);
                 if tokio::time::timeout(limit, call).await.is_err() {
@@ -223,9 +235,56 @@ impl Core {
                 futures::future::join_all(releases).await;
             }
         }
+        let unreleased = std::mem::take(&mut *self.unreleased.locked());
+        let releases = unreleased.into_iter().map(|lease| {
+            let backend = self.backend.clone();
+            async move {
+                if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
+                    tracing::warn!(key = lease.claim.key(), error = %err, "release at shutdown failed");
+                }
+            }
+        });
+        futures::future::join_all(releases).await;
         self.pending.idle().await;
         if first {
             self.backend.shutdown().await;
+        }
+    }
+}
+
+/// A release task's lease until the task first runs. Dropped before (the task went, unrun, with
+/// its runtime: a guard dropped after the runtime that acquired it shut down), it sends the
+/// release from the current runtime, if there is another, or leaves it for `shutdown`.
+struct Unsent {
+    core: Arc<Core>,
+    lease: Option<Arc<Lease>>,
+    /// The runtime the task was spawned on.
+    runtime: tokio::runtime::Id,
+}
+
+impl Unsent {
+    /// The task runs: it sends the release itself.
+    fn started(&mut self) {
+        self.lease = None;
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        match Handle::try_current() {
+            Ok(here) if here.id() != self.runtime => {
+                self.core.release_in_task_after(&here, lease, None);
+            }
+            _ => {
+                tracing::debug!(
+                    key = lease.claim.key(),
+                    "a release's runtime shut down; releasing at shutdown"
+                );
+                self.core.unreleased.locked().push(lease);
+            }
         }
     }
 }
