@@ -593,7 +593,7 @@ fn redis_one_of_three_runtimes_ends_mid_reconnect() {
                     .unwrap()
                     .unwrap();
                 for _ in 0..4 {
-                    let _ = spawn_lock(&c, "t0", Duration::from_secs(5));
+                    drop(spawn_lock(&c, "t0", Duration::from_secs(5)));
                 }
                 sleep(Duration::from_millis(200)).await;
             });
