@@ -148,37 +148,7 @@ fn zk_guard_taken_in_an_ended_runtime_is_told_before_another_process_is_granted(
     second.block_on(async {
         let began = Instant::now();
         let other = client_at(&connect, &ns, Duration::from_secs(4)).await;
-        let m = other.mutex(key);
-        let mut waiting = tokio::spawn(async move {
-            let g = m.lock_timeout(Duration::from_secs(15)).await;
-            (g, Instant::now())
-        });
-        let mut told_at = None;
-        let (g, at) = loop {
-            tokio::select! {
-                _ = held.lost(), if told_at.is_none() => told_at = Some(Instant::now()),
-                r = &mut waiting => break r.unwrap(),
-            }
-        };
-        let g = g.expect("the other client was not granted within 15 s");
-        if told_at.is_none() && held.is_lost() {
-            told_at = Some(Instant::now());
-        }
-        println!(
-            "other granted after {:?}, holder told after {:?}",
-            at - began,
-            told_at.map(|t| t - began)
-        );
-        let told_at = told_at.unwrap_or_else(|| {
-            panic!(
-                "two holders: the other client was granted {:?} after the runtime ended, \
-                 and the holder was never told",
-                at - began
-            )
-        });
-        assert!(told_at <= at, "granted before the holder was told");
-        assert!(g.fencing_token() > token);
-        g.release().await.unwrap();
+        told_before_granted(&held, &other, key, began, token).await;
         drop(held);
         timeout(Duration::from_secs(5), c.shutdown())
             .await
@@ -694,37 +664,7 @@ fn redis_guard_taken_in_an_ended_runtime_is_told_before_another_client_is_grante
             true,
         )
         .await;
-        let m = other.mutex(key);
-        let mut waiting = tokio::spawn(async move {
-            let g = m.lock_timeout(Duration::from_secs(15)).await;
-            (g, Instant::now())
-        });
-        let mut told_at = None;
-        let (g, at) = loop {
-            tokio::select! {
-                _ = held.lost(), if told_at.is_none() => told_at = Some(Instant::now()),
-                r = &mut waiting => break r.unwrap(),
-            }
-        };
-        let g = g.expect("the other client was not granted within 15 s");
-        if told_at.is_none() && held.is_lost() {
-            told_at = Some(Instant::now());
-        }
-        println!(
-            "other granted after {:?}, holder told after {:?}",
-            at - began,
-            told_at.map(|t| t - began)
-        );
-        let told_at = told_at.unwrap_or_else(|| {
-            panic!(
-                "two holders: the other client was granted {:?} after the runtime ended, \
-                 and the holder was never told",
-                at - began
-            )
-        });
-        assert!(told_at <= at, "granted before the holder was told");
-        assert!(g.fencing_token() > token);
-        g.release().await.unwrap();
+        told_before_granted(&held, &other, key, began, token).await;
         drop(held);
         timeout(Duration::from_secs(5), c.shutdown())
             .await
@@ -1302,4 +1242,47 @@ fn redis_guard_from_an_ended_runtime_released_in_a_live_one_frees_the_key() {
         other.shutdown().await;
         support::redis::until_only_fences(&url, &ns).await;
     });
+}
+
+/// `other` waits for `key` while `held` (another client's lock of it, whose runtime ended at
+/// `began`) goes lost. Checked: `other` is granted within 15 s, not before the holder was told,
+/// with a higher token than `token`; then it releases.
+async fn told_before_granted(
+    held: &distlock::MutexGuard,
+    other: &distlock::LockClient,
+    key: &str,
+    began: Instant,
+    token: u64,
+) {
+    let m = other.mutex(key);
+    let mut waiting = tokio::spawn(async move {
+        let g = m.lock_timeout(Duration::from_secs(15)).await;
+        (g, Instant::now())
+    });
+    let mut told_at = None;
+    let (g, at) = loop {
+        tokio::select! {
+            _ = held.lost(), if told_at.is_none() => told_at = Some(Instant::now()),
+            r = &mut waiting => break r.unwrap(),
+        }
+    };
+    let g = g.expect("the other client was not granted within 15 s");
+    if told_at.is_none() && held.is_lost() {
+        told_at = Some(Instant::now());
+    }
+    println!(
+        "other granted after {:?}, holder told after {:?}",
+        at - began,
+        told_at.map(|t| t - began)
+    );
+    let told_at = told_at.unwrap_or_else(|| {
+        panic!(
+            "two holders: the other client was granted {:?} after the runtime ended, \
+             and the holder was never told",
+            at - began
+        )
+    });
+    assert!(told_at <= at, "granted before the holder was told");
+    assert!(g.fencing_token() > token);
+    g.release().await.unwrap();
 }
