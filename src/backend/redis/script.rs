@@ -40,6 +40,8 @@ pub(crate) struct Script {
     many: bool,
     /// How many of a claim's last arguments a coalesced call sends once (its [`Part`]'s).
     shared: usize,
+    /// What a coalesced call sends of each claim's keys and own arguments (its [`Part`]'s).
+    widen: Option<Widen>,
     lua: ::redis::Script,
     function: String,
 }
@@ -66,6 +68,21 @@ pub(crate) struct Part {
     /// How many of each claim's last arguments are the same for every claim of one client (a
     /// setting, the clock): a coalesced call sends them once, after every claim's own.
     pub(crate) shared: usize,
+    /// The coalesced form sends only the first of each claim's keys and own arguments, and
+    /// rebuilds the others on the server (see [`Widen`]); `None`: it sends them all.
+    pub(crate) widen: Option<Widen>,
+}
+
+/// A coalesced form that sends each claim's first `keys` keys and first `args` own arguments
+/// only: the prelude's Lua function `name(k, a)` rebuilds the rest in place from them before
+/// the body runs (the other names are the lock's with a suffix). Each string a call carries
+/// costs the server a parse and a Lua string; a busy client's releases carry two where they
+/// carried six.
+#[derive(Clone, Copy)]
+pub(crate) struct Widen {
+    pub(crate) name: &'static str,
+    pub(crate) keys: usize,
+    pub(crate) args: usize,
 }
 
 /// What a coalesced script (`<name>_many`) runs: the script's body once per claim (see
@@ -78,12 +95,18 @@ pub(crate) fn many_name(name: &str) -> String {
 }
 
 impl Part {
-    /// The quick function as `many`'s last argument (`, <name>`), or nothing.
+    /// The quick and widening functions as `many`'s last arguments (`, <quick>, <widen>`,
+    /// `nil` for one the part has not), or nothing.
     fn quick_arg(&self) -> String {
-        if self.quick.is_empty() {
-            String::new()
+        let quick = if self.quick.is_empty() {
+            "nil"
         } else {
-            format!(", {}", self.quick)
+            self.quick
+        };
+        match (self.quick.is_empty(), self.widen) {
+            (true, None) => String::new(),
+            (false, None) => format!(", {quick}"),
+            (_, Some(widen)) => format!(", {quick}, {}", widen.name),
         }
     }
 
@@ -164,6 +187,7 @@ impl Library {
                 name: s.name,
                 many: false,
                 shared: 0,
+                widen: None,
                 lua: ::redis::Script::new(&format!("{prelude}\n{helpers}\n{}", s.body)),
                 function: format!("{name}_{}", s.name),
             });
@@ -173,6 +197,7 @@ impl Library {
                     name: s.name,
                     many: true,
                     shared: s.shared,
+                    widen: s.widen,
                     lua: ::redis::Script::new(&format!(
                         "{prelude}\n{helpers}\n{MANY_LUA}\nlocal function run(KEYS, ARGV)\nfresh()\n{}\nend\nreturn many(run, KEYS, ARGV{})",
                         s.body,
@@ -220,8 +245,9 @@ impl Library {
     /// `MANY_LUA`): their keys in turn; then the count of keys and of own arguments each claim
     /// has, of the shared arguments, and of claims; their own arguments in turn; then the
     /// shared ones, once (the script's [`shared`](Part::shared) last arguments, the same for
-    /// every claim). `None` unless all call one script with a coalesced form, with as many keys
-    /// and arguments each, and the same shared arguments.
+    /// every claim). A form that [widens](Part::widen) sends only the first of each claim's
+    /// keys and own arguments, and counts only those. `None` unless all call one script with a
+    /// coalesced form, with as many keys and arguments each, and the same shared arguments.
     pub(crate) fn call_many<'a>(
         &'a self,
         functions: Option<&'a Functions>,
@@ -229,7 +255,11 @@ impl Library {
     ) -> Option<Call<'a>> {
         let (script, own) = self.many_of(claims)?;
         let first = claims.first()?;
-        let (nk, shared) = (first.keys.len(), first.args.len() - own);
+        let shared = first.args.len() - own;
+        // What each claim sends of its keys and own arguments.
+        let (nk, sent) = script.widen.map_or((first.keys.len(), own), |w| {
+            (w.keys.min(first.keys.len()), w.args.min(own))
+        });
         let first_tail = first.args.iter().skip(own);
         let mut call = Call {
             script: Some(script),
@@ -241,18 +271,24 @@ impl Library {
                 claims.iter().map(|c| c.keys.size()).sum(),
             ),
             args: Strings::with_capacity(
-                4 + own * claims.len() + shared,
+                4 + sent * claims.len() + shared,
                 40 + claims.iter().map(|c| c.args.size()).sum::<usize>(),
             ),
             clocks: Vec::new(),
         };
-        call.arg(nk).arg(own).arg(shared).arg(claims.len());
+        call.arg(nk).arg(sent).arg(shared).arg(claims.len());
         for claim in claims {
-            call.keys.extend(&claim.keys);
-            if let Some(i) = claim.clock.filter(|i| *i < own) {
+            if nk == claim.keys.len() {
+                call.keys.extend(&claim.keys);
+            } else {
+                for key in claim.keys.iter().take(nk) {
+                    call.keys.push(key);
+                }
+            }
+            if let Some(i) = claim.clock.filter(|i| *i < sent) {
                 call.clocks.push(call.args.len() + i);
             }
-            for arg in claim.args.iter().take(own) {
+            for arg in claim.args.iter().take(sent) {
                 call.args.push(arg);
             }
         }
@@ -273,10 +309,13 @@ impl Library {
         let (nk, na) = (first.keys.len(), first.args.len());
         let script = self.script(first.name, true)?;
         let own = na - script.shared.min(na);
+        // A clock among the own arguments a widened form leaves out would not be read anew.
+        let sent = script.widen.map_or(own, |w| w.args.min(own));
         let fits = claims.iter().all(|c| {
             c.name == first.name
                 && c.keys.len() == nk
                 && c.args.len() == na
+                && !c.clock.is_some_and(|i| (sent..own).contains(&i))
                 && c.args.iter().skip(own).eq(first.args.iter().skip(own))
         });
         fits.then_some((script, own))
@@ -556,6 +595,7 @@ mod tests {
         many: false,
         quick: "",
         shared: 0,
+        widen: None,
     };
 
     /// The arguments of `ONE`, in its order: a key, then a number and a word.
@@ -678,6 +718,59 @@ mod tests {
         // A claim with another setting does not go with them.
         let c = parts(Sharing("c", 8));
         assert!(library.call_many(functions, &[&a, &c]).is_none());
+    }
+
+    /// `Sharing` whose coalesced form sends each claim's key and first own argument only.
+    struct Widened(&'static str);
+
+    impl Args for Widened {
+        const SCRIPT: Part = Part {
+            widen: Some(super::Widen {
+                name: "widen",
+                keys: 1,
+                args: 1,
+            }),
+            ..Sharing::SCRIPT
+        };
+
+        fn push(&self, call: &mut Call<'_>) {
+            call.key(self.0)
+                .key("other")
+                .arg(self.0)
+                .arg("derived")
+                .arg(9)
+                .arg_clock();
+        }
+    }
+
+    #[test]
+    fn a_widened_coalesced_call_sends_each_claims_first_key_and_argument_and_names_its_widener() {
+        let library = Box::leak(Box::new(Library::build(
+            "local function fresh() end\nlocal function widen(k, a) end",
+            &[Widened::SCRIPT],
+        )));
+        assert!(library.code.contains("ARGV, nil, widen)"));
+        let functions = super::Functions::new(library);
+        let functions = Some(&functions);
+        let parts = |s: Widened| library.call(functions, &s).parts().unwrap();
+        let (a, b) = (parts(Widened("a")), parts(Widened("b")));
+        let call = library.call_many(functions, &[&a, &b]).unwrap();
+        assert_eq!(call.keys.to_vecs(), vec![b"a".to_vec(), b"b".to_vec()]);
+        // nk 1, own 1 (of 2), shared 2, claims; each claim's first own argument; the shared.
+        assert_eq!(
+            call.args.to_vecs(),
+            vec![
+                b"1".to_vec(),
+                b"1".to_vec(),
+                b"2".to_vec(),
+                b"2".to_vec(),
+                b"a".to_vec(),
+                b"b".to_vec(),
+                b"9".to_vec(),
+                vec![]
+            ]
+        );
+        assert_eq!(call.clocks, vec![7]);
     }
 
     #[test]

@@ -81,6 +81,16 @@ local function release_plain(keys, argv, k, a)
   return nil, v
 end
 
+-- The release's keys and own arguments rebuilt from the two its coalesced form sends for each
+-- claim (`Part::sends`): the lock's name and the owner. The others' names are the lock's with
+-- a suffix (`redis/keys.rs`): the queue, the waiters, the fencing counter, and the prefix of
+-- the lock's channels, the release's second argument. `k` and `a` are changed in place.
+local function release_widen(k, a)
+  local lock = k[1]
+  k[2], k[3], k[4] = lock .. ':q', lock .. ':w', lock .. ':fence'
+  table.insert(a, 2, lock .. ':c:')
+end
+
 -- Takes the calling client's clock (µs since 1970, as a string; anything else is ignored),
 -- where tokens have a floor (`Q.fence_floor`) and nowhere else (Redlock's tokens come from its
 -- quorum, and its scripts send no clock).

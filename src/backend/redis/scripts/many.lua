@@ -10,7 +10,11 @@
 -- (see `release_plain`; only a claim's own arguments are there): where it answers, the body
 -- does not run for that claim (no tables built, no fresh start). It must raise no error and
 -- change nothing where it does not answer.
-local function many(run, keys, argv, quick)
+--
+-- `widen`, if given, rebuilds a claim's keys and own arguments, in place, from the fewer its
+-- coalesced form sends (`Part::sends`), before the body runs (the shared arguments follow the
+-- own ones in `a`).
+local function many(run, keys, argv, quick, widen)
   local nk, na, ns, n = tonumber(argv[1]), tonumber(argv[2]), tonumber(argv[3]), tonumber(argv[4])
   local shared = 4 + n * na
   local out = {}
@@ -26,6 +30,9 @@ local function many(run, keys, argv, quick)
       end
       for j = 1, ns do
         a[na + j] = argv[shared + j]
+      end
+      if widen then
+        widen(k, a)
       end
       local ok
       ok, r = pcall(run, k, a)

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::keys::{millis, Keys};
 use super::lock::FENCE_TTL;
-use super::script::{Args, Call, Part};
+use super::script::{Args, Call, Part, Widen};
 
 /// What every script of the library starts with: the key layout, the queue policy `Q`, and the
 /// helpers every kind of lock uses.
@@ -59,6 +59,7 @@ const fn writing(name: &'static str, helpers: &'static [&'static str], body: &'s
         many: false,
         quick: "",
         shared: 0,
+        widen: None,
     }
 }
 
@@ -88,6 +89,7 @@ pub(crate) const fn reading(name: &'static str, body: &'static str) -> Part {
         many: false,
         quick: "",
         shared: 0,
+        widen: None,
     }
 }
 
@@ -187,6 +189,12 @@ impl Args for Release<'_> {
         // sends the settings and the clock once for every claim.
         quick: "release_plain",
         shared: 3,
+        // Each claim sends its lock's name and its owner; `release_widen` names the rest.
+        widen: Some(Widen {
+            name: "release_widen",
+            keys: 1,
+            args: 1,
+        }),
         ..coalesced(writing("release", &[], include_str!("release.lua")))
     };
 

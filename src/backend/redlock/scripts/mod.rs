@@ -54,6 +54,7 @@ const fn writing(name: &'static str, body: &'static str) -> Part {
         many: false,
         quick: "",
         shared: 0,
+        widen: None,
     }
 }
 
