@@ -313,18 +313,30 @@ fn nanos(d: Duration) -> u64 {
 }
 
 /// A one-way "ownership is gone" flag that wakes every watcher.
+///
+/// A flag and one [`Notify`](tokio::sync::Notify) in one small allocation: every claim makes
+/// one, and a `watch` channel (eight wake-up lists, a lock around its value) cost a busy
+/// service a large allocation per lock and eight wake-up passes per release (issue 29).
 #[derive(Clone)]
 pub(crate) struct LostSignal {
-    flag: watch::Sender<bool>,
+    shared: Arc<Lost>,
     /// For the lost-locks metric: the backend's name and the claim's kind.
     backend: &'static str,
     kind: LockKind,
 }
 
+/// What a [`LostSignal`]'s clones share.
+#[derive(Default)]
+struct Lost {
+    flag: AtomicBool,
+    /// Woken once, when the flag is set.
+    set: tokio::sync::Notify,
+}
+
 impl LostSignal {
     fn new(backend: &'static str, kind: LockKind) -> Self {
         Self {
-            flag: watch::Sender::new(false),
+            shared: Arc::default(),
             backend,
             kind,
         }
@@ -332,23 +344,33 @@ impl LostSignal {
 
     /// Sets the flag; true if it was not set before (and then counts the loss).
     pub(crate) fn mark(&self) -> bool {
-        let first = self
-            .flag
-            .send_if_modified(|lost| !std::mem::replace(lost, true));
+        let first = !self.shared.flag.swap(true, Ordering::AcqRel);
         if first {
+            self.shared.set.notify_waiters();
             crate::core::metrics::lost(self.backend, self.kind);
         }
         first
     }
 
     pub(crate) fn is_set(&self) -> bool {
-        *self.flag.borrow()
+        self.shared.flag.load(Ordering::Acquire)
     }
 
+    /// Ends once the flag is set.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
     pub(crate) async fn wait(&self) {
-        let mut rx = self.flag.subscribe();
-        // The sender lives as long as `self`, so this only ends when the flag is set.
-        let _ = rx.wait_for(|lost| *lost).await;
+        loop {
+            let set = self.shared.set.notified();
+            let mut set = std::pin::pin!(set);
+            // Listening before the flag is read: a `mark` between the two still wakes it.
+            set.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            set.await;
+        }
     }
 }
 
@@ -742,3 +764,49 @@ pub(crate) const MIN_RENEW_CALL: Duration = Duration::from_millis(50);
 
 pub(crate) use self::erased::{AnyTicket, DynBackend};
 pub use self::leader::{Leader, LeaderWatch};
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Claim, LockKind};
+
+    fn claim() -> Claim {
+        Claim::new(
+            "ns".into(),
+            "k".into(),
+            Duration::from_secs(1),
+            LockKind::Exclusive,
+            "memory",
+        )
+    }
+
+    #[tokio::test]
+    async fn the_lost_signal_wakes_every_watcher_once_and_later_ones_at_once() {
+        let claim = claim();
+        let watchers: Vec<_> = (0..3)
+            .map(|_| {
+                let signal = claim.lost_signal().clone();
+                tokio::spawn(async move { signal.wait().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert!(!claim.is_lost());
+        // Not set: nobody is woken.
+        let early = tokio::time::timeout(Duration::from_millis(20), claim.lost_signal().wait());
+        assert!(early.await.is_err(), "wait ended before the claim was lost");
+        assert!(claim.lost_signal().mark());
+        assert!(!claim.lost_signal().mark(), "marked lost twice");
+        for watcher in watchers {
+            tokio::time::timeout(Duration::from_secs(5), watcher)
+                .await
+                .expect("a watcher was not woken")
+                .expect("a watcher panicked");
+        }
+        // A clone made before, and a watcher that comes after, see it at once.
+        assert!(claim.clone().is_lost());
+        tokio::time::timeout(Duration::from_secs(5), claim.lost_signal().wait())
+            .await
+            .expect("a late watcher was not told");
+    }
+}
