@@ -771,19 +771,10 @@ mod tests {
 
     use super::{Claim, LockKind};
 
-    fn claim() -> Claim {
-        Claim::new(
-            "ns".into(),
-            "k".into(),
-            Duration::from_secs(1),
-            LockKind::Exclusive,
-            "memory",
-        )
-    }
-
     #[tokio::test]
     async fn the_lost_signal_wakes_every_watcher_once_and_later_ones_at_once() {
-        let claim = claim();
+        let (ns, key, ttl) = ("ns".into(), "k".into(), Duration::from_secs(1));
+        let claim = Claim::new(ns, key, ttl, LockKind::Exclusive, "memory");
         let watchers: Vec<_> = (0..3)
             .map(|_| {
                 let signal = claim.lost_signal().clone();

@@ -688,6 +688,15 @@ mod tests {
         }
     }
 
+    /// Asserts `call` is claims `a` and `b` of one key and one own argument each, then the
+    /// shared `9` and the clock: nk 1, own 1, shared 2, claims 2.
+    fn sends_a_then_b(call: &Call<'_>) {
+        assert_eq!(call.keys.to_vecs(), vec![b"a".to_vec(), b"b".to_vec()]);
+        let args: Vec<&[u8]> = vec![b"1", b"1", b"2", b"2", b"a", b"b", b"9", b""];
+        assert_eq!(call.args.to_vecs(), args);
+        assert_eq!(call.clocks, vec![7]);
+    }
+
     #[test]
     fn a_coalesced_call_sends_the_shared_arguments_once_and_only_when_they_agree() {
         let library = Box::leak(Box::new(Library::build(
@@ -698,23 +707,8 @@ mod tests {
         let functions = Some(&functions);
         let parts = |s: Sharing| library.call(functions, &s).parts().unwrap();
         let (a, b) = (parts(Sharing("a", 9)), parts(Sharing("b", 9)));
-        let call = library.call_many(functions, &[&a, &b]).unwrap();
-        assert_eq!(call.keys.to_vecs(), vec![b"a".to_vec(), b"b".to_vec()]);
         // nk, own, shared, claims; the own arguments in turn; the shared ones once.
-        assert_eq!(
-            call.args.to_vecs(),
-            vec![
-                b"1".to_vec(),
-                b"1".to_vec(),
-                b"2".to_vec(),
-                b"2".to_vec(),
-                b"a".to_vec(),
-                b"b".to_vec(),
-                b"9".to_vec(),
-                vec![]
-            ]
-        );
-        assert_eq!(call.clocks, vec![7]);
+        sends_a_then_b(&library.call_many(functions, &[&a, &b]).unwrap());
         // A claim with another setting does not go with them.
         let c = parts(Sharing("c", 8));
         assert!(library.call_many(functions, &[&a, &c]).is_none());
@@ -754,23 +748,8 @@ mod tests {
         let functions = Some(&functions);
         let parts = |s: Widened| library.call(functions, &s).parts().unwrap();
         let (a, b) = (parts(Widened("a")), parts(Widened("b")));
-        let call = library.call_many(functions, &[&a, &b]).unwrap();
-        assert_eq!(call.keys.to_vecs(), vec![b"a".to_vec(), b"b".to_vec()]);
         // nk 1, own 1 (of 2), shared 2, claims; each claim's first own argument; the shared.
-        assert_eq!(
-            call.args.to_vecs(),
-            vec![
-                b"1".to_vec(),
-                b"1".to_vec(),
-                b"2".to_vec(),
-                b"2".to_vec(),
-                b"a".to_vec(),
-                b"b".to_vec(),
-                b"9".to_vec(),
-                vec![]
-            ]
-        );
-        assert_eq!(call.clocks, vec![7]);
+        sends_a_then_b(&library.call_many(functions, &[&a, &b]).unwrap());
     }
 
     #[test]
