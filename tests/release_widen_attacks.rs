@@ -466,3 +466,88 @@ async fn memory_leases_expiring_wake_every_watcher() {
         drop(guard);
     }
 }
+
+/// Watches a private server with `MONITOR` while one client releases 24 holds (8 with a
+/// waiter queued, so the widened body runs) of odd names at once: the releases do go as a
+/// widened `release_many` call (one key per claim), every waiter is granted, and nothing but
+/// fences is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_names_released_together_go_as_one_widened_call() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let ns = test_namespace!();
+    let dir = tempfile_path(&ns);
+    let mut monitor = std::process::Command::new("redis-cli")
+        .arg("-p")
+        .arg(server.port().to_string())
+        .arg("monitor")
+        .stdout(std::fs::File::create(&dir).unwrap())
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_millis(200)).await;
+    let holder = client_at(&url, &ns, Duration::from_secs(30), true).await;
+    let waiter = client_at(&url, &ns, Duration::from_secs(30), true).await;
+    let names: Vec<String> = (0..24).map(|i| format!("k{i}:q}} {{ü")).collect();
+    let guards: Vec<_> = timeout(
+        Duration::from_secs(5),
+        futures::future::join_all(names.iter().map(|n| holder.mutex(n).lock())),
+    )
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|g| g.unwrap())
+    .collect();
+    let waits: Vec<_> = names
+        .iter()
+        .step_by(3)
+        .map(|n| {
+            let m = waiter.mutex(n);
+            tokio::spawn(async move { m.lock().await })
+        })
+        .collect();
+    for n in names.iter().step_by(3) {
+        support::redis::until_queued(&url, &ns, n, 1).await;
+    }
+    let released = timeout(
+        Duration::from_secs(5),
+        futures::future::join_all(guards.into_iter().map(|g| g.release())),
+    )
+    .await
+    .unwrap();
+    for r in released {
+        r.unwrap();
+    }
+    for w in waits {
+        let g = timeout(Duration::from_secs(5), w)
+            .await
+            .expect("a waiter was not handed its lock in 5 s")
+            .unwrap()
+            .unwrap();
+        g.release().await.unwrap();
+    }
+    until_only_fences(&url, &ns).await;
+    sleep(Duration::from_millis(200)).await;
+    monitor.kill().unwrap();
+    let _ = monitor.wait();
+    let log = std::fs::read_to_string(&dir).unwrap();
+    let widest = log
+        .lines()
+        .filter(|l| l.contains("release_many\""))
+        .filter_map(|l| {
+            let after = l.split("release_many\" \"").nth(1)?;
+            after.split('"').next()?.parse::<usize>().ok()
+        })
+        .max();
+    println!("largest release_many call: {widest:?} keys");
+    assert!(
+        widest.is_some_and(|k| k >= 2),
+        "no release_many call carried two claims"
+    );
+    holder.shutdown().await;
+    waiter.shutdown().await;
+    let _ = std::fs::remove_file(&dir);
+}
+
+fn tempfile_path(ns: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{ns}.monitor"))
+}
