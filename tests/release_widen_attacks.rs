@@ -551,3 +551,96 @@ async fn odd_names_released_together_go_as_one_widened_call() {
 fn tempfile_path(ns: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("{ns}.monitor"))
 }
+
+/// Waiters queued by another process (`redis-cli` calling the library's acquire by hand, then
+/// SIGKILLed) ahead of a live client's waiters on 16 keys whose holder releases them all at
+/// once: each live waiter is granted in bounded time (the dead one's handoff lease of 1 s, its
+/// waiter lease of 2 s), with a larger token, and nothing but fences is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_a_killed_process_ahead_of_coalesced_releases_do_not_strand_the_rest() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let ns = test_namespace!();
+    let backend = RedisBackend::builder(&url)
+        .handoff_ttl(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap();
+    let library = support::redis::library_of(&backend).expect("scripts in a function library");
+    let holder = LockClient::builder(backend)
+        .namespace(&ns)
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let waiter = support::redis::client(
+        &url,
+        &ns,
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+        true,
+    )
+    .await;
+    let n = 16;
+    let guards: Vec<_> = timeout(
+        Duration::from_secs(5),
+        futures::future::join_all((0..n).map(|i| holder.mutex(format!("k{i}")).lock())),
+    )
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|g| g.unwrap())
+    .collect();
+    for i in 0..n {
+        let lock = format!("{ns}:{{k{i}}}");
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "redis-cli -p {} FCALL {library}_acquire 4 '{lock}' '{lock}:q' '{lock}:w' \
+                 '{lock}:fence' dead.{i} 60000 1 3600000 2000 '{lock}:c:' 0 >/dev/null; \
+                 exec sleep 30",
+                server.port()
+            ))
+            .spawn()
+            .unwrap();
+        support::redis::until_queued(&url, &ns, &format!("k{i}"), 1).await;
+        child.kill().unwrap();
+        let _ = child.wait();
+    }
+    let waits: Vec<_> = (0..n)
+        .map(|i| {
+            let m = waiter.mutex(format!("k{i}"));
+            tokio::spawn(async move { m.lock().await })
+        })
+        .collect();
+    for i in 0..n {
+        support::redis::until_queued(&url, &ns, &format!("k{i}"), 2).await;
+    }
+    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let released = timeout(
+        Duration::from_secs(5),
+        futures::future::join_all(guards.into_iter().map(|g| g.release())),
+    )
+    .await
+    .unwrap();
+    for r in released {
+        r.unwrap();
+    }
+    let started = Instant::now();
+    let mut granted = Vec::new();
+    for (i, w) in waits.into_iter().enumerate() {
+        let g = timeout(Duration::from_secs(8), w)
+            .await
+            .unwrap_or_else(|_| panic!("k{i}: the live waiter was not granted within 8 s"))
+            .unwrap()
+            .unwrap();
+        assert!(g.fencing_token() > tokens[i], "k{i}: token went back");
+        granted.push(g);
+    }
+    println!("live waiters granted within {:?}", started.elapsed());
+    for r in futures::future::join_all(granted.into_iter().map(|g| g.release())).await {
+        r.unwrap();
+    }
+    until_only_fences(&url, &ns).await;
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}
