@@ -644,3 +644,53 @@ async fn waiters_of_a_killed_process_ahead_of_coalesced_releases_do_not_strand_t
     holder.shutdown().await;
     waiter.shutdown().await;
 }
+
+/// A fault proxy blackholes the connection of a renewing client (1.5 s TTL) holding 4 keys,
+/// each watched by 16 tasks awaiting `lost()`: every watcher ends within 4 s, agreeing with
+/// `is_lost()`, and a `lost()` called after ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_watcher_hears_a_blackholed_connection_past_the_ttl() {
+    let server = RedisServer::start();
+    let proxy = support::proxy::Proxy::start(server.port());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let ns = test_namespace!();
+    let client = client_at(&url, &ns, Duration::from_millis(1500), true).await;
+    let mut guards = Vec::new();
+    for i in 0..4 {
+        guards.push(Arc::new(
+            client.mutex(format!("k{i}")).lock().await.unwrap(),
+        ));
+    }
+    let watchers: Vec<_> = (0..64)
+        .map(|t| {
+            let guard = guards[t % 4].clone();
+            tokio::spawn(async move {
+                guard.lost().await;
+                assert!(guard.is_lost(), "lost() ended but is_lost() is false");
+            })
+        })
+        .collect();
+    sleep(Duration::from_millis(100)).await;
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    let cut = Instant::now();
+    proxy.blackhole();
+    for w in watchers {
+        timeout(Duration::from_secs(4), w)
+            .await
+            .expect("a watcher of lost() was not woken within 4 s of the blackhole")
+            .unwrap();
+    }
+    println!(
+        "every watcher woken {:?} after the blackhole",
+        cut.elapsed()
+    );
+    for g in &guards {
+        assert!(g.is_lost());
+        timeout(Duration::from_millis(100), g.lost())
+            .await
+            .expect("lost() after the loss did not end at once");
+    }
+    proxy.heal();
+    drop(guards);
+    let _ = timeout(Duration::from_secs(5), client.shutdown()).await;
+}
