@@ -694,3 +694,83 @@ async fn every_watcher_hears_a_blackholed_connection_past_the_ttl() {
     drop(guards);
     let _ = timeout(Duration::from_secs(5), client.shutdown()).await;
 }
+
+/// The same coalesced handoffs by `EVALSHA`: an ACL user kept to `<ns>:*` (keys and channels)
+/// and refused the function commands holds 30 keys, a second such client queues on every
+/// other one, and all are released at once: every waiter is granted within 5 s with a larger
+/// token (the rebuilt names are inside the user's pattern), and nothing but fences is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn widened_releases_by_evalsha_under_an_acl_pattern_hand_on() {
+    let server = RedisServer::start();
+    let ns = test_namespace!();
+    let user = format!("nofn{}", std::process::id());
+    let mut setuser = redis::cmd("ACL");
+    setuser
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("reset")
+        .arg("on")
+        .arg(">s3cret")
+        .arg(format!("~{ns}:*"))
+        .arg(format!("&{ns}:*"))
+        .arg("+@all")
+        .arg("-function")
+        .arg("-fcall")
+        .arg("-fcall_ro");
+    let _: () = setuser
+        .query_async(&mut raw(&server.url()).await)
+        .await
+        .unwrap();
+    let url = format!("redis://{user}:s3cret@127.0.0.1:{}/", server.port());
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    assert_eq!(support::redis::library_of(&backend), None);
+    let holder = LockClient::builder(backend)
+        .namespace(&ns)
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let waiter = client_at(&url, &ns, Duration::from_secs(30), true).await;
+    let n = 30;
+    let guards: Vec<_> = timeout(
+        Duration::from_secs(5),
+        futures::future::join_all((0..n).map(|i| holder.mutex(format!("k{i} :q}}")).lock())),
+    )
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|g| g.unwrap())
+    .collect();
+    let waited: Vec<usize> = (0..n).filter(|i| i % 2 == 0).collect();
+    let waits: Vec<_> = waited
+        .iter()
+        .map(|i| {
+            let m = waiter.mutex(format!("k{i} :q}}"));
+            tokio::spawn(async move { m.lock().await })
+        })
+        .collect();
+    for i in &waited {
+        support::redis::until_queued(&server.url(), &ns, &format!("k{i} :q}}"), 1).await;
+    }
+    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let released = timeout(
+        Duration::from_secs(5),
+        futures::future::join_all(guards.into_iter().map(|g| g.release())),
+    )
+    .await
+    .unwrap();
+    for r in released {
+        r.unwrap();
+    }
+    for (i, w) in waited.iter().zip(waits) {
+        let g = timeout(Duration::from_secs(5), w)
+            .await
+            .unwrap_or_else(|_| panic!("k{i}: not handed on within 5 s"))
+            .unwrap()
+            .unwrap();
+        assert!(g.fencing_token() > tokens[*i], "k{i}: token went back");
+        g.release().await.unwrap();
+    }
+    until_only_fences(&server.url(), &ns).await;
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}
