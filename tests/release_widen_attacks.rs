@@ -774,3 +774,96 @@ async fn widened_releases_by_evalsha_under_an_acl_pattern_hand_on() {
     holder.shutdown().await;
     waiter.shutdown().await;
 }
+
+/// One batch mixing plain holds, holds with a waiter queued, holds deleted by `redis-cli`
+/// (some with a waiter) and holds overwritten with a foreign value (some with a waiter): the
+/// foreign values stay, every waiter behind a deleted or released hold is granted within 5 s,
+/// and nothing is left but fences and the foreign keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_plain_handed_deleted_and_overwritten_holds() {
+    let url = shared_redis().url();
+    let ns = test_namespace!();
+    let holder = client_at(&url, &ns, Duration::from_secs(30), false).await;
+    let waiter = client_at(&url, &ns, Duration::from_secs(30), true).await;
+    let n = 40;
+    let guards: Vec<_> = timeout(
+        Duration::from_secs(5),
+        futures::future::join_all((0..n).map(|i| holder.mutex(format!("k{i}")).lock())),
+    )
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|g| g.unwrap())
+    .collect();
+    // i % 4: 0 plain, 1 waiter, 2 deleted (odd i/4: with a waiter), 3 overwritten (likewise).
+    let waited: Vec<usize> = (0..n)
+        .filter(|i| i % 4 == 1 || (i % 4 >= 2 && (i / 4) % 2 == 1))
+        .collect();
+    let waits: Vec<_> = waited
+        .iter()
+        .map(|i| {
+            let m = waiter.mutex(format!("k{i}"));
+            tokio::spawn(async move { m.lock_timeout(Duration::from_secs(8)).await })
+        })
+        .collect();
+    for i in &waited {
+        support::redis::until_queued(&url, &ns, &format!("k{i}"), 1).await;
+    }
+    let mut con = raw(&url).await;
+    let foreign: Vec<usize> = (0..n).filter(|i| i % 4 == 3).collect();
+    for i in 0..n {
+        let key = format!("{ns}:{{k{i}}}");
+        if i % 4 == 2 {
+            let _: () = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+        } else if i % 4 == 3 {
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg("foreign")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+        }
+    }
+    let _ = timeout(
+        Duration::from_secs(5),
+        futures::future::join_all(guards.into_iter().map(|g| g.release())),
+    )
+    .await
+    .expect("the releases did not end in 5 s");
+    for i in &foreign {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(format!("{ns}:{{k{i}}}"))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(
+            v.as_deref(),
+            Some("foreign"),
+            "k{i}: a foreign hold was touched"
+        );
+    }
+    for (i, w) in waited.iter().zip(waits) {
+        let got = timeout(Duration::from_secs(9), w).await.unwrap().unwrap();
+        if i % 4 == 3 {
+            assert!(got.is_err(), "k{i}: granted over a foreign hold");
+        } else {
+            got.unwrap_or_else(|e| panic!("k{i}: not granted: {e}"))
+                .release()
+                .await
+                .unwrap();
+        }
+    }
+    let foreign_keys: Vec<String> = foreign.iter().map(|i| format!("{ns}:{{k{i}}}")).collect();
+    let _: () = redis::cmd("DEL")
+        .arg(&foreign_keys)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    until_only_fences(&url, &ns).await;
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}
