@@ -867,3 +867,67 @@ async fn a_batch_of_plain_handed_deleted_and_overwritten_holds() {
     holder.shutdown().await;
     waiter.shutdown().await;
 }
+
+/// 24 waiters of one client queue on a hot key one after another; each, once granted, records
+/// its turn and releases while 8 cold holds of the same client are released with it (so the
+/// hot key's handoffs go in coalesced batches): the grants come in queue order, one holder at
+/// a time, with strictly increasing tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoffs_in_coalesced_batches_keep_fifo_order() {
+    let url = shared_redis().url();
+    let ns = test_namespace!();
+    let client = client_at(&url, &ns, Duration::from_secs(30), true).await;
+    let first = client.mutex("hot").lock().await.unwrap();
+    let order: Arc<StdMutex<Vec<(usize, u64)>>> = Arc::default();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let n = 24;
+    let mut waits = Vec::new();
+    for w in 0..n {
+        let (client, order, inside) = (client.clone(), order.clone(), inside.clone());
+        waits.push(tokio::spawn(async move {
+            let g = client.mutex("hot").lock().await.unwrap();
+            assert_eq!(
+                inside.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two holders at once"
+            );
+            order.lock().unwrap().push((w, g.fencing_token()));
+            let colds: Vec<_> = futures::future::join_all(
+                (0..8).map(|c| client.mutex(format!("cold{w}-{c}")).lock()),
+            )
+            .await
+            .into_iter()
+            .map(|g| g.unwrap())
+            .collect();
+            inside.fetch_sub(1, Ordering::SeqCst);
+            let releases = colds.into_iter().map(|c| c.release());
+            let (hot, cold) = futures::join!(g.release(), futures::future::join_all(releases));
+            hot.unwrap();
+            for c in cold {
+                c.unwrap();
+            }
+        }));
+        support::redis::until_queued(&url, &ns, "hot", w + 1).await;
+    }
+    let t0 = first.fencing_token();
+    first.release().await.unwrap();
+    timeout(Duration::from_secs(10), futures::future::join_all(waits))
+        .await
+        .expect("not every waiter was granted within 10 s")
+        .into_iter()
+        .for_each(|r| r.unwrap());
+    let order = order.lock().unwrap().clone();
+    let turns: Vec<usize> = order.iter().map(|(w, _)| *w).collect();
+    assert_eq!(
+        turns,
+        (0..n).collect::<Vec<_>>(),
+        "grants out of queue order"
+    );
+    let mut last = t0;
+    for (w, t) in order {
+        assert!(t > last, "waiter {w}: token {t} after {last}");
+        last = t;
+    }
+    until_only_fences(&url, &ns).await;
+    client.shutdown().await;
+}
