@@ -26,7 +26,7 @@ async fn client_at(url: &str, ns: &str, ttl: Duration, renew: bool) -> LockClien
         .unwrap()
 }
 
-/// One client, 128 tasks, each locking one of 4 hot keys and one of many cold keys, 6 rounds:
+/// One client, 256 tasks, each locking one of 4 hot keys and one of many cold keys, 5 rounds:
 /// releases coalesce while waiters are queued on the hot keys. No two holders of a key at once,
 /// fencing tokens strictly increase per key, every task finishes in bounded time, and nothing
 /// but fence counters is left.
@@ -35,8 +35,8 @@ async fn hot_and_cold_keys_under_coalesced_releases_keep_exclusion_and_tokens() 
     let url = shared_redis().url();
     let ns = test_namespace!();
     let client = client_at(&url, &ns, Duration::from_secs(10), true).await;
-    let tasks = 128;
-    let rounds = 6;
+    let tasks = 256;
+    let rounds = 5;
     let holders: Arc<Vec<AtomicUsize>> = Arc::new((0..4).map(|_| AtomicUsize::new(0)).collect());
     let tokens: Arc<StdMutex<HashMap<String, u64>>> = Arc::default();
     let overlaps = Arc::new(AtomicUsize::new(0));
