@@ -477,7 +477,10 @@ async fn odd_names_released_together_go_as_one_widened_call() {
     let url = server.url();
     let ns = test_namespace!();
     let dir = tempfile_path(&ns);
-    let mut monitor = std::process::Command::new("redis-cli")
+    // Line-buffered, so nothing is lost when it is killed.
+    let mut monitor = std::process::Command::new("stdbuf")
+        .arg("-oL")
+        .arg("redis-cli")
         .arg("-p")
         .arg(server.port().to_string())
         .arg("monitor")
