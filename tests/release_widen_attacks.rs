@@ -339,14 +339,14 @@ async fn waiters_given_up_while_releases_coalesce_leave_the_others_granted() {
     waiter.shutdown().await;
 }
 
-/// 64 tasks await `guard.lost()` on one guard while its key is overwritten with `SET`: each
-/// of them ends in bounded time, `is_lost()` agrees, and a `lost()` called afterwards ends at
+/// 64 tasks await `guard.lost()` on one guard (6 s TTL, renewing) while its key is overwritten
+/// with `SET`: each of them ends within 3.5 s, before the lease's own end, `is_lost()` agrees, and a `lost()` called afterwards ends at
 /// once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_watcher_of_a_guard_hears_its_key_overwritten() {
     let url = shared_redis().url();
     let ns = test_namespace!();
-    let client = client_at(&url, &ns, Duration::from_millis(1500), true).await;
+    let client = client_at(&url, &ns, Duration::from_secs(6), true).await;
     let guard = Arc::new(client.mutex("lost").lock().await.unwrap());
     let woken = Arc::new(AtomicUsize::new(0));
     let watchers: Vec<_> = (0..64)
@@ -369,12 +369,32 @@ async fn every_watcher_of_a_guard_hears_its_key_overwritten() {
         .query_async(&mut con)
         .await
         .unwrap();
+    // Noticed at the next renewal (every 2 s), well before the lease's end (4 s or more
+    // away): the watchers are woken by the mark, not by their own deadline.
+    let overwritten = Instant::now();
+    let by = overwritten + Duration::from_millis(3500);
+    {
+        let guard = guard.clone();
+        tokio::spawn(async move {
+            while !guard.is_lost() {
+                sleep(Duration::from_millis(20)).await;
+            }
+            println!(
+                "is_lost() true {:?} after the overwrite",
+                overwritten.elapsed()
+            );
+        });
+    }
     for w in watchers {
-        timeout(Duration::from_secs(5), w)
+        tokio::time::timeout_at(by, w)
             .await
-            .expect("a watcher of lost() was not woken within 5 s")
+            .expect("a watcher of lost() was not woken within 3.5 s of the overwrite")
             .unwrap();
     }
+    println!(
+        "every watcher woken {:?} after the overwrite",
+        overwritten.elapsed()
+    );
     assert!(guard.is_lost());
     timeout(Duration::from_millis(100), guard.lost())
         .await
