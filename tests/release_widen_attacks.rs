@@ -16,14 +16,122 @@ use support::redis::{connection as raw, non_fence_keys, until_only_fences};
 use support::server::redis::{shared_redis, RedisServer};
 use tokio::time::{sleep, timeout, Instant};
 
+/// A client of `url` with the default handoff lease (2 s).
 async fn client_at(url: &str, ns: &str, ttl: Duration, renew: bool) -> LockClient {
-    let backend = RedisBackend::connect(url).await.unwrap();
-    LockClient::builder(backend)
-        .namespace(ns)
-        .ttl(ttl)
-        .auto_renew(renew)
-        .build()
-        .unwrap()
+    support::redis::client(url, ns, ttl, Duration::from_secs(2), renew).await
+}
+
+/// Releases `guards` together (one coalesced batch, as far as the client batches them), within
+/// 5 s, each release succeeding.
+async fn release_together(guards: Vec<distlock::MutexGuard>) {
+    let released = timeout(
+        Duration::from_secs(5),
+        futures::future::join_all(guards.into_iter().map(|g| g.release())),
+    )
+    .await
+    .expect("the releases did not end in 5 s");
+    for r in released {
+        r.unwrap();
+    }
+}
+
+/// A waiter of `client` spawned on each of `keys`; returns once the server shows `queued`
+/// entries on every key.
+async fn queue_on(
+    client: &LockClient,
+    (url, ns): (&str, &str),
+    keys: &[String],
+    queued: usize,
+) -> Vec<tokio::task::JoinHandle<distlock::Result<distlock::MutexGuard>>> {
+    let waits = keys
+        .iter()
+        .map(|k| {
+            let m = client.mutex(k);
+            tokio::spawn(async move { m.lock().await })
+        })
+        .collect();
+    for k in keys {
+        support::redis::until_queued(url, ns, k, queued).await;
+    }
+    waits
+}
+
+/// Every one of `keys` locked through `client` at once, within 5 s.
+async fn lock_all(
+    client: &LockClient,
+    keys: impl IntoIterator<Item = String>,
+) -> Vec<distlock::MutexGuard> {
+    let locks = keys.into_iter().map(|k| {
+        let m = client.mutex(k);
+        async move { m.lock().await }
+    });
+    timeout(Duration::from_secs(5), futures::future::join_all(locks))
+        .await
+        .expect("the keys were not all locked within 5 s")
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect()
+}
+
+/// `key`'s value, read with a plain command.
+async fn get(con: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query_async(con).await.unwrap()
+}
+
+/// Deletes `keys` with a plain command.
+async fn del(con: &mut redis::aio::MultiplexedConnection, keys: &[String]) {
+    let _: () = redis::cmd("DEL").arg(keys).query_async(con).await.unwrap();
+}
+
+/// `n` keys locked through `client` (`k0`, `k1`, ...), each guard shared, and `watchers` tasks
+/// spread over them, each awaiting `lost()` and then checking `is_lost()` agrees.
+async fn watched_guards(
+    client: &LockClient,
+    n: usize,
+    watchers: usize,
+) -> (
+    Vec<Arc<distlock::MutexGuard>>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let mut guards = Vec::new();
+    for i in 0..n {
+        guards.push(Arc::new(
+            client.mutex(format!("k{i}")).lock().await.unwrap(),
+        ));
+    }
+    let tasks = (0..watchers)
+        .map(|t| {
+            let guard = guards[t % n].clone();
+            tokio::spawn(async move {
+                guard.lost().await;
+                assert!(guard.is_lost(), "lost() ended but is_lost() is false");
+            })
+        })
+        .collect();
+    (guards, tasks)
+}
+
+/// Every watcher ends within `within` (of `what`), and then each guard's `lost()` at once.
+async fn all_told(
+    watchers: Vec<tokio::task::JoinHandle<()>>,
+    guards: &[Arc<distlock::MutexGuard>],
+    within: Duration,
+    what: &str,
+) {
+    for w in watchers {
+        timeout(within, w)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("a watcher of lost() was not woken within {within:?} of {what}")
+            })
+            .unwrap();
+    }
+    for g in guards {
+        assert!(g.is_lost());
+        timeout(Duration::from_millis(100), g.lost())
+            .await
+            .expect("lost() after the loss did not end at once");
+    }
 }
 
 /// One client, 256 tasks, each locking one of 4 hot keys and one of many cold keys, 5 rounds:
@@ -147,26 +255,10 @@ async fn odd_key_names_release_only_their_own_names() {
             .unwrap_or_else(|_| panic!("{n:?}: a free key was not granted in 5 s"));
         guards.push(g.unwrap_or_else(|e| panic!("{n:?}: {e}")));
     }
-    let waits: Vec<_> = names
-        .iter()
-        .map(|n| {
-            let m = waiter.mutex(*n);
-            tokio::spawn(async move { m.lock().await })
-        })
-        .collect();
-    for n in names {
-        support::redis::until_queued(&url, &ns, n, 1).await;
-    }
+    let keys: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let waits = queue_on(&waiter, (&url, &ns), &keys, 1).await;
     let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
-    let released = timeout(
-        Duration::from_secs(5),
-        futures::future::join_all(guards.into_iter().map(|g| g.release())),
-    )
-    .await
-    .expect("the coalesced releases did not end in 5 s");
-    for r in released {
-        r.unwrap();
-    }
+    release_together(guards).await;
     let mut second = Vec::new();
     for ((n, w), t) in names.iter().zip(waits).zip(tokens) {
         let g = timeout(Duration::from_secs(5), w)
@@ -177,28 +269,12 @@ async fn odd_key_names_release_only_their_own_names() {
         assert!(g.fencing_token() > t, "{n:?}: token went back");
         second.push(g);
     }
-    let released = timeout(
-        Duration::from_secs(5),
-        futures::future::join_all(second.into_iter().map(|g| g.release())),
-    )
-    .await
-    .expect("the second releases did not end in 5 s");
-    for r in released {
-        r.unwrap();
-    }
+    release_together(second).await;
     for b in &bystanders {
-        let v: Option<String> = redis::cmd("GET")
-            .arg(b)
-            .query_async(&mut con)
-            .await
-            .unwrap();
+        let v = get(&mut con, b).await;
         assert_eq!(v.as_deref(), Some("bystander"), "bystander {b} was touched");
     }
-    let _: () = redis::cmd("DEL")
-        .arg(&bystanders)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &bystanders).await;
     until_only_fences(&url, &ns).await;
     holder.shutdown().await;
     waiter.shutdown().await;
@@ -215,20 +291,9 @@ async fn a_coalesced_release_past_the_lease_keeps_the_next_holders_holds() {
     let next = client_at(&url, &ns, Duration::from_secs(30), true).await;
     let third = client_at(&url, &ns, Duration::from_secs(30), true).await;
     let n = 40;
-    let old: Vec<_> = futures::future::join_all((0..n).map(|i| late.mutex(format!("k{i}")).lock()))
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect();
-    let taken: Vec<_> = timeout(
-        Duration::from_secs(8),
-        futures::future::join_all((0..n).map(|i| next.mutex(format!("k{i}")).lock())),
-    )
-    .await
-    .expect("the next client did not take the expired keys")
-    .into_iter()
-    .map(|g| g.unwrap())
-    .collect();
+    let old = lock_all(&late, (0..n).map(|i| format!("k{i}"))).await;
+    // The late leases (600 ms) run out well within `lock_all`'s 5 s.
+    let taken = lock_all(&next, (0..n).map(|i| format!("k{i}"))).await;
     // Every other key gets a third client's waiter behind the new holder.
     let waits: Vec<_> = (0..n)
         .filter(|i| i % 2 == 0)
@@ -281,12 +346,7 @@ async fn waiters_given_up_while_releases_coalesce_leave_the_others_granted() {
     let holder = client_at(&url, &ns, Duration::from_secs(30), true).await;
     let waiter = client_at(&url, &ns, Duration::from_secs(30), true).await;
     let n = 32;
-    let guards: Vec<_> =
-        futures::future::join_all((0..n).map(|i| holder.mutex(format!("k{i}")).lock()))
-            .await
-            .into_iter()
-            .map(|g| g.unwrap())
-            .collect();
+    let guards: Vec<_> = lock_all(&holder, (0..n).map(|i| format!("k{i}"))).await;
     let mut quitters = Vec::new();
     let mut stayers = Vec::new();
     for i in 0..n {
@@ -399,11 +459,7 @@ async fn every_watcher_of_a_guard_hears_its_key_overwritten() {
     timeout(Duration::from_millis(100), guard.lost())
         .await
         .expect("lost() after the loss did not end at once");
-    let _: () = redis::cmd("DEL")
-        .arg(format!("{ns}:{{lost}}"))
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &[format!("{ns}:{{lost}}")]).await;
     drop(guard);
     client.shutdown().await;
 }
@@ -416,34 +472,10 @@ async fn every_watcher_hears_a_restart_without_data() {
     let url = server.url();
     let ns = test_namespace!();
     let client = client_at(&url, &ns, Duration::from_millis(1500), true).await;
-    let mut guards = Vec::new();
-    for i in 0..8 {
-        guards.push(Arc::new(
-            client.mutex(format!("k{i}")).lock().await.unwrap(),
-        ));
-    }
-    let watchers: Vec<_> = (0..64)
-        .map(|t| {
-            let guard = guards[t % 8].clone();
-            tokio::spawn(async move {
-                guard.lost().await;
-                assert!(guard.is_lost(), "lost() ended but is_lost() is false");
-            })
-        })
-        .collect();
+    let (guards, watchers) = watched_guards(&client, 8, 64).await;
     sleep(Duration::from_millis(100)).await;
     server.restart_after(|| std::thread::sleep(Duration::from_millis(200)));
-    for w in watchers {
-        timeout(Duration::from_secs(8), w)
-            .await
-            .expect("a watcher of lost() was not woken within 8 s of the restart")
-            .unwrap();
-    }
-    for g in &guards {
-        timeout(Duration::from_millis(100), g.lost())
-            .await
-            .expect("lost() after the loss did not end at once");
-    }
+    all_told(watchers, &guards, Duration::from_secs(8), "the restart").await;
     drop(guards);
     client.shutdown().await;
 }
@@ -511,35 +543,10 @@ async fn odd_names_released_together_go_as_one_widened_call() {
     let holder = client_at(&url, &ns, Duration::from_secs(30), true).await;
     let waiter = client_at(&url, &ns, Duration::from_secs(30), true).await;
     let names: Vec<String> = (0..24).map(|i| format!("k{i}:q}} {{ü")).collect();
-    let guards: Vec<_> = timeout(
-        Duration::from_secs(5),
-        futures::future::join_all(names.iter().map(|n| holder.mutex(n).lock())),
-    )
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|g| g.unwrap())
-    .collect();
-    let waits: Vec<_> = names
-        .iter()
-        .step_by(3)
-        .map(|n| {
-            let m = waiter.mutex(n);
-            tokio::spawn(async move { m.lock().await })
-        })
-        .collect();
-    for n in names.iter().step_by(3) {
-        support::redis::until_queued(&url, &ns, n, 1).await;
-    }
-    let released = timeout(
-        Duration::from_secs(5),
-        futures::future::join_all(guards.into_iter().map(|g| g.release())),
-    )
-    .await
-    .unwrap();
-    for r in released {
-        r.unwrap();
-    }
+    let guards: Vec<_> = lock_all(&holder, names.iter().cloned()).await;
+    let waited: Vec<String> = names.iter().step_by(3).cloned().collect();
+    let waits = queue_on(&waiter, (&url, &ns), &waited, 1).await;
+    release_together(guards).await;
     for w in waits {
         let g = timeout(Duration::from_secs(5), w)
             .await
@@ -604,15 +611,7 @@ async fn waiters_of_a_killed_process_ahead_of_coalesced_releases_do_not_strand_t
     )
     .await;
     let n = 16;
-    let guards: Vec<_> = timeout(
-        Duration::from_secs(5),
-        futures::future::join_all((0..n).map(|i| holder.mutex(format!("k{i}")).lock())),
-    )
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|g| g.unwrap())
-    .collect();
+    let guards: Vec<_> = lock_all(&holder, (0..n).map(|i| format!("k{i}"))).await;
     for i in 0..n {
         let lock = format!("{ns}:{{k{i}}}");
         let mut child = std::process::Command::new("sh")
@@ -629,25 +628,10 @@ async fn waiters_of_a_killed_process_ahead_of_coalesced_releases_do_not_strand_t
         child.kill().unwrap();
         let _ = child.wait();
     }
-    let waits: Vec<_> = (0..n)
-        .map(|i| {
-            let m = waiter.mutex(format!("k{i}"));
-            tokio::spawn(async move { m.lock().await })
-        })
-        .collect();
-    for i in 0..n {
-        support::redis::until_queued(&url, &ns, &format!("k{i}"), 2).await;
-    }
+    let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+    let waits = queue_on(&waiter, (&url, &ns), &keys, 2).await;
     let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
-    let released = timeout(
-        Duration::from_secs(5),
-        futures::future::join_all(guards.into_iter().map(|g| g.release())),
-    )
-    .await
-    .unwrap();
-    for r in released {
-        r.unwrap();
-    }
+    release_together(guards).await;
     let started = Instant::now();
     let mut granted = Vec::new();
     for (i, w) in waits.into_iter().enumerate() {
@@ -678,41 +662,16 @@ async fn every_watcher_hears_a_blackholed_connection_past_the_ttl() {
     let url = format!("redis://127.0.0.1:{}/", proxy.port());
     let ns = test_namespace!();
     let client = client_at(&url, &ns, Duration::from_millis(1500), true).await;
-    let mut guards = Vec::new();
-    for i in 0..4 {
-        guards.push(Arc::new(
-            client.mutex(format!("k{i}")).lock().await.unwrap(),
-        ));
-    }
-    let watchers: Vec<_> = (0..64)
-        .map(|t| {
-            let guard = guards[t % 4].clone();
-            tokio::spawn(async move {
-                guard.lost().await;
-                assert!(guard.is_lost(), "lost() ended but is_lost() is false");
-            })
-        })
-        .collect();
+    let (guards, watchers) = watched_guards(&client, 4, 64).await;
     sleep(Duration::from_millis(100)).await;
     assert!(guards.iter().all(|g| !g.is_lost()));
     let cut = Instant::now();
     proxy.blackhole();
-    for w in watchers {
-        timeout(Duration::from_secs(4), w)
-            .await
-            .expect("a watcher of lost() was not woken within 4 s of the blackhole")
-            .unwrap();
-    }
+    all_told(watchers, &guards, Duration::from_secs(4), "the blackhole").await;
     println!(
         "every watcher woken {:?} after the blackhole",
         cut.elapsed()
     );
-    for g in &guards {
-        assert!(g.is_lost());
-        timeout(Duration::from_millis(100), g.lost())
-            .await
-            .expect("lost() after the loss did not end at once");
-    }
     proxy.heal();
     drop(guards);
     let _ = timeout(Duration::from_secs(5), client.shutdown()).await;
@@ -754,36 +713,12 @@ async fn widened_releases_by_evalsha_under_an_acl_pattern_hand_on() {
         .unwrap();
     let waiter = client_at(&url, &ns, Duration::from_secs(30), true).await;
     let n = 30;
-    let guards: Vec<_> = timeout(
-        Duration::from_secs(5),
-        futures::future::join_all((0..n).map(|i| holder.mutex(format!("k{i} :q}}")).lock())),
-    )
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|g| g.unwrap())
-    .collect();
+    let guards: Vec<_> = lock_all(&holder, (0..n).map(|i| format!("k{i} :q}}"))).await;
     let waited: Vec<usize> = (0..n).filter(|i| i % 2 == 0).collect();
-    let waits: Vec<_> = waited
-        .iter()
-        .map(|i| {
-            let m = waiter.mutex(format!("k{i} :q}}"));
-            tokio::spawn(async move { m.lock().await })
-        })
-        .collect();
-    for i in &waited {
-        support::redis::until_queued(&server.url(), &ns, &format!("k{i} :q}}"), 1).await;
-    }
+    let keys: Vec<String> = waited.iter().map(|i| format!("k{i} :q}}")).collect();
+    let waits = queue_on(&waiter, (&server.url(), &ns), &keys, 1).await;
     let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
-    let released = timeout(
-        Duration::from_secs(5),
-        futures::future::join_all(guards.into_iter().map(|g| g.release())),
-    )
-    .await
-    .unwrap();
-    for r in released {
-        r.unwrap();
-    }
+    release_together(guards).await;
     for (i, w) in waited.iter().zip(waits) {
         let g = timeout(Duration::from_secs(5), w)
             .await
@@ -809,15 +744,7 @@ async fn a_batch_of_plain_handed_deleted_and_overwritten_holds() {
     let holder = client_at(&url, &ns, Duration::from_secs(30), false).await;
     let waiter = client_at(&url, &ns, Duration::from_secs(30), true).await;
     let n = 40;
-    let guards: Vec<_> = timeout(
-        Duration::from_secs(5),
-        futures::future::join_all((0..n).map(|i| holder.mutex(format!("k{i}")).lock())),
-    )
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|g| g.unwrap())
-    .collect();
+    let guards: Vec<_> = lock_all(&holder, (0..n).map(|i| format!("k{i}"))).await;
     // i % 4: 0 plain, 1 waiter, 2 deleted (odd i/4: with a waiter), 3 overwritten (likewise).
     let waited: Vec<usize> = (0..n)
         .filter(|i| i % 4 == 1 || (i % 4 >= 2 && (i / 4) % 2 == 1))
@@ -837,11 +764,7 @@ async fn a_batch_of_plain_handed_deleted_and_overwritten_holds() {
     for i in 0..n {
         let key = format!("{ns}:{{k{i}}}");
         if i % 4 == 2 {
-            let _: () = redis::cmd("DEL")
-                .arg(&key)
-                .query_async(&mut con)
-                .await
-                .unwrap();
+            del(&mut con, std::slice::from_ref(&key)).await;
         } else if i % 4 == 3 {
             let _: () = redis::cmd("SET")
                 .arg(&key)
@@ -858,11 +781,7 @@ async fn a_batch_of_plain_handed_deleted_and_overwritten_holds() {
     .await
     .expect("the releases did not end in 5 s");
     for i in &foreign {
-        let v: Option<String> = redis::cmd("GET")
-            .arg(format!("{ns}:{{k{i}}}"))
-            .query_async(&mut con)
-            .await
-            .unwrap();
+        let v = get(&mut con, &format!("{ns}:{{k{i}}}")).await;
         assert_eq!(
             v.as_deref(),
             Some("foreign"),
@@ -881,11 +800,7 @@ async fn a_batch_of_plain_handed_deleted_and_overwritten_holds() {
         }
     }
     let foreign_keys: Vec<String> = foreign.iter().map(|i| format!("{ns}:{{k{i}}}")).collect();
-    let _: () = redis::cmd("DEL")
-        .arg(&foreign_keys)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    del(&mut con, &foreign_keys).await;
     until_only_fences(&url, &ns).await;
     holder.shutdown().await;
     waiter.shutdown().await;
@@ -915,13 +830,7 @@ async fn handoffs_in_coalesced_batches_keep_fifo_order() {
                 "two holders at once"
             );
             order.lock().unwrap().push((w, g.fencing_token()));
-            let colds: Vec<_> = futures::future::join_all(
-                (0..8).map(|c| client.mutex(format!("cold{w}-{c}")).lock()),
-            )
-            .await
-            .into_iter()
-            .map(|g| g.unwrap())
-            .collect();
+            let colds = lock_all(&client, (0..8).map(|c| format!("cold{w}-{c}"))).await;
             inside.fetch_sub(1, Ordering::SeqCst);
             let releases = colds.into_iter().map(|c| c.release());
             let (hot, cold) = futures::join!(g.release(), futures::future::join_all(releases));
