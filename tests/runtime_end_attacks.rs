@@ -60,14 +60,7 @@ macro_rules! holder_alone_is_told {
                 let g = g
                     .expect("the other client was not granted within 15 s")
                     .expect("the other client's lock failed");
-                if told_at.is_none() && held.is_lost() {
-                    told_at = Some(Instant::now());
-                }
-                println!(
-                    "other granted after {:?}, holder told after {:?}",
-                    at - began,
-                    told_at.map(|t| t - began)
-                );
+                let told_at = told_by(held.is_lost(), told_at, at, began);
                 let told_at = told_at.unwrap_or_else(|| {
                     panic!(
                         "two holders: the other client was granted {:?} after the runtime \
@@ -339,29 +332,14 @@ fn zk_parallel_tests_one_ending_while_the_other_holds() {
         let token = held.fencing_token();
         let other = client_at(&connect, &ns, Duration::from_secs(4)).await;
         let m = other.mutex(key);
-        let mut waiting = tokio::spawn(async move {
+        let waiting = tokio::spawn(async move {
             let g = m.lock_timeout(Duration::from_secs(15)).await;
             (g, Instant::now())
         });
         support::zk::until_contenders(&raw(&connect).await, &path, 2).await;
         end_tx.send(()).unwrap();
         let began = Instant::now();
-        let mut told_at = None;
-        let (g, at) = loop {
-            tokio::select! {
-                _ = held.lost(), if told_at.is_none() => told_at = Some(Instant::now()),
-                r = &mut waiting => break r.unwrap(),
-            }
-        };
-        let g = g.expect("the other client was not granted within 15 s");
-        if told_at.is_none() && held.is_lost() {
-            told_at = Some(Instant::now());
-        }
-        println!(
-            "other granted after {:?}, holder told after {:?}",
-            at - began,
-            told_at.map(|t| t - began)
-        );
+        let (g, at, told_at) = granted_or_told(&held, waiting, began).await;
         let told_at = told_at.expect("two holders: the holder in B was never told");
         assert!(told_at <= at, "granted before the holder was told");
         assert!(g.fencing_token() > token);
@@ -1244,6 +1222,37 @@ fn redis_guard_from_an_ended_runtime_released_in_a_live_one_frees_the_key() {
     });
 }
 
+/// Waits for `waiting` (a `lock_timeout` of 15 s and when it ended) while watching `held`'s
+/// lost signal: the other client's guard (it must be granted), when it was granted, and when
+/// the holder was told, if it was (printed against `began`).
+async fn granted_or_told(
+    held: &distlock::MutexGuard,
+    mut waiting: tokio::task::JoinHandle<(distlock::Result<distlock::MutexGuard>, Instant)>,
+    began: Instant,
+) -> (distlock::MutexGuard, Instant, Option<Instant>) {
+    let mut told_at = None;
+    let (g, at) = loop {
+        tokio::select! {
+            _ = held.lost(), if told_at.is_none() => told_at = Some(Instant::now()),
+            r = &mut waiting => break r.unwrap(),
+        }
+    };
+    let g = g.expect("the other client was not granted within 15 s");
+    (g, at, told_by(held.is_lost(), told_at, at, began))
+}
+
+/// When the holder was told (`told_at`, or now if its guard reads `lost` by now), printed
+/// beside when the other client was granted (`at`), both against `began`.
+fn told_by(lost: bool, told_at: Option<Instant>, at: Instant, began: Instant) -> Option<Instant> {
+    let told_at = told_at.or_else(|| lost.then(Instant::now));
+    println!(
+        "other granted after {:?}, holder told after {:?}",
+        at - began,
+        told_at.map(|t| t - began)
+    );
+    told_at
+}
+
 /// `other` waits for `key` while `held` (another client's lock of it, whose runtime ended at
 /// `began`) goes lost. Checked: `other` is granted within 15 s, not before the holder was told,
 /// with a higher token than `token`; then it releases.
@@ -1255,26 +1264,11 @@ async fn told_before_granted(
     token: u64,
 ) {
     let m = other.mutex(key);
-    let mut waiting = tokio::spawn(async move {
+    let waiting = tokio::spawn(async move {
         let g = m.lock_timeout(Duration::from_secs(15)).await;
         (g, Instant::now())
     });
-    let mut told_at = None;
-    let (g, at) = loop {
-        tokio::select! {
-            _ = held.lost(), if told_at.is_none() => told_at = Some(Instant::now()),
-            r = &mut waiting => break r.unwrap(),
-        }
-    };
-    let g = g.expect("the other client was not granted within 15 s");
-    if told_at.is_none() && held.is_lost() {
-        told_at = Some(Instant::now());
-    }
-    println!(
-        "other granted after {:?}, holder told after {:?}",
-        at - began,
-        told_at.map(|t| t - began)
-    );
+    let (g, at, told_at) = granted_or_told(held, waiting, began).await;
     let told_at = told_at.unwrap_or_else(|| {
         panic!(
             "two holders: the other client was granted {:?} after the runtime ended, \
