@@ -46,6 +46,15 @@ pub(crate) struct Script {
     function: String,
 }
 
+impl Script {
+    /// How many of its `keys` keys and `own` own arguments each claim sends in a coalesced
+    /// call of this script: all, unless the form [widens](Part::widen).
+    fn sends(&self, keys: usize, own: usize) -> (usize, usize) {
+        self.widen
+            .map_or((keys, own), |w| (w.keys.min(keys), w.args.min(own)))
+    }
+}
+
 /// One script of a [`Library`]: its function's name (after the library's), the helpers it
 /// needs beyond the library's prelude, and its body.
 pub(crate) struct Part {
@@ -97,16 +106,12 @@ pub(crate) fn many_name(name: &str) -> String {
 impl Part {
     /// The quick and widening functions as `many`'s last arguments (`, <quick>, <widen>`,
     /// `nil` for one the part has not), or nothing.
-    fn quick_arg(&self) -> String {
-        let quick = if self.quick.is_empty() {
-            "nil"
-        } else {
-            self.quick
-        };
-        match (self.quick.is_empty(), self.widen) {
-            (true, None) => String::new(),
-            (false, None) => format!(", {quick}"),
-            (_, Some(widen)) => format!(", {quick}, {}", widen.name),
+    fn many_args(&self) -> String {
+        match (self.quick, self.widen) {
+            ("", None) => String::new(),
+            (quick, None) => format!(", {quick}"),
+            ("", Some(widen)) => format!(", nil, {}", widen.name),
+            (quick, Some(widen)) => format!(", {quick}, {}", widen.name),
         }
     }
 
@@ -158,10 +163,10 @@ impl Library {
                     );
                     if s.many {
                         f.push_str(&format!(
-                            "redis.register_function{{function_name='{prefix}{many}', callback=function(KEYS, ARGV) return many(run_{name}, KEYS, ARGV{quick}) end, flags={{{flags}}}}}\n",
+                            "redis.register_function{{function_name='{prefix}{many}', callback=function(KEYS, ARGV) return many(run_{name}, KEYS, ARGV{args}) end, flags={{{flags}}}}}\n",
                             many = many_name(s.name),
                             name = s.name,
-                            quick = s.quick_arg(),
+                            args = s.many_args(),
                             flags = s.flags()
                         ));
                     }
@@ -201,7 +206,7 @@ impl Library {
                     lua: ::redis::Script::new(&format!(
                         "{prelude}\n{helpers}\n{MANY_LUA}\nlocal function run(KEYS, ARGV)\nfresh()\n{}\nend\nreturn many(run, KEYS, ARGV{})",
                         s.body,
-                        s.quick_arg()
+                        s.many_args()
                     )),
                     function: format!("{name}_{}", many_name(s.name)),
                 });
@@ -256,10 +261,7 @@ impl Library {
         let (script, own) = self.many_of(claims)?;
         let first = claims.first()?;
         let shared = first.args.len() - own;
-        // What each claim sends of its keys and own arguments.
-        let (nk, sent) = script.widen.map_or((first.keys.len(), own), |w| {
-            (w.keys.min(first.keys.len()), w.args.min(own))
-        });
+        let (nk, sent) = script.sends(first.keys.len(), own);
         let first_tail = first.args.iter().skip(own);
         let mut call = Call {
             script: Some(script),
@@ -310,7 +312,7 @@ impl Library {
         let script = self.script(first.name, true)?;
         let own = na - script.shared.min(na);
         // A clock among the own arguments a widened form leaves out would not be read anew.
-        let sent = script.widen.map_or(own, |w| w.args.min(own));
+        let (_, sent) = script.sends(nk, own);
         let fits = claims.iter().all(|c| {
             c.name == first.name
                 && c.keys.len() == nk
