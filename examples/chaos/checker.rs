@@ -159,6 +159,9 @@ pub(crate) struct Log {
     /// Until when a holder asked to hold past a restart may still hold
     /// ([`crate::holder::EXTENDED_HOLD`]).
     pub(crate) extended_until: Option<Instant>,
+    /// That holder, and until when (wall ns) its hold runs under the longer lease it asked
+    /// for ([`crate::holder::EXTENDED_TTL`]).
+    pub(crate) extended: Option<(usize, u128)>,
 }
 
 impl Log {
@@ -168,10 +171,20 @@ impl Log {
         self.killed.push((i, crate::wall_ns()));
     }
 
-    /// The latest kill (wall ns) after `from_ns` and before `to_ns` of a holder that held the
-    /// lock when it died (its last grant before then has no release): it kept the lock for up
-    /// to a lease. Its grant may come before `from_ns`, beside a hold that outlasted a restart.
-    pub(crate) fn killed_holding(&self, from_ns: u128, to_ns: u128) -> Option<u128> {
+    /// The lease a holder killed by a holder fault at `killed_ns` held under: the TTL, or the
+    /// longer one a hold asked to outlast a restart took.
+    pub(crate) fn lease_of(&self, holder: usize, killed_ns: u128) -> Duration {
+        match self.extended {
+            Some((h, until)) if h == holder && killed_ns <= until => crate::holder::EXTENDED_TTL,
+            _ => ttl(),
+        }
+    }
+
+    /// The latest kill after `from_ns` and before `to_ns` of a holder that held the lock when
+    /// it died (its last grant before then has no release): (that holder, killed at in wall
+    /// ns). It kept the lock for up to a lease ([`Self::lease_of`]). Its grant may come before
+    /// `from_ns`, beside a hold that outlasted a restart.
+    pub(crate) fn killed_holding(&self, from_ns: u128, to_ns: u128) -> Option<(usize, u128)> {
         let held_at = |i: usize, k: u128| {
             let grant = (self.lines.iter())
                 .filter(|l| l.holder == i)
@@ -184,8 +197,8 @@ impl Log {
         };
         (self.killed.iter())
             .filter(|&&(i, k)| k > from_ns && k < to_ns && held_at(i, k))
-            .map(|&(_, k)| k)
-            .max()
+            .max_by_key(|&&(_, k)| k)
+            .copied()
     }
 
     fn stopped(&self, holder: usize, from_ns: u128, to_ns: u128) -> bool {

@@ -66,7 +66,11 @@ impl Fleet {
             .args(["--resource-url", &self.resource_url, "--ns", &self.ns])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(if std::env::var_os("CHAOS_DEBUG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .spawn()
             .expect("spawn a holder");
         let stdout = child.stdout.take().expect("holder stdout");

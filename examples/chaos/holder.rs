@@ -325,9 +325,18 @@ async fn round(
 ) {
     say("Q");
     let call_ns = wall_ns();
-    let Ok(held) = take(client, &plan, Duration::from_secs(10)).await else {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        return;
+    let held = match take(client, &plan, Duration::from_secs(10)).await {
+        Ok(held) => held,
+        Err(e) => {
+            if std::env::var_os("CHAOS_DEBUG").is_some() {
+                eprintln!(
+                    "holder {id} pid {}: {plan:?} not taken: {e}",
+                    std::process::id()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            return;
+        }
     };
     if held.is_lost() {
         say("L");
@@ -375,11 +384,22 @@ pub(crate) fn holder_main(args: HolderArgs, backend: &str, primitive: &str) {
                     .expect("redis backend"),
             ),
             "postgres" => LockClient::builder(
-                distlock::backend::PgBackend::builder(&args.lock_url)
-                    .handoff_ttl(HANDOFF)
-                    .build()
-                    .await
-                    .expect("postgres backend"),
+                distlock::backend::PgBackend::builder(
+                    &if std::env::var_os("CHAOS_DEBUG").is_some() {
+                        format!(
+                            "{}?application_name=h{}_{}",
+                            args.lock_url,
+                            args.id,
+                            std::process::id()
+                        )
+                    } else {
+                        args.lock_url.clone()
+                    },
+                )
+                .handoff_ttl(HANDOFF)
+                .build()
+                .await
+                .expect("postgres backend"),
             ),
             // Statements through the pooler, LISTEN straight to the server.
             "postgres-pgbouncer" => {

@@ -95,8 +95,10 @@
 //! Sentinel and Cluster holders reach the servers directly (the sentinels answer with the
 //! primary's own address, a Cluster redirects with `MOVED` to its nodes' own addresses, so a
 //! proxy would be bypassed): their holder faults are SIGSTOP and SIGKILL only, no blackhole or
-//! reset. `CHAOS_DEBUG=1` prints each fault and how long it took; `CHAOS_LOG_DIR=<dir>` has
-//! each holder process log at TRACE to `<dir>/holder-<n>-<pid>.log`.
+//! reset. `CHAOS_DEBUG=1` prints each fault and how long it took, lets holders' errors through
+//! and names each PostgreSQL holder's connections `h<n>_<pid>`; `CHAOS_LOG_DIR=<dir>` has
+//! each holder process log at TRACE to `<dir>/holder-<n>-<pid>.log`;
+//! `DISTLOCK_TEST_PG_LOG_DIR=<dir>` has PostgreSQL log every statement there.
 //!
 //! Replication to a Redis replica is asynchronous, and README promises no more across a
 //! failover than fencing tokens that keep increasing: a grant the primary acknowledged but

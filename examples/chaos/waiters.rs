@@ -61,8 +61,13 @@ pub(crate) fn extend_hold(fleet: &mut Fleet) -> Option<usize> {
             })
         };
         if let Some(i) = holding {
-            log(fleet).extended_until =
-                Some(Instant::now() + EXTENDED_HOLD + Duration::from_millis(200));
+            let mut log = log(fleet);
+            log.extended_until = Some(Instant::now() + EXTENDED_HOLD + Duration::from_millis(200));
+            log.extended = Some((
+                i,
+                wall_ns() + (EXTENDED_HOLD + Duration::from_millis(200)).as_nanos(),
+            ));
+            drop(log);
             let stdin = fleet.holders[i].as_mut()?.stdin.as_mut()?;
             stdin.write_all(b"H\n").ok()?;
             stdin.flush().ok()?;
@@ -260,21 +265,31 @@ pub(crate) fn kill_waiters(fleet: &mut Fleet, n: usize, backend: &str, primitive
                         .as_millis()
                         < 5000 =>
                 {
-                    eprintln!("killq:   {} queued", l.holder)
+                    let at = l.at.checked_duration_since(killed_at).map_or_else(
+                        || -(killed_at.duration_since(l.at).as_secs_f64() * 1e3),
+                        |d| d.as_secs_f64() * 1e3,
+                    );
+                    eprintln!("killq:   {} queued at {at:+.0} ms", l.holder)
                 }
                 _ => {}
             }
         }
     }
-    // A holder killed a moment before by a holder fault, granted since the release judged and
-    // holding when it died, kept the lock for up to a lease from its death (its last renewal
-    // was at most a TTL before); the dead waiters in line after it cost their handoffs then.
-    if let Some((r, k)) = release.and_then(|r| Some((r, log.killed_holding(r, t0)?))) {
-        let held = Duration::from_nanos(k.saturating_sub(judged_from(r)) as u64) + ttl();
-        bound = bound.max(held + dead_waiters_cost(backend, dead - 1) + extra);
+    // A holder killed a moment before by a holder fault, holding when it died, kept the lock
+    // for up to a lease from its death (its last renewal was at most a lease before: the TTL,
+    // or the longer one of a hold asked to outlast a restart); the dead waiters in line after
+    // it cost their handoffs then (itself among them only if it died lately enough to be
+    // counted with them).
+    if let Some((r, (h, k))) = release.and_then(|r| Some((r, log.killed_holding(r, t0)?))) {
+        let held =
+            Duration::from_nanos(k.saturating_sub(judged_from(r)) as u64) + log.lease_of(h, k);
+        let counted = t0.saturating_sub(k) < (ttl() + Duration::from_millis(200)).as_nanos();
+        let behind = dead - usize::from(counted);
+        bound = bound.max(held + dead_waiters_cost(backend, behind) + extra);
         if std::env::var_os("CHAOS_DEBUG").is_some() {
             eprintln!(
-                "killq: a holder killed since the release judged died holding; bound {bound:?}"
+                "killq: holder {h} died holding under a lease of {:?}; bound {bound:?}",
+                log.lease_of(h, k)
             );
         }
     }

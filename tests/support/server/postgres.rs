@@ -93,6 +93,20 @@ fn pg_args(port: u16, dir: &Path) -> Vec<String> {
         args.push("-c".into());
         args.push(setting.into());
     }
+    // Debugging: every statement, with its time and connection name, to files in this
+    // directory (which the server's user must be able to write).
+    if let Some(d) = std::env::var_os("DISTLOCK_TEST_PG_LOG_DIR") {
+        for setting in [
+            "logging_collector=on".to_owned(),
+            format!("log_directory={}", d.to_string_lossy()),
+            "log_filename=pg-%H%M%S.log".to_owned(),
+            "log_statement=all".to_owned(),
+            "log_line_prefix=%m [%p] %a ".to_owned(),
+        ] {
+            args.push("-c".into());
+            args.push(setting);
+        }
+    }
     args
 }
 
