@@ -1,10 +1,12 @@
 //! The acquisition loop every lock type shares: ask, wait for a notification, ask again.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::FutureExt;
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
@@ -277,11 +279,13 @@ struct Unsettled {
     in_flight: Option<AcquireCall>,
 }
 
-/// Runs `call` from `slot`, where a cancellation leaves it for the cleanup to finish.
+/// Runs `call` from `slot`, where a cancellation leaves it for the cleanup to finish. A call
+/// that panics has ended too: it leaves the slot before the panic goes on, so the cleanup
+/// releases the claim at once instead of polling a future that can only panic again.
 async fn call(slot: &mut Option<AcquireCall>, call: AcquireCall) -> Result<Attempt> {
-    let outcome = slot.insert(call).await;
+    let polled = AssertUnwindSafe(slot.insert(call)).catch_unwind().await;
     *slot = None;
-    outcome
+    polled.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// Whether a grant learned from a notification leaves too little lease to be worth returning:

@@ -187,8 +187,14 @@ impl Core {
             unsent.started();
             if let Some(call) = in_flight {
                 let limit = lease.claim.ttl().clamp(IN_FLIGHT_MIN, IN_FLIGHT_MAX);
-                if tokio::time::timeout(limit, call).await.is_err() {
-                    tracing::warn!(key = lease.claim.key(), ?limit, "a cancelled acquire call did not end; releasing anyway");
+                // A call that panicked (in the acquisition's task, which died of it, or here)
+                // has ended too: polled again it would only panic again, and this task would
+                // die before the release, leaving the claim on the service for its lease.
+                let call = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(call));
+                match tokio::time::timeout(limit, call).await {
+                    Err(_) => tracing::warn!(key = lease.claim.key(), ?limit, "a cancelled acquire call did not end; releasing anyway"),
+                    Ok(Err(_)) => tracing::warn!(key = lease.claim.key(), "a cancelled acquire call panicked; releasing anyway"),
+                    Ok(Ok(_)) => {}
                 }
             }
             if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
