@@ -204,7 +204,31 @@ pub(crate) async fn acquire(
     };
     let grant = loop {
         match attempt {
-            Attempt::Granted(grant) => break grant,
+            Attempt::Granted(grant) if !nearly_over(&grant, ttl, client.config.drift) => {
+                break grant
+            }
+            // A reply that came too late to trust (its lease, counted from when the call was
+            // sent, is nearly over): ask again, as for a late notification. The server
+            // confirms a grant still ours with a fresh lease, or queues the claim (a try is
+            // told the lock is busy) behind whoever took the key once that lease ended.
+            Attempt::Granted(_) => {
+                tracing::debug!(
+                    key = lease.claim.key(),
+                    "a grant came back too late to trust; asking again"
+                );
+                attempt = match call(&mut cleanup.in_flight, acquire_call(&backend, &lease, wait))
+                    .await
+                {
+                    Ok(attempt) => attempt,
+                    Err(e) if wait && e.is_transient() => {
+                        outage = (outage * 2).clamp(MIN_OUTAGE_PAUSE, MAX_OUTAGE_PAUSE);
+                        Attempt::Queued {
+                            recheck_at: Some(tokio::time::Instant::now() + outage),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                };
+            }
             Attempt::Queued { .. } if !wait => {
                 // A try that found the lock busy leaves nothing behind: no release needed.
                 scopeguard::ScopeGuard::into_inner(cleanup).lease.finish();
