@@ -48,6 +48,11 @@ impl Blocking {
         }
     }
 
+    /// The runtime the client was built in, if any.
+    pub(crate) fn built_in(&self) -> Option<&Handle> {
+        self.built_in.as_ref()
+    }
+
     /// Runs `call` to completion on this thread, blocking it.
     ///
     /// Outside a runtime it blocks on the client's runtime. On a thread of a multi-thread

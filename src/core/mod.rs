@@ -174,17 +174,30 @@ impl Core {
         lease: Arc<Lease>,
         in_flight: Option<AcquireCall>,
     ) {
+        self.release_handed_on(handle, lease, in_flight, HAND_ONS);
+    }
+
+    /// [`release_in_task_after`](Self::release_in_task_after), handing the release on at most
+    /// `hand_ons` more times if the task goes with its runtime before the release is answered.
+    fn release_handed_on(
+        self: &Arc<Self>,
+        handle: &Handle,
+        lease: Arc<Lease>,
+        in_flight: Option<AcquireCall>,
+        hand_ons: u8,
+    ) {
         let token = self.pending.start();
         let backend = self.backend.clone();
-        // Made before the spawn: a task dropped unrun (the runtime that acquired the lock shut
-        // down since) hands its release on.
+        // Made before the spawn: a task dropped with its runtime before the release was
+        // answered (unrun, or while it drove the acquire call out: the runtime that acquired
+        // the lock shut down meanwhile) hands its release on.
         let mut unsent = Unsent {
             core: self.clone(),
             lease: Some(lease.clone()),
             runtime: handle.id(),
+            hand_ons,
         };
         handle.spawn(async move {
-            unsent.started();
             if let Some(call) = in_flight {
                 let limit = lease.claim.ttl().clamp(IN_FLIGHT_MIN, IN_FLIGHT_MAX);
                 // A call that panicked (in the acquisition's task, which died of it, or here)
@@ -200,6 +213,7 @@ impl Core {
             if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
                 tracing::warn!(key = lease.claim.key(), error = %err, "release failed; the lease will expire");
             }
+            unsent.sent();
             drop(token);
         });
     }
@@ -258,19 +272,29 @@ impl Core {
     }
 }
 
-/// A release task's lease until the task first runs. Dropped before (the task went, unrun, with
-/// its runtime: a guard dropped after the runtime that acquired it shut down), it sends the
-/// release from the current runtime, if there is another, or leaves it for `shutdown`.
+/// How many times a release whose task went with its runtime is handed on to another (each
+/// runtime it is handed to may be shutting down too).
+const HAND_ONS: u8 = 2;
+
+/// A release task's lease until its release was answered. Dropped before (the task went with
+/// its runtime, unrun or while it drove a cancelled acquire call: a guard dropped, or an
+/// acquisition cancelled, on a runtime that shut down meanwhile), it sends the release from
+/// the current runtime if there is another, else from the runtime the client was built in if
+/// that is another, or leaves it for `shutdown`. The acquire call it drove went with the task:
+/// its request reached the backend's connection, whose tasks run on the client's runtime, or
+/// it was never sent.
 struct Unsent {
     core: Arc<Core>,
     lease: Option<Arc<Lease>>,
     /// The runtime the task was spawned on.
     runtime: tokio::runtime::Id,
+    /// How many more times the release may be handed on.
+    hand_ons: u8,
 }
 
 impl Unsent {
-    /// The task runs: it sends the release itself.
-    fn started(&mut self) {
+    /// The release was answered (or failed on its own): nothing to hand on.
+    fn sent(&mut self) {
         self.lease = None;
     }
 }
@@ -280,9 +304,18 @@ impl Drop for Unsent {
         let Some(lease) = self.lease.take() else {
             return;
         };
-        match Handle::try_current() {
-            Ok(here) if here.id() != self.runtime => {
-                self.core.release_in_task_after(&here, lease, None);
+        let elsewhere = Handle::try_current()
+            .ok()
+            .filter(|here| here.id() != self.runtime)
+            .or_else(|| {
+                (self.core.blocking.built_in())
+                    .filter(|home| home.id() != self.runtime)
+                    .cloned()
+            });
+        match elsewhere {
+            Some(other) if self.hand_ons > 0 => {
+                self.core
+                    .release_handed_on(&other, lease, None, self.hand_ons - 1);
             }
             _ => {
                 tracing::debug!(
