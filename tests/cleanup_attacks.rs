@@ -117,7 +117,7 @@ impl<B: Backend> Faulty<B> {
         x ^= x >> 29;
         if x % 1000 >= chance {
             0
-        } else if (x >> 20) % 2 == 0 {
+        } else if (x >> 20).is_multiple_of(2) {
             1
         } else {
             2
@@ -542,6 +542,36 @@ async fn postgres_cancelled_call_that_panics_later_is_released() {
 /// Redis, one client with 64 tasks locking 64 keys at once (their acquires coalesced into
 /// batches): one member's call panics after its grant. Every other task gets its lock, the
 /// panicked key is free at once, and the client locks all 64 again afterwards.
+/// 64 tasks of `client` lock `k0`..`k63` at once (one coalesced batch), hold 20 ms and
+/// release; only `victim`'s task may fail, and only with a panic. Returns how many panicked.
+async fn batch_of_64(client: &LockClient, victim: &str, round: usize) -> usize {
+    let start = Arc::new(tokio::sync::Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let mutex = client.mutex(format!("k{i}"));
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                let guard = timeout(Duration::from_secs(5), mutex.lock()).await;
+                let guard = guard.expect("granted in time").unwrap();
+                sleep(Duration::from_millis(20)).await;
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    let mut panics = 0;
+    let mut failed = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await {
+            Ok(()) => {}
+            Err(e) if e.is_panic() && format!("k{i}") == victim => panics += 1,
+            Err(e) => failed.push(format!("k{i}: {e}")),
+        }
+    }
+    assert!(failed.is_empty(), "round {round}: {failed:?}");
+    panics
+}
+
 #[tokio::test]
 async fn redis_panic_in_one_coalesced_member_spares_the_batch() {
     let ns = test_namespace!();
@@ -551,30 +581,7 @@ async fn redis_panic_in_one_coalesced_member_spares_the_batch() {
     for round in 0..3 {
         let victim = format!("k{}", 7 + round * 13);
         faulty.arm(&victim, When::Granted, 1);
-        let start = Arc::new(tokio::sync::Barrier::new(64));
-        let tasks: Vec<_> = (0..64)
-            .map(|i| {
-                let mutex = client.mutex(format!("k{i}"));
-                let start = start.clone();
-                tokio::spawn(async move {
-                    start.wait().await;
-                    let guard = timeout(Duration::from_secs(5), mutex.lock()).await;
-                    let guard = guard.expect("granted in time").unwrap();
-                    sleep(Duration::from_millis(20)).await;
-                    guard.release().await.unwrap();
-                })
-            })
-            .collect();
-        let mut panics = 0;
-        let mut failed = Vec::new();
-        for (i, t) in tasks.into_iter().enumerate() {
-            match t.await {
-                Ok(()) => {}
-                Err(e) if e.is_panic() && format!("k{i}") == victim => panics += 1,
-                Err(e) => failed.push(format!("k{i}: {e}")),
-            }
-        }
-        assert!(failed.is_empty(), "round {round}: {failed:?}");
+        let panics = batch_of_64(&client, &victim, round).await;
         assert_eq!(panics, 1, "round {round}");
         granted_within(
             &other.mutex(&victim),
@@ -657,7 +664,7 @@ async fn storm(clients: &[LockClient], per: usize, keys: usize, run: Duration) -
         for t in 0..per {
             let client = client.clone();
             let book = book.clone();
-            let seed = 0x9E37_79B9_7F4A_7C15 ^ ((c as u64) << 32 | t as u64 + 1);
+            let seed = 0x9E37_79B9_7F4A_7C15 ^ (((c as u64) << 32) | (t as u64 + 1));
             tasks.push(tokio::spawn(async move {
                 let mut rng = Rng(seed);
                 while Instant::now() < until {
@@ -834,30 +841,7 @@ async fn redis_mid_flight_panic_of_one_coalesced_member_spares_the_batch() {
     for round in 0..4 {
         let victim = format!("k{}", 3 + round * 17);
         faulty.arm(&victim, When::MidFlight, 1);
-        let start = Arc::new(tokio::sync::Barrier::new(64));
-        let tasks: Vec<_> = (0..64)
-            .map(|i| {
-                let mutex = client.mutex(format!("k{i}"));
-                let start = start.clone();
-                tokio::spawn(async move {
-                    start.wait().await;
-                    let guard = timeout(Duration::from_secs(5), mutex.lock()).await;
-                    let guard = guard.expect("granted in time").unwrap();
-                    sleep(Duration::from_millis(20)).await;
-                    guard.release().await.unwrap();
-                })
-            })
-            .collect();
-        let mut panics = 0;
-        let mut failed = Vec::new();
-        for (i, t) in tasks.into_iter().enumerate() {
-            match t.await {
-                Ok(()) => {}
-                Err(e) if e.is_panic() && format!("k{i}") == victim => panics += 1,
-                Err(e) => failed.push(format!("k{i}: {e}")),
-            }
-        }
-        assert!(failed.is_empty(), "round {round}: {failed:?}");
+        let panics = batch_of_64(&client, &victim, round).await;
         assert_eq!(panics, 1, "round {round}: the victim's call never went out");
         granted_within(
             &other.mutex(&victim),
@@ -1045,7 +1029,7 @@ async fn panic_storm(
         for t in 0..per {
             let client = client.clone();
             let (book, panics) = (book.clone(), panics.clone());
-            let seed = 0x51_7CC1_B727_220A ^ ((c as u64) << 32 | t as u64 + 1);
+            let seed = 0x51_7CC1_B727_220A ^ (((c as u64) << 32) | (t as u64 + 1));
             tasks.push(tokio::spawn(async move {
                 let mut rng = Rng(seed);
                 while Instant::now() < until {
@@ -1514,19 +1498,14 @@ async fn postgres_stalled_grant_renewed_is_handed_back_valid() {
     pg_clean(&ns).await;
 }
 
-/// Redis behind the proxy, its connections cut every 300 ms (for 50 ms) while two clients'
-/// tasks (32 and 8) lock 4 keys with their futures cancelled at random, for 3 s: errors of the
-/// outage are allowed, but one holder at a time with increasing tokens, and afterwards every
-/// key free within the claims' TTL (5 s) and only fences left.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_cancellation_storm_through_cuts_leaves_nothing_held() {
-    let ns = test_namespace!();
-    let ttl = Duration::from_secs(5);
-    let handoff = Duration::from_secs(1);
-    let proxy = Arc::new(support::proxy::Proxy::start(shared_redis().port()));
-    let url = format!("redis://127.0.0.1:{}/", proxy.port());
-    let a = support::redis::client(&url, &ns, ttl, handoff, true).await;
-    let b = support::redis::client(&url, &ns, ttl, handoff, true).await;
+/// Cuts the proxy's connections every 300 ms (for 50 ms) while `clients`' tasks (8 each) lock
+/// 4 keys with their futures cancelled at random, for 3 s. Errors of the outage (naming
+/// `service`, a connection, or the service unavailable) are allowed; the book keeps the rest.
+async fn storm_through_cuts(
+    proxy: Arc<support::proxy::Proxy>,
+    clients: &[LockClient],
+    service: &str,
+) -> Arc<Book> {
     let cutter = {
         let proxy = proxy.clone();
         tokio::spawn(async move {
@@ -1538,9 +1517,7 @@ async fn redis_cancellation_storm_through_cuts_leaves_nothing_held() {
             }
         })
     };
-    let mut clients = vec![a.clone(); 4];
-    clients.push(b.clone());
-    let book = storm(&clients, 8, 4, Duration::from_secs(3)).await;
+    let book = storm(clients, 8, 4, Duration::from_secs(3)).await;
     cutter.abort();
     let _ = cutter.await;
     proxy.pass();
@@ -1554,11 +1531,30 @@ async fn redis_cancellation_storm_through_cuts_leaves_nothing_held() {
         .into_iter()
         .filter(|e| {
             let transient =
-                e.contains("redis") || e.contains("connection") || e.contains("unavailable");
+                e.contains(service) || e.contains("connection") || e.contains("unavailable");
             !transient
         })
         .collect();
     *book.bad.lock().unwrap() = outage;
+    book
+}
+
+/// Redis behind the proxy, its connections cut every 300 ms while two clients' tasks (32 and
+/// 8) lock 4 keys with their futures cancelled at random, for 3 s: errors of the outage are
+/// allowed, but one holder at a time with increasing tokens, and afterwards every key free
+/// within the claims' TTL (5 s) and only fences left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_cancellation_storm_through_cuts_leaves_nothing_held() {
+    let ns = test_namespace!();
+    let ttl = Duration::from_secs(5);
+    let handoff = Duration::from_secs(1);
+    let proxy = Arc::new(support::proxy::Proxy::start(shared_redis().port()));
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let a = support::redis::client(&url, &ns, ttl, handoff, true).await;
+    let b = support::redis::client(&url, &ns, ttl, handoff, true).await;
+    let mut clients = vec![a.clone(); 4];
+    clients.push(b.clone());
+    let book = storm_through_cuts(proxy, &clients, "redis").await;
     let fresh = client_of(redis_backend(handoff).await, &ns, ttl);
     each_key_free(&fresh, 4, Duration::from_secs(7)).await;
     verdict(&book, "redis through cuts");
@@ -1579,38 +1575,9 @@ async fn postgres_cancellation_storm_through_cuts_leaves_nothing_held() {
     let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
     let a = support::pg::client(&url, &ns, ttl, handoff).await;
     let b = support::pg::client(&url, &ns, ttl, handoff).await;
-    let cutter = {
-        let proxy = proxy.clone();
-        tokio::spawn(async move {
-            loop {
-                sleep(Duration::from_millis(300)).await;
-                proxy.cut();
-                sleep(Duration::from_millis(50)).await;
-                proxy.pass();
-            }
-        })
-    };
     let mut clients = vec![a.clone(); 3];
     clients.push(b.clone());
-    let book = storm(&clients, 8, 4, Duration::from_secs(3)).await;
-    cutter.abort();
-    let _ = cutter.await;
-    proxy.pass();
-    let all = std::mem::take(&mut *book.bad.lock().unwrap());
-    eprintln!(
-        "{} errors during the cuts: {:?}",
-        all.len(),
-        &all[..all.len().min(3)]
-    );
-    let outage: Vec<String> = all
-        .into_iter()
-        .filter(|e| {
-            let transient =
-                e.contains("postgres") || e.contains("connection") || e.contains("unavailable");
-            !transient
-        })
-        .collect();
-    *book.bad.lock().unwrap() = outage;
+    let book = storm_through_cuts(proxy, &clients, "postgres").await;
     let fresh = client_of(pg_backend(handoff).await, &ns, ttl);
     each_key_free(&fresh, 4, Duration::from_secs(7)).await;
     verdict(&book, "postgres through cuts");
