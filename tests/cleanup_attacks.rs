@@ -1744,3 +1744,42 @@ async fn redis_release_task_that_outlives_the_call_releases() {
     let ns = test_namespace!();
     slow_reply_then_runtime_ends(&ns, Duration::from_secs(3)).await;
 }
+
+/// Redis behind the proxy, every reply delayed 1.5 s with a 1 s TTL: each grant comes back
+/// past its lease, so `lock()` asks again, a round trip at a time, rather than return a guard
+/// lost on arrival. Once the replies are prompt again it returns a valid guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_grants_slower_than_the_ttl_are_asked_again_not_returned_lost() {
+    let ns = test_namespace!();
+    let proxy = support::proxy::Proxy::start(shared_redis().port());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let client = support::redis::client(&url, &ns, Duration::from_secs(1), HANDOFF, true).await;
+    let warm = client.mutex("warm").lock().await.unwrap();
+    warm.release().await.unwrap();
+    proxy.delay_replies(support::proxy::Which::Commands, Duration::from_millis(1500));
+    let waiting = tokio::spawn(client.mutex("k").lock());
+    sleep(Duration::from_secs(4)).await;
+    if waiting.is_finished() {
+        let guard = waiting.await.unwrap();
+        panic!(
+            "lock() returned while every grant came back past its lease: lost {:?}",
+            guard.map(|g| g.is_lost())
+        );
+    }
+    proxy.pass();
+    let guard = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("granted once the replies are prompt")
+        .unwrap()
+        .unwrap();
+    let left = guard
+        .valid_until()
+        .saturating_duration_since(std::time::Instant::now());
+    assert!(!guard.is_lost() && !left.is_zero(), "lease left {left:?}");
+    // The lease it came with may be short; renewals keep it.
+    sleep(Duration::from_millis(1500)).await;
+    assert!(!guard.is_lost(), "lost after it was returned valid");
+    guard.release().await.unwrap();
+    support::shut_down([client]).await;
+    redis_clean(&ns).await;
+}
