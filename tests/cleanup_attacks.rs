@@ -321,17 +321,7 @@ async fn hears_handoff(client: &LockClient, holder: &LockClient, key: &str) {
 
 /// Redis: nothing but fence counters (each with a TTL) left in `ns`.
 async fn redis_clean(ns: &str) {
-    let url = shared_redis().url();
-    support::redis::until_only_fences(&url, ns).await;
-    let mut conn = support::redis::connection(&url).await;
-    for key in support::redis::keys_in(&url, ns).await {
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!(pttl > 0, "{key} has no TTL");
-    }
+    support::redis::assert_only_expiring_fences(&shared_redis().url(), ns).await;
 }
 
 /// PostgreSQL: no claim left in `ns`.

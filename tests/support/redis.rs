@@ -128,6 +128,20 @@ pub async fn until_only_fences(url: &str, ns: &str) {
     super::until_none_left(Duration::from_secs(5), &what, || non_fence_keys(url, ns)).await;
 }
 
+/// Nothing but fencing counters left in `ns` (within 5 s), each with a TTL.
+pub async fn assert_only_expiring_fences(url: &str, ns: &str) {
+    until_only_fences(url, ns).await;
+    let mut conn = connection(url).await;
+    for key in keys_in(url, ns).await {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(pttl > 0, "{key} has no TTL");
+    }
+}
+
 /// A client with its own connections to `url`, renewing its leases or not.
 pub async fn client(
     url: &str,

@@ -192,7 +192,7 @@ mod fixture {
     use futures::future::BoxFuture;
 
     use super::shared_redis;
-    use crate::support::redis::{connection, keys_in, until_only_fences, until_queued};
+    use crate::support::redis::{assert_only_expiring_fences, until_queued};
     use crate::support::server::{Env, Server, Supports};
 
     struct Redis;
@@ -218,17 +218,7 @@ mod fixture {
         /// Only fencing counters, each with a TTL.
         fn assert_clean(&self, ns: String) -> BoxFuture<'static, ()> {
             Box::pin(async move {
-                let url = shared_redis().url();
-                until_only_fences(&url, &ns).await;
-                let mut conn = connection(&url).await;
-                for key in keys_in(&url, &ns).await {
-                    let pttl: i64 = redis::cmd("PTTL")
-                        .arg(&key)
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap();
-                    assert!(pttl > 0, "{key} has no TTL");
-                }
+                assert_only_expiring_fences(&shared_redis().url(), &ns).await;
             })
         }
     }
