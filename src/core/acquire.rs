@@ -216,18 +216,8 @@ pub(crate) async fn acquire(
                     key = lease.claim.key(),
                     "a grant came back too late to trust; asking again"
                 );
-                attempt = match call(&mut cleanup.in_flight, acquire_call(&backend, &lease, wait))
-                    .await
-                {
-                    Ok(attempt) => attempt,
-                    Err(e) if wait && e.is_transient() => {
-                        outage = (outage * 2).clamp(MIN_OUTAGE_PAUSE, MAX_OUTAGE_PAUSE);
-                        Attempt::Queued {
-                            recheck_at: Some(tokio::time::Instant::now() + outage),
-                        }
-                    }
-                    Err(e) => return Err(e),
-                };
+                let next = call(&mut cleanup.in_flight, acquire_call(&backend, &lease, wait)).await;
+                attempt = ride_out(next, wait, &mut outage, lease.claim.key())?;
             }
             Attempt::Queued { .. } if !wait => {
                 // A try that found the lock busy leaves nothing behind: no release needed.
@@ -256,23 +246,7 @@ pub(crate) async fn acquire(
                     }
                     Err(e) => Err(e),
                 };
-                attempt = match next {
-                    Ok(attempt) => {
-                        outage = Duration::ZERO;
-                        attempt
-                    }
-                    // A queued claim rides out a passing outage (a restart, a dropped
-                    // connection): it asks again after a growing pause, or sooner when the
-                    // backend wakes it (reconnected). `lock_timeout` bounds the whole wait.
-                    Err(e) if e.is_transient() => {
-                        outage = (outage * 2).clamp(MIN_OUTAGE_PAUSE, MAX_OUTAGE_PAUSE);
-                        tracing::warn!(key = lease.claim.key(), error = %e, pause = ?outage, "lock wait: backend unavailable, retrying");
-                        Attempt::Queued {
-                            recheck_at: Some(tokio::time::Instant::now() + outage),
-                        }
-                    }
-                    Err(e) => return Err(e),
-                };
+                attempt = ride_out(next, wait, &mut outage, lease.claim.key())?;
             }
         }
     };
@@ -281,6 +255,33 @@ pub(crate) async fn acquire(
     engine.track(&lease);
     let lease = scopeguard::ScopeGuard::into_inner(cleanup).lease;
     Ok(Held::new(client, lease, handle))
+}
+
+/// What a waiting claim makes of its latest call: the attempt (the outage over), or, for a
+/// transient failure, a place in the queue to ask from again after a growing pause. A queued
+/// claim rides out a passing outage (a restart, a dropped connection): it asks again after the
+/// pause, or sooner when the backend wakes it (reconnected); `lock_timeout` bounds the whole
+/// wait. A try (`wait` false), and any other failure, ends with the error.
+fn ride_out(
+    next: Result<Attempt>,
+    wait: bool,
+    outage: &mut Duration,
+    key: &str,
+) -> Result<Attempt> {
+    match next {
+        Ok(attempt) => {
+            *outage = Duration::ZERO;
+            Ok(attempt)
+        }
+        Err(e) if wait && e.is_transient() => {
+            *outage = (*outage * 2).clamp(MIN_OUTAGE_PAUSE, MAX_OUTAGE_PAUSE);
+            tracing::warn!(key, error = %e, pause = ?*outage, "lock wait: backend unavailable, retrying");
+            Ok(Attempt::Queued {
+                recheck_at: Some(tokio::time::Instant::now() + *outage),
+            })
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// One [`Backend::acquire`](crate::backend::Backend::acquire) call, owning what it needs, so it
