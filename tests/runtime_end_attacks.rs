@@ -5,6 +5,8 @@
 
 mod support;
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use support::server::zookeeper::shared_zookeeper;
@@ -30,15 +32,17 @@ macro_rules! holder_alone_is_told {
             let c = first.block_on(client_at(&connect, &ns, Duration::from_secs(4)));
             let second = Runtime::new().unwrap();
             let (held, other, waiting) = second.block_on(async {
-                let held = timeout(Duration::from_secs(10), ($acquire)(c.clone(), key))
-                    .await
-                    .unwrap()
-                    .unwrap();
+                let held = Arc::new(
+                    timeout(Duration::from_secs(10), ($acquire)(c.clone(), key))
+                        .await
+                        .unwrap()
+                        .unwrap(),
+                );
                 let other = client_at(&connect, &ns, Duration::from_secs(4)).await;
                 let o = other.clone();
-                let waiting = tokio::spawn(async move {
-                    let g = timeout(Duration::from_secs(15), ($wait)(o, key)).await;
-                    (g, Instant::now())
+                let h = held.clone();
+                let waiting = waits_noting(move || h.is_lost(), async move {
+                    timeout(Duration::from_secs(15), ($wait)(o, key)).await
                 });
                 let zk = raw(&connect).await;
                 until_queued(&zk, &path).await;
@@ -48,27 +52,11 @@ macro_rules! holder_alone_is_told {
             drop(first);
             second.block_on(async {
                 let began = Instant::now();
-                let mut told_at = None;
-                let mut waiting = waiting;
-                let granted = loop {
-                    tokio::select! {
-                        _ = held.lost(), if told_at.is_none() => told_at = Some(Instant::now()),
-                        r = &mut waiting => break r.unwrap(),
-                    }
-                };
-                let (g, at) = granted;
+                let (g, at, told) = waiting.await.unwrap();
                 let g = g
                     .expect("the other client was not granted within 15 s")
                     .expect("the other client's lock failed");
-                let told_at = told_by(held.is_lost(), told_at, at, began);
-                let told_at = told_at.unwrap_or_else(|| {
-                    panic!(
-                        "two holders: the other client was granted {:?} after the runtime \
-                         ended, and the holder was never told",
-                        at - began
-                    )
-                });
-                assert!(told_at <= at, "granted before the holder was told");
+                assert_told_first(told, held.is_lost(), at, began);
                 assert!(g.fencing_token() > token, "tokens did not increase");
                 g.release().await.unwrap();
                 drop(held);
@@ -136,6 +124,7 @@ fn zk_guard_taken_in_an_ended_runtime_is_told_before_another_process_is_granted(
         (c, held)
     });
     let token = held.fencing_token();
+    let held = Arc::new(held);
     drop(first);
     let second = Runtime::new().unwrap();
     second.block_on(async {
@@ -324,24 +313,21 @@ fn zk_parallel_tests_one_ending_while_the_other_holds() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let held = c
-            .mutex(key)
-            .lock_timeout(Duration::from_secs(10))
-            .await
-            .unwrap();
+        let held = Arc::new(
+            c.mutex(key)
+                .lock_timeout(Duration::from_secs(10))
+                .await
+                .unwrap(),
+        );
         let token = held.fencing_token();
         let other = client_at(&connect, &ns, Duration::from_secs(4)).await;
-        let m = other.mutex(key);
-        let waiting = tokio::spawn(async move {
-            let g = m.lock_timeout(Duration::from_secs(15)).await;
-            (g, Instant::now())
-        });
+        let waiting = waits_for(&held, &other, key);
         support::zk::until_contenders(&raw(&connect).await, &path, 2).await;
         end_tx.send(()).unwrap();
         let began = Instant::now();
-        let (g, at, told_at) = granted_or_told(&held, waiting, began).await;
-        let told_at = told_at.expect("two holders: the holder in B was never told");
-        assert!(told_at <= at, "granted before the holder was told");
+        let (g, at, told) = waiting.await.unwrap();
+        let g = g.expect("the other client was not granted within 15 s");
+        assert_told_first(told, held.is_lost(), at, began);
         assert!(g.fencing_token() > token);
         g.release().await.unwrap();
         drop(held);
@@ -630,6 +616,7 @@ fn redis_guard_taken_in_an_ended_runtime_is_told_before_another_client_is_grante
         (c, held)
     });
     let token = held.fencing_token();
+    let held = Arc::new(held);
     drop(first);
     let second = Runtime::new().unwrap();
     second.block_on(async {
@@ -801,17 +788,14 @@ fn zk_runtime_ends_while_the_server_is_down_then_it_restarts() {
     let c = first.block_on(client_at(&connect, &ns, Duration::from_secs(4)));
     let second = Runtime::new().unwrap();
     let (held, other, waiting) = second.block_on(async {
-        let held = c
-            .mutex(key)
-            .lock_timeout(Duration::from_secs(10))
-            .await
-            .unwrap();
+        let held = Arc::new(
+            c.mutex(key)
+                .lock_timeout(Duration::from_secs(10))
+                .await
+                .unwrap(),
+        );
         let other = client_at(&connect, &ns, Duration::from_secs(4)).await;
-        let m = other.mutex(key);
-        let waiting = tokio::spawn(async move {
-            let g = m.lock_timeout(Duration::from_secs(20)).await;
-            (g, Instant::now())
-        });
+        let waiting = waits_for(&held, &other, key);
         support::zk::until_contenders(&raw(&connect).await, &path, 2).await;
         (held, other, waiting)
     });
@@ -822,26 +806,11 @@ fn zk_runtime_ends_while_the_server_is_down_then_it_restarts() {
         std::thread::sleep(Duration::from_secs(2));
     });
     second.block_on(async {
-        let mut told_at = None;
-        let mut waiting = waiting;
-        let (g, at) = loop {
-            tokio::select! {
-                _ = held.lost(), if told_at.is_none() => told_at = Some(Instant::now()),
-                r = &mut waiting => break r.unwrap(),
-            }
-        };
-        if told_at.is_none() && held.is_lost() {
-            told_at = Some(Instant::now());
-        }
-        println!(
-            "other: {:?} after {:?}, holder told after {:?}",
-            g.as_ref().map(|g| g.fencing_token()),
-            at - began,
-            told_at.map(|t| t - began)
-        );
-        let g = g.expect("the other client was not granted");
-        let told_at = told_at.expect("two holders: the holder was never told");
-        assert!(told_at <= at, "granted before the holder was told");
+        // The waiting task judged the grant when it came: this thread was restarting the
+        // server meanwhile, and looks only now.
+        let (g, at, told) = waiting.await.unwrap();
+        let g = g.expect("the other client was not granted within 15 s");
+        assert_told_first(told, held.is_lost(), at, began);
         assert!(g.fencing_token() > token);
         g.release().await.unwrap();
         drop(held);
@@ -1222,61 +1191,69 @@ fn redis_guard_from_an_ended_runtime_released_in_a_live_one_frees_the_key() {
     });
 }
 
-/// Waits for `waiting` (a `lock_timeout` of 15 s and when it ended) while watching `held`'s
-/// lost signal: the other client's guard (it must be granted), when it was granted, and when
-/// the holder was told, if it was (printed against `began`).
-async fn granted_or_told(
-    held: &distlock::MutexGuard,
-    mut waiting: tokio::task::JoinHandle<(distlock::Result<distlock::MutexGuard>, Instant)>,
-    began: Instant,
-) -> (distlock::MutexGuard, Instant, Option<Instant>) {
-    let mut told_at = None;
-    let (g, at) = loop {
-        tokio::select! {
-            _ = held.lost(), if told_at.is_none() => told_at = Some(Instant::now()),
-            r = &mut waiting => break r.unwrap(),
-        }
-    };
-    let g = g.expect("the other client was not granted within 15 s");
-    (g, at, told_by(held.is_lost(), told_at, at, began))
+/// A task waiting for a key another holds: what it got, when, and whether the holder's guard
+/// read lost at that moment (see [`waits_noting`]).
+type Waiting<G> = tokio::task::JoinHandle<(G, Instant, bool)>;
+
+/// Starts `wait` in a task that reads `told` (whether the holder's guard is lost) the moment
+/// it returns. A grant is so judged against the holder when it happens, in the runtime both
+/// run in, not when the test's thread looks (it may be busy restarting a server, or woken
+/// late, with both outcomes ready by then).
+fn waits_noting<G: Send + 'static>(
+    told: impl Fn() -> bool + Send + 'static,
+    wait: impl Future<Output = G> + Send + 'static,
+) -> Waiting<G> {
+    tokio::spawn(async move {
+        let g = wait.await;
+        let told = told();
+        (g, Instant::now(), told)
+    })
 }
 
-/// When the holder was told (`told_at`, or now if its guard reads `lost` by now), printed
-/// beside when the other client was granted (`at`), both against `began`.
-fn told_by(lost: bool, told_at: Option<Instant>, at: Instant, began: Instant) -> Option<Instant> {
-    let told_at = told_at.or_else(|| lost.then(Instant::now));
+/// `other`'s lock of `key`, waiting (15 s at most) while `held` holds it (see
+/// [`waits_noting`]).
+fn waits_for(
+    held: &Arc<distlock::MutexGuard>,
+    other: &distlock::LockClient,
+    key: &str,
+) -> Waiting<distlock::Result<distlock::MutexGuard>> {
+    let m = other.mutex(key);
+    let h = held.clone();
+    waits_noting(move || h.is_lost(), async move {
+        m.lock_timeout(Duration::from_secs(15)).await
+    })
+}
+
+/// The holder must have been told by the time the other client was granted (at `at`): `told`
+/// is what the waiting task read then, `lost_now` what the guard reads now (to tell a holder
+/// told too late from one never told). Printed against `began`.
+fn assert_told_first(told: bool, lost_now: bool, at: Instant, began: Instant) {
     println!(
-        "other granted after {:?}, holder told after {:?}",
-        at - began,
-        told_at.map(|t| t - began)
+        "other granted after {:?}; holder told by then: {told}, lost now: {lost_now}",
+        at - began
     );
-    told_at
+    assert!(
+        told || lost_now,
+        "two holders: the other client was granted {:?} after the runtime ended, and the \
+         holder was never told",
+        at - began
+    );
+    assert!(told, "granted before the holder was told");
 }
 
 /// `other` waits for `key` while `held` (another client's lock of it, whose runtime ended at
 /// `began`) goes lost. Checked: `other` is granted within 15 s, not before the holder was told,
 /// with a higher token than `token`; then it releases.
 async fn told_before_granted(
-    held: &distlock::MutexGuard,
+    held: &Arc<distlock::MutexGuard>,
     other: &distlock::LockClient,
     key: &str,
     began: Instant,
     token: u64,
 ) {
-    let m = other.mutex(key);
-    let waiting = tokio::spawn(async move {
-        let g = m.lock_timeout(Duration::from_secs(15)).await;
-        (g, Instant::now())
-    });
-    let (g, at, told_at) = granted_or_told(held, waiting, began).await;
-    let told_at = told_at.unwrap_or_else(|| {
-        panic!(
-            "two holders: the other client was granted {:?} after the runtime ended, \
-             and the holder was never told",
-            at - began
-        )
-    });
-    assert!(told_at <= at, "granted before the holder was told");
+    let (g, at, told) = waits_for(held, other, key).await.unwrap();
+    let g = g.expect("the other client was not granted within 15 s");
+    assert_told_first(told, held.is_lost(), at, began);
     assert!(g.fencing_token() > token);
     g.release().await.unwrap();
 }
