@@ -299,9 +299,10 @@ pub(crate) fn dead_waiters_cost(backend: &str, dead: usize) -> Duration {
 }
 
 /// Liveness after the faults stop at `calm` (judged at `end`): every live holder is granted
-/// within TTL + what the holders killed lately cost as dead waiters + the holds of the others
-/// ahead of it + slack; and once the calm's first grant happened, no gap between consecutive
-/// grants (or before `end`) reaches a TTL. Returns the summary figures and the problems.
+/// within a lease (the TTL, or what is left of a longer one a killed holder took) + what the
+/// holders killed lately cost as dead waiters + the holds of the others ahead of it + slack;
+/// and once the calm's first grant happened, no gap between consecutive grants (or before
+/// `end`) reaches a TTL. Returns the summary figures and the problems.
 pub(crate) fn liveness(
     log: &Log,
     backend: &str,
@@ -322,7 +323,17 @@ pub(crate) fn liveness(
     } else {
         dead
     };
-    let bound = ttl() + dead_waiters_cost(backend, dead) + LONG_HOLD * (HOLDERS as u32 - 1) + SLACK;
+    // A holder killed holding keeps the lock for what is left of its lease: at most a TTL, or
+    // more if it took the longer lease a hold asks for to outlast a restart.
+    let calm_ns = crate::wall_ns() - Instant::now().saturating_duration_since(calm).as_nanos();
+    let extended_left = (log.killed.iter())
+        .map(|&(i, k)| (k + log.lease_of(i, k).as_nanos()).saturating_sub(calm_ns))
+        .max()
+        .map_or(Duration::ZERO, |ns| {
+            Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+        });
+    let lease = ttl().max(extended_left);
+    let bound = lease + dead_waiters_cost(backend, dead) + LONG_HOLD * (HOLDERS as u32 - 1) + SLACK;
     let grants: Vec<&Line> = log
         .lines
         .iter()
