@@ -104,9 +104,10 @@ holder_alone_is_told!(
 );
 
 /// A lock taken in runtime A (a static client and a guard kept across `#[tokio::test]`s), A
-/// then shut down; in B a second client (its own session) waits for the key, and B watches the
-/// guard. Nothing else uses the first client. Checked: the holder is told before (or when) the
-/// other client is granted; the server expires the orphaned session after 4 s.
+/// then shut down; in B a second client (its own session) waits for the key, reading the
+/// guard the moment it is granted. Nothing else uses the first client. Checked: the holder is
+/// told before (or when) the other client is granted; the server expires the orphaned session
+/// after 4 s.
 #[test]
 fn zk_guard_taken_in_an_ended_runtime_is_told_before_another_process_is_granted() {
     let connect = shared_zookeeper().connect_string();
@@ -594,9 +595,9 @@ fn redis_one_of_three_runtimes_ends_mid_reconnect() {
 }
 
 /// A Redis lock (TTL 3 s, renewed) taken in runtime A with a client kept in a static, A then
-/// shut down (its renewals went with it); in B a second client waits for the key, and B
-/// watches the guard. Checked: the holder is told before (or when) the other client is
-/// granted, with a higher token.
+/// shut down (its renewals went with it); in B a second client waits for the key, reading the
+/// guard the moment it is granted. Checked: the holder is told before (or when) the other
+/// client is granted, with a higher token.
 #[test]
 fn redis_guard_taken_in_an_ended_runtime_is_told_before_another_client_is_granted() {
     let url = support::server::redis::shared_redis().url();
