@@ -8,13 +8,19 @@
 //! call, since the shared future stays poisoned. Here such a panic is caught, the call fails
 //! as a dropped connection (sent again at once, in doubt), and the manager is replaced by a
 //! new one, which connects at its first call.
+//!
+//! A shared future that panics wakes none of the other callers waiting on it: they would sleep
+//! until their own call timeout. So every call also listens for its manager's replacement,
+//! and fails the same way when it comes.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Mutex as StdMutex;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{FromRedisValue, RedisError, RedisResult};
 use futures::FutureExt;
+use tokio::sync::Notify;
 
 use super::commands::Request;
 use crate::sync::LockExt;
@@ -23,6 +29,8 @@ use crate::sync::LockExt;
 pub(crate) struct Own {
     /// The manager in use, with its number (a panic replaces only the manager it came from).
     manager: StdMutex<(u64, ConnectionManager)>,
+    /// Told when a manager is replaced, so the calls still waiting on it end.
+    replaced: Notify,
     client: ::redis::Client,
     config: ConnectionManagerConfig,
 }
@@ -36,6 +44,7 @@ impl Own {
         let manager = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
         Ok(Self {
             manager: StdMutex::new((0, manager)),
+            replaced: Notify::new(),
             client,
             config,
         })
@@ -46,11 +55,8 @@ impl Own {
         &self,
         inv: &impl Request,
     ) -> RedisResult<T> {
-        let (n, mut conn) = self.manager.locked().clone();
-        match AssertUnwindSafe(inv.send(&mut conn)).catch_unwind().await {
-            Ok(reply) => reply,
-            Err(_) => Err(self.replace(n)),
-        }
+        self.through(|mut conn| async move { inv.send(&mut conn).await })
+            .await
     }
 
     /// Runs `cmd` and reads its reply.
@@ -58,13 +64,33 @@ impl Own {
         &self,
         cmd: &::redis::Cmd,
     ) -> RedisResult<T> {
-        let (n, mut conn) = self.manager.locked().clone();
-        match AssertUnwindSafe(cmd.query_async(&mut conn))
-            .catch_unwind()
+        self.through(|mut conn| async move { cmd.query_async(&mut conn).await })
             .await
-        {
-            Ok(reply) => reply,
-            Err(_) => Err(self.replace(n)),
+    }
+
+    /// Runs `call` on the manager in use. The call fails as a dropped connection if it panics
+    /// (and the manager is replaced), or if the manager is replaced while it waits.
+    async fn through<T, F>(&self, call: impl FnOnce(ConnectionManager) -> F) -> RedisResult<T>
+    where
+        F: Future<Output = RedisResult<T>>,
+    {
+        // Made before the manager is read: a replacement after the read is heard.
+        let replaced = self.replaced.notified();
+        let (n, conn) = self.manager.locked().clone();
+        let call = AssertUnwindSafe(call(conn)).catch_unwind();
+        tokio::pin!(call, replaced);
+        loop {
+            tokio::select! {
+                biased;
+                reply = &mut call => return reply.unwrap_or_else(|_| Err(self.replace(n))),
+                () = &mut replaced => {
+                    // Listening again first: a replacement after the check is heard.
+                    replaced.set(self.replaced.notified());
+                    if self.manager.locked().0 != n {
+                        return Err(dropped("the redis connection was replaced while the call waited"));
+                    }
+                }
+            }
         }
     }
 
@@ -79,14 +105,16 @@ impl Own {
                     let old = std::mem::replace(&mut *manager, (n.wrapping_add(1), fresh));
                     drop(manager);
                     drop(old);
+                    self.replaced.notify_waiters();
                 }
             }
             Err(e) => tracing::warn!(error = %e, "a new redis connection could not be made"),
         }
-        std::io::Error::new(
-            std::io::ErrorKind::BrokenPipe,
-            "the redis connection's reconnect panicked (its runtime shut down)",
-        )
-        .into()
+        dropped("the redis connection's reconnect panicked (its runtime shut down)")
     }
+}
+
+/// The error of a call whose connection went away under it: retried at once, in doubt.
+fn dropped(why: &'static str) -> RedisError {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, why).into()
 }
