@@ -259,3 +259,53 @@ async fn a_deadpool_cluster_pool_carries_the_commands() {
     assert!(pool.status().size >= 1, "the pool was never used");
     cluster.until_clean(&ns);
 }
+
+/// A Cluster client made and used in a runtime that then shut down, taking the task that runs
+/// its command connection with it (a client kept in a static across `#[tokio::test]`s), then
+/// used from three runtimes in turn (current-thread, multi-thread, current-thread). In each,
+/// one of its locks waits for another of the same key. Checked, each round: the waiter is
+/// granted within 1 s of the release, with a higher token; then the client shuts down and
+/// nothing is left.
+///
+/// Before the connection was made again, every call failed ("redis_cluster: Unable to send
+/// command"), for good.
+#[test]
+fn a_client_whose_runtime_ended_locks_and_waits_from_the_next_ones() {
+    use support::orphan::{one_waits, orphan};
+    let ns = test_namespace!();
+    let c = orphan(|| client(&ns), true);
+    for round in 0..3 {
+        let rt = if round == 1 {
+            tokio::runtime::Runtime::new().unwrap()
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let key = format!("after-end{round}");
+        rt.block_on(async {
+            let (held, waiting) = one_waits(&c, &key, || until_queued(&ns, &key, 1))
+                .await
+                .into_parts();
+            let token = held.fencing_token();
+            held.release().await.unwrap();
+            let released = tokio::time::Instant::now();
+            let (granted, at) = waiting.await.unwrap();
+            let granted = granted.unwrap_or_else(|e| panic!("round {round}: the waiter: {e}"));
+            let waited = at.saturating_duration_since(released);
+            assert!(granted.fencing_token() > token, "round {round}: token");
+            assert!(
+                waited < Duration::from_secs(1),
+                "round {round}: granted {waited:?} after the release"
+            );
+            granted.release().await.unwrap();
+            if round == 2 {
+                timeout(Duration::from_secs(5), c.shutdown())
+                    .await
+                    .expect("shutdown did not end");
+            }
+        });
+    }
+    shared_cluster().until_clean(&ns);
+}

@@ -442,7 +442,9 @@ impl RedisBackendBuilder {
         require_runtime()?;
         let commands =
             match std::mem::replace(&mut self.source, Source::Own) {
-                Source::Own => Commands::Cluster(cluster::connect(&seeds).await?),
+                Source::Own => Commands::Cluster(std::sync::Arc::new(
+                    cluster::OwnCluster::connect(&seeds).await?,
+                )),
                 #[cfg(feature = "redis-deadpool")]
                 Source::DeadpoolCluster(pool) => Commands::DeadpoolCluster(pool),
                 #[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]

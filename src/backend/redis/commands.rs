@@ -31,7 +31,7 @@ pub(crate) enum Commands {
     Own(std::sync::Arc<Own>),
     /// A Redis Cluster: each script goes to the primary of its keys' slot, following `MOVED`.
     #[cfg(feature = "redis-cluster")]
-    Cluster(::redis::cluster_async::ClusterConnection),
+    Cluster(std::sync::Arc<super::cluster::OwnCluster>),
     /// A Cluster through a `deadpool-redis` cluster pool.
     #[cfg(all(feature = "redis-deadpool", feature = "redis-cluster"))]
     DeadpoolCluster(deadpool_redis::cluster::Pool),
@@ -190,7 +190,9 @@ impl Commands {
                     let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                         Route::with_key(key, SlotAddr::Master),
                     ));
-                    let value = conn.clone().route_command(wait, route).await?;
+                    let value = conn
+                        .run(|mut c| async move { c.route_command(wait, route).await })
+                        .await?;
                     ::redis::from_redis_value(value).map_err(Into::into)
                 }
                 #[cfg(feature = "redis-sentinel")]
@@ -234,7 +236,10 @@ impl Commands {
         match self {
             Self::Own(own) => own.send(inv).await.map_err(Failure::Call),
             #[cfg(feature = "redis-cluster")]
-            Self::Cluster(conn) => inv.send(&mut conn.clone()).await.map_err(Failure::Call),
+            Self::Cluster(conn) => conn
+                .run(|mut c| async move { inv.send(&mut c).await })
+                .await
+                .map_err(Failure::Call),
             #[cfg(feature = "redis-sentinel")]
             Self::Sentinel(sentinel) => {
                 let mut conn = sentinel.connection().await.map_err(Failure::Call)?;
