@@ -1,6 +1,7 @@
 //! Attacks on a client that outlives the runtime its tasks ran on: the ZooKeeper session gone
-//! with its runtime (revived at the next use from a live one), and the Redis backend's own
-//! connection replaced when a call through it panics. Real servers, public API only.
+//! with its runtime (revived at the next use from a live one), the Redis backend's own
+//! connection replaced when a call through it panics, and a Redlock node marked down by a
+//! runtime that then ended. Real servers, public API only.
 #![cfg(all(feature = "redis", feature = "zookeeper"))]
 
 mod support;
@@ -1278,4 +1279,149 @@ async fn told_before_granted(
     assert_told_first(told, held.is_lost(), at, began);
     assert!(g.fencing_token() > token);
     g.release().await.unwrap();
+}
+
+/// Redlock over three private nodes (each behind a proxy), the client built in a runtime that
+/// stays up. Runtime A cuts node 0 off and locks a key a few times (node 0's calls fail: it is
+/// marked down, and the task that probes it until it answers is spawned on A), then A ends
+/// while node 0 is still cut off; node 0's proxy passes again. Runtime B then locks and
+/// releases a key in a loop for 4 s. Checked: node 0 counts again (holds B's lock key while B
+/// holds it) within 3 s of passing: a node that is reachable is not left out for good
+/// because the runtime whose call marked it down ended.
+#[test]
+#[cfg(feature = "redlock")]
+fn redlock_node_marked_down_from_an_ended_runtime_counts_again_once_back() {
+    let nodes = support::server::redlock::Nodes::start(3);
+    let ns = test_namespace!();
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let c = first.block_on(support::server::redlock::client_on(
+        nodes.urls(),
+        &ns,
+        Duration::from_secs(3),
+        Duration::ZERO,
+    ));
+    let a = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    a.block_on(async {
+        let g = c.mutex("warm").lock().await.unwrap();
+        g.release().await.unwrap();
+        nodes.proxies[0].cut();
+        for _ in 0..3 {
+            let g = c
+                .mutex("in-a")
+                .lock_timeout(Duration::from_secs(5))
+                .await
+                .expect("a quorum (nodes 1 and 2) answers");
+            g.release().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    drop(a);
+    nodes.proxies[0].pass();
+    let passed = std::time::Instant::now();
+    let node0 = nodes.servers[0].url();
+    let b = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let back = b.block_on(async {
+        while passed.elapsed() < Duration::from_secs(4) {
+            let g = c
+                .mutex("in-b")
+                .lock_timeout(Duration::from_secs(5))
+                .await
+                .unwrap();
+            let on0 = support::redis::keys_in(&node0, &ns)
+                .await
+                .into_iter()
+                .any(|k| k.contains("in-b") && !k.ends_with(":fence"));
+            g.release().await.unwrap();
+            if on0 {
+                return Some(passed.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    });
+    // B ends, as a test's runtime does: a current-thread runtime kept but no longer driven
+    // would hold up the calls of connections made on it (redis-rs runs them in its tasks).
+    drop(b);
+    println!("node 0 held B's lock {back:?} after its proxy passed");
+    assert!(
+        back.is_some_and(|d| d < Duration::from_secs(3)),
+        "node 0 did not hold B's lock within 3 s of being reachable again ({back:?})"
+    );
+    first.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), c.shutdown())
+            .await
+            .expect("shutdown did not end");
+        nodes.until_clean(&ns).await;
+    });
+}
+
+/// As above (node 0 marked down from runtime A, which ends while node 0 is cut off; node 0
+/// then reachable again), then runtime B (multi-thread, live) takes a lock with a 3 s lease
+/// and holds it while node 1 alone is cut off for 3 s: two of three nodes (0 and 2) answer
+/// throughout. Checked: the holder keeps its lock (a quorum of reachable nodes could renew
+/// it, had node 0 been counted again when it came back).
+#[test]
+#[cfg(feature = "redlock")]
+fn redlock_holder_keeps_its_lock_through_one_node_cut_after_a_runtime_ended() {
+    let nodes = support::server::redlock::Nodes::start(3);
+    let ns = test_namespace!();
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let c = first.block_on(support::server::redlock::client_on(
+        nodes.urls(),
+        &ns,
+        Duration::from_secs(3),
+        Duration::ZERO,
+    ));
+    let a = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    a.block_on(async {
+        let g = c.mutex("warm").lock().await.unwrap();
+        g.release().await.unwrap();
+        nodes.proxies[0].cut();
+        for _ in 0..3 {
+            let g = c
+                .mutex("in-a")
+                .lock_timeout(Duration::from_secs(5))
+                .await
+                .expect("a quorum (nodes 1 and 2) answers");
+            g.release().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    drop(a);
+    nodes.proxies[0].pass();
+    let b = tokio::runtime::Runtime::new().unwrap();
+    b.block_on(async {
+        // Node 0 has been reachable for 1.5 s before the lock is taken.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let g = c
+            .mutex("held")
+            .lock_timeout(Duration::from_secs(5))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        nodes.proxies[1].cut();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let lost = g.is_lost();
+        nodes.proxies[1].pass();
+        assert!(
+            !lost,
+            "the holder lost its lock while nodes 0 and 2 (a quorum) were reachable"
+        );
+        let _ = g.release().await;
+    });
+    first.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), c.shutdown())
+            .await
+            .expect("shutdown did not end");
+        nodes.until_clean(&ns).await;
+    });
 }

@@ -155,6 +155,9 @@ struct Link {
     /// Set while the node is known down (its last call failed to reach it): calls fail at once,
     /// as a no vote, and one background task tries to reach it with a growing pause.
     down: AtomicBool,
+    /// Set while that task runs. It runs on the runtime of the call that marked the node down,
+    /// and ends with it; calls then try the node again (see [`Node::skipped`]).
+    probing: AtomicBool,
     set: Arc<Downs>,
 }
 
@@ -199,16 +202,20 @@ impl Node {
                 functions: Functions::new(&LIBRARY),
                 timeout,
                 down: AtomicBool::new(false),
+                probing: AtomicBool::new(false),
                 set,
             }),
             name,
         })
     }
 
-    /// Whether calls skip the node: it is known down (a background task is reconnecting it)
-    /// and no more nodes are down than the set tolerates.
+    /// Whether calls skip the node: it is known down, a background task is reconnecting it,
+    /// and no more nodes are down than the set tolerates. A node marked down whose task ended
+    /// with its runtime is not known down any more: the next call tries it (and marks it down
+    /// again, with a task of its own runtime, if it fails to reach it).
     pub(super) fn skipped(&self) -> bool {
         self.link.down.load(Ordering::Acquire)
+            && self.link.probing.load(Ordering::Acquire)
             && self.link.set.down.load(Ordering::Acquire) <= self.link.set.tolerated
     }
 
@@ -260,18 +267,33 @@ impl Node {
     }
 
     /// Marks the node down and, unless one runs already, starts the task that tries to reach
-    /// it: after a pause growing from [`PROBE_MIN`] to [`PROBE_MAX`], or at once when the
-    /// node's pub/sub connection comes back. It ends when the node answers (it counts again)
-    /// or when the backend is dropped.
+    /// it (see [`probe`](Self::probe)).
     fn mark_down(&self) {
-        if self.link.down.swap(true, Ordering::AcqRel) {
+        if !self.link.down.swap(true, Ordering::AcqRel) {
+            self.link.set.down.fetch_add(1, Ordering::AcqRel);
+            tracing::debug!(node = %self.name, "redlock node down; reconnecting in the background");
+        }
+        self.probe();
+    }
+
+    /// Unless one runs already, starts the task that tries to reach the node while it is
+    /// down: after a pause growing from [`PROBE_MIN`] to [`PROBE_MAX`], or at once when the
+    /// node's pub/sub connection comes back. It ends when the node answers (it counts again),
+    /// when the backend is dropped, or with its runtime.
+    fn probe(&self) {
+        if self.link.probing.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.link.set.down.fetch_add(1, Ordering::AcqRel);
-        tracing::debug!(node = %self.name, "redlock node down; reconnecting in the background");
         let link = Arc::downgrade(&self.link);
         let mut hub_back = Some(self.hub.reconnects());
         tokio::spawn(async move {
+            // However the task ends (its runtime shut down too), calls stop skipping the
+            // node: the next one tries it.
+            let _ended = scopeguard::guard(link.clone(), |link| {
+                if let Some(link) = link.upgrade() {
+                    link.probing.store(false, Ordering::Release);
+                }
+            });
             let mut pause = Backoff::new(PROBE_MIN, PROBE_MAX);
             loop {
                 let back = async {
