@@ -4,15 +4,17 @@
 //! redis-rs runs a Cluster connection in a task of the runtime that made it. If that runtime
 //! shuts down (a client kept in a static across `#[tokio::test]`s, each test its own runtime),
 //! the task goes with it and every call through the connection fails at once, for good. Here a
-//! call that finds the task gone makes a new connection, on the caller's runtime, and fails as
-//! a dropped connection (sent again at once).
+//! call that finds the task gone has a new connection made, in a task on its own runtime, and
+//! fails as a dropped connection once it is made (the call is sent again at once).
 
 use std::future::Future;
-use std::sync::Mutex as StdMutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 
 use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{RedisError, RedisResult};
+use tokio::sync::watch;
 
 use super::commands::{redis_error, CALL_TIMEOUT};
 use crate::error::{Error, Result};
@@ -31,8 +33,11 @@ pub(crate) struct OwnCluster {
     /// The connection in use, with its number (a call replaces only the one it went through).
     conn: StdMutex<(u64, ClusterConnection)>,
     client: ClusterClient,
-    /// Held while a new connection is made: one at a time.
-    replacing: tokio::sync::Mutex<()>,
+    /// The number of the connection in use, sent again whenever an attempt to make a new
+    /// one ends (made or not): calls waiting for it go on.
+    made: watch::Sender<u64>,
+    /// Set while a task makes a new connection: one at a time.
+    replacing: AtomicBool,
 }
 
 impl OwnCluster {
@@ -51,14 +56,16 @@ impl OwnCluster {
         Ok(Self {
             conn: StdMutex::new((0, conn)),
             client,
-            replacing: tokio::sync::Mutex::new(()),
+            made: watch::Sender::new(0),
+            replacing: AtomicBool::new(false),
         })
     }
 
     /// Runs `call` on the connection in use; if the call finds the connection's task gone,
-    /// makes a new connection before returning the call's error.
+    /// waits for a new connection (or the end of an attempt to make one) before returning the
+    /// call's error.
     pub(crate) async fn run<T, F>(
-        &self,
+        self: &Arc<Self>,
         call: impl FnOnce(ClusterConnection) -> F,
     ) -> RedisResult<T>
     where
@@ -68,30 +75,58 @@ impl OwnCluster {
         let reply = call(conn).await;
         if let Err(e) = &reply {
             if task_gone(e) {
-                self.replace(n).await;
+                self.replaced(n).await;
             }
         }
         reply
     }
 
-    /// Replaces connection `n`, unless that was done already.
-    async fn replace(&self, n: u64) {
-        let _one = self.replacing.lock().await;
-        if self.conn.locked().0 != n {
+    /// Waits until connection `n` is replaced or an attempt to replace it ends, starting one
+    /// unless one runs.
+    async fn replaced(self: &Arc<Self>, n: u64) {
+        let mut made = self.made.subscribe();
+        if *made.borrow_and_update() != n {
+            return;
+        }
+        self.replace(n);
+        // Err only if the sender is gone, which `self` prevents.
+        let _ = made.changed().await;
+    }
+
+    /// Makes a new connection in a task of its own, which a call that gave up waiting does not
+    /// cancel (with a seed node that accepts but never answers, making one takes longer than a
+    /// call may wait).
+    fn replace(self: &Arc<Self>, n: u64) {
+        if self.replacing.swap(true, Ordering::AcqRel) {
             return;
         }
         tracing::warn!(
             "the redis cluster connection's task is gone (its runtime shut down); connecting again"
         );
-        match self.client.get_async_connection().await {
-            Ok(fresh) => {
-                let old = std::mem::replace(&mut *self.conn.locked(), (n.wrapping_add(1), fresh));
-                drop(old);
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            // However the attempt ends (its runtime shut down too), the next call may start
+            // another, and the calls waiting go on.
+            let ended = scopeguard::guard(Arc::clone(&this), |this| {
+                this.replacing.store(false, Ordering::Release);
+                let now = this.conn.locked().0;
+                this.made.send_replace(now);
+            });
+            match this.client.get_async_connection().await {
+                Ok(fresh) => {
+                    let mut conn = this.conn.locked();
+                    if conn.0 == n {
+                        let old = std::mem::replace(&mut *conn, (n.wrapping_add(1), fresh));
+                        drop(conn);
+                        drop(old);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "a new redis cluster connection could not be made");
+                }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "a new redis cluster connection could not be made")
-            }
-        }
+            drop(ended);
+        });
     }
 }
 
