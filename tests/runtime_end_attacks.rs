@@ -1425,3 +1425,91 @@ fn redlock_holder_keeps_its_lock_through_one_node_cut_after_a_runtime_ended() {
         nodes.until_clean(&ns).await;
     });
 }
+
+/// A Redis client (1 s leases, renewed) built in runtime H, kept to the end. Runtime A takes
+/// the client's first lock (its renewals then ran on A). Runtime B takes a lock and holds it,
+/// and one of its locks waits, queued, for a key another client holds; then A shuts down. For
+/// 3 s (three leases) nothing else happens. Checked: B's lock is not lost, B's waiter keeps its
+/// place in the queue, and once the other client releases, B's waiter is granted within 1 s,
+/// with a higher token.
+///
+/// From an attack review: the client ran one renewal task, on the runtime of its first lock;
+/// when that runtime ended, the leases of every other runtime went unrenewed and were lost one
+/// lease later, and queued waiters dropped out of their queues.
+#[test]
+fn redis_leases_of_a_live_runtime_outlive_the_runtime_of_the_clients_first_lock() {
+    let redis = support::server::redis::shared_redis();
+    let url = redis.url();
+    let ns = test_namespace!();
+    let ttl = Duration::from_secs(1);
+    let h = Runtime::new().unwrap();
+    let c = h.block_on(support::redis::client(&url, &ns, ttl, ttl, true));
+    let other = h.block_on(support::redis::client(&url, &ns, ttl, ttl, true));
+    let busy = h.block_on(async { other.mutex("busy").lock().await.unwrap() });
+    let a = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    a.block_on(async {
+        let g = c.mutex("on-a").lock().await.unwrap();
+        g.release().await.unwrap();
+    });
+    let b = Runtime::new().unwrap();
+    let (held, waiting) = b.block_on(async {
+        let held = c.mutex("held-on-b").lock().await.unwrap();
+        let waiter = c.mutex("busy");
+        let waiting =
+            tokio::spawn(async move { waiter.lock_timeout(Duration::from_secs(20)).await });
+        support::redis::until_queued(&url, &ns, "busy", 1).await;
+        (held, waiting)
+    });
+    drop(a);
+    let (lost_after, queued) = b.block_on(async {
+        let began = Instant::now();
+        let mut lost_after = None;
+        while lost_after.is_none() && began.elapsed() < Duration::from_secs(3) {
+            if held.is_lost() {
+                lost_after = Some(began.elapsed());
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+        (
+            lost_after,
+            support::redis::queue_len(&url, &ns, "busy").await,
+        )
+    });
+    let token = busy.fencing_token();
+    h.block_on(busy.release()).unwrap();
+    let released = Instant::now();
+    let (granted, waited) = b.block_on(async {
+        let granted = timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiter was not granted within 5 s of the release")
+            .unwrap();
+        (granted, released.elapsed())
+    });
+    let granted = granted.unwrap_or_else(|e| panic!("B's waiter: {e}"));
+    assert!(granted.fencing_token() > token, "B's waiter's token");
+    b.block_on(async {
+        granted.release().await.unwrap();
+        let _ = held.release().await;
+    });
+    h.block_on(async {
+        timeout(Duration::from_secs(5), c.shutdown())
+            .await
+            .expect("shutdown did not end");
+        timeout(Duration::from_secs(5), other.shutdown())
+            .await
+            .expect("shutdown did not end");
+        support::redis::until_only_fences(&redis.url(), &ns).await;
+    });
+    assert_eq!(
+        lost_after, None,
+        "B's lock was lost after A ended, the server up"
+    );
+    assert_eq!(queued, 1, "B's waiter left the queue after A ended");
+    assert!(
+        waited < Duration::from_secs(1),
+        "B's waiter was granted {waited:?} after the release"
+    );
+}

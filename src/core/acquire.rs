@@ -164,12 +164,15 @@ pub(crate) async fn acquire(
     if let Some(value) = value {
         claim = claim.with_value(value);
     }
-    let lease = Arc::new(Lease::new(
-        client.ids.next(),
-        claim,
-        backend.new_ticket(),
-        client.config.drift,
-    ));
+    let lease = Arc::new(
+        Lease::new(
+            client.ids.next(),
+            claim,
+            backend.new_ticket(),
+            client.config.drift,
+        )
+        .on_runtime(handle.id()),
+    );
     let wait = mode == Mode::Wait;
     if wait && backend.renews_waiters() {
         engine.track(&lease);

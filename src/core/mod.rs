@@ -18,7 +18,7 @@ pub(crate) mod rules;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, Id as RuntimeId};
 use tokio::sync::{oneshot, watch};
 
 use crate::backend::DynBackend;
@@ -43,12 +43,15 @@ pub(crate) struct Config {
     pub(crate) drift: fn(Duration) -> Duration,
 }
 
-/// What every lock of one client shares: the backend, the settings, the renewal engine, the
+/// What every lock of one client shares: the backend, the settings, the renewal engines, the
 /// releases still running, and whether the client was shut down.
 pub(crate) struct Core {
     pub(crate) backend: Arc<dyn DynBackend>,
     pub(crate) config: Config,
-    engine: StdMutex<Option<Engine>>,
+    /// One renewal engine per runtime that took a lease, each running on its runtime: a lease
+    /// is renewed by the engine of the runtime that took it, so a runtime that shuts down
+    /// takes no other runtime's leases with it.
+    engines: StdMutex<Vec<(RuntimeId, Engine)>>,
     pending: Arc<Pending>,
     closed: watch::Sender<bool>,
     pub(crate) ids: LeaseIds,
@@ -64,7 +67,7 @@ impl Core {
         Self {
             backend,
             config,
-            engine: StdMutex::new(None),
+            engines: StdMutex::default(),
             pending: Arc::default(),
             closed: watch::Sender::new(false),
             ids: LeaseIds::default(),
@@ -88,12 +91,14 @@ impl Core {
         self.closed.subscribe()
     }
 
-    /// The renewal task for the current runtime, started on first use (and again if the runtime
-    /// that ran it has shut down).
+    /// The renewal task of `handle`'s runtime, started on first use (and again if it ended).
     pub(crate) fn engine(&self, handle: &Handle) -> Result<Engine> {
-        let mut slot = self.engine.locked();
+        let mut engines = self.engines.locked();
         self.check_open()?;
-        if let Some(engine) = slot.as_ref().filter(|e| e.is_running()) {
+        // Those of runtimes that shut down are gone with their tasks.
+        engines.retain(|(_, engine)| engine.is_running());
+        let id = handle.id();
+        if let Some((_, engine)) = engines.iter().find(|(on, _)| *on == id) {
             return Ok(engine.clone());
         }
         let engine = Engine::start(
@@ -103,14 +108,22 @@ impl Core {
                 auto_renew: self.config.auto_renew,
             },
         );
-        *slot = Some(engine.clone());
+        engines.push((id, engine.clone()));
         Ok(engine)
+    }
+
+    /// The engine that renews `lease`, if it still runs.
+    fn engine_of(&self, lease: &Lease) -> Option<Engine> {
+        let engines = self.engines.locked();
+        engines
+            .iter()
+            .find(|(on, engine)| Some(*on) == lease.runtime() && engine.is_running())
+            .map(|(_, engine)| engine.clone())
     }
 
     /// Has the renewal engine (if one runs) time `lease` again from its current schedule.
     pub(crate) fn retrack(&self, lease: &Arc<Lease>) {
-        let engine = self.engine.locked().clone();
-        if let Some(engine) = engine {
+        if let Some(engine) = self.engine_of(lease) {
             engine.track(lease);
         }
     }
@@ -130,8 +143,7 @@ impl Core {
             metrics::released(self.backend.name(), lease.claim.kind(), since.elapsed());
             tracing::debug!(key = lease.claim.key(), fence, "lock released");
         }
-        let engine = self.engine.locked().clone();
-        if let Some(engine) = engine {
+        if let Some(engine) = self.engine_of(lease) {
             engine.forget(lease);
         }
         true
@@ -237,24 +249,27 @@ impl Core {
     /// marked lost), pending releases are flushed, then the backend closes. Idempotent.
     pub(crate) async fn shutdown(&self) {
         let first = !self.closed.send_replace(true);
-        let engine = self.engine.locked().take();
-        if let Some(engine) = engine {
+        let engines = std::mem::take(&mut *self.engines.locked());
+        // Each task hands back every lease it still tracks; release them here.
+        let handed = engines.into_iter().map(|(_, engine)| {
             let (tx, rx) = oneshot::channel();
             engine.shutdown(tx);
-            // The task hands back every lease it still tracks; release them here.
-            if let Ok(leases) = rx.await {
-                let releases = leases.into_iter().filter(|l| l.finish()).map(|lease| {
-                    let backend = self.backend.clone();
-                    async move {
-                        lease.claim.mark_lost();
-                        if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
-                            tracing::warn!(key = lease.claim.key(), error = %err, "release at shutdown failed");
-                        }
-                    }
-                });
-                futures::future::join_all(releases).await;
+            async move { rx.await.unwrap_or_default() }
+        });
+        let leases = futures::future::join_all(handed)
+            .await
+            .into_iter()
+            .flatten();
+        let releases = leases.filter(|l| l.finish()).map(|lease| {
+            let backend = self.backend.clone();
+            async move {
+                lease.claim.mark_lost();
+                if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
+                    tracing::warn!(key = lease.claim.key(), error = %err, "release at shutdown failed");
+                }
             }
-        }
+        });
+        futures::future::join_all(releases).await;
         let unreleased = std::mem::take(&mut *self.unreleased.locked());
         let releases = unreleased.into_iter().map(|lease| {
             let backend = self.backend.clone();
