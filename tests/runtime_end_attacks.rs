@@ -1293,33 +1293,7 @@ async fn told_before_granted(
 fn redlock_node_marked_down_from_an_ended_runtime_counts_again_once_back() {
     let nodes = support::server::redlock::Nodes::start(3);
     let ns = test_namespace!();
-    let first = tokio::runtime::Runtime::new().unwrap();
-    let c = first.block_on(support::server::redlock::client_on(
-        nodes.urls(),
-        &ns,
-        Duration::from_secs(3),
-        Duration::ZERO,
-    ));
-    let a = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    a.block_on(async {
-        let g = c.mutex("warm").lock().await.unwrap();
-        g.release().await.unwrap();
-        nodes.proxies[0].cut();
-        for _ in 0..3 {
-            let g = c
-                .mutex("in-a")
-                .lock_timeout(Duration::from_secs(5))
-                .await
-                .expect("a quorum (nodes 1 and 2) answers");
-            g.release().await.unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
-    drop(a);
-    nodes.proxies[0].pass();
+    let (first, c) = node0_marked_down_from_an_ended_runtime(&nodes, &ns);
     let passed = std::time::Instant::now();
     let node0 = nodes.servers[0].url();
     let b = tokio::runtime::Builder::new_current_thread()
@@ -1353,12 +1327,7 @@ fn redlock_node_marked_down_from_an_ended_runtime_counts_again_once_back() {
         back.is_some_and(|d| d < Duration::from_secs(3)),
         "node 0 did not hold B's lock within 3 s of being reachable again ({back:?})"
     );
-    first.block_on(async {
-        tokio::time::timeout(Duration::from_secs(5), c.shutdown())
-            .await
-            .expect("shutdown did not end");
-        nodes.until_clean(&ns).await;
-    });
+    shut_down_clean(&first, &c, &nodes, &ns);
 }
 
 /// As above (node 0 marked down from runtime A, which ends while node 0 is cut off; node 0
@@ -1371,33 +1340,7 @@ fn redlock_node_marked_down_from_an_ended_runtime_counts_again_once_back() {
 fn redlock_holder_keeps_its_lock_through_one_node_cut_after_a_runtime_ended() {
     let nodes = support::server::redlock::Nodes::start(3);
     let ns = test_namespace!();
-    let first = tokio::runtime::Runtime::new().unwrap();
-    let c = first.block_on(support::server::redlock::client_on(
-        nodes.urls(),
-        &ns,
-        Duration::from_secs(3),
-        Duration::ZERO,
-    ));
-    let a = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    a.block_on(async {
-        let g = c.mutex("warm").lock().await.unwrap();
-        g.release().await.unwrap();
-        nodes.proxies[0].cut();
-        for _ in 0..3 {
-            let g = c
-                .mutex("in-a")
-                .lock_timeout(Duration::from_secs(5))
-                .await
-                .expect("a quorum (nodes 1 and 2) answers");
-            g.release().await.unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
-    drop(a);
-    nodes.proxies[0].pass();
+    let (first, c) = node0_marked_down_from_an_ended_runtime(&nodes, &ns);
     let b = tokio::runtime::Runtime::new().unwrap();
     b.block_on(async {
         // Node 0 has been reachable for 1.5 s before the lock is taken.
@@ -1418,12 +1361,7 @@ fn redlock_holder_keeps_its_lock_through_one_node_cut_after_a_runtime_ended() {
         );
         let _ = g.release().await;
     });
-    first.block_on(async {
-        tokio::time::timeout(Duration::from_secs(5), c.shutdown())
-            .await
-            .expect("shutdown did not end");
-        nodes.until_clean(&ns).await;
-    });
+    shut_down_clean(&first, &c, &nodes, &ns);
 }
 
 /// A Redis client (1 s leases, renewed) built in runtime H, kept to the end. Runtime A takes
@@ -1512,4 +1450,59 @@ fn redis_leases_of_a_live_runtime_outlive_the_runtime_of_the_clients_first_lock(
         waited < Duration::from_secs(1),
         "B's waiter was granted {waited:?} after the release"
     );
+}
+
+/// A Redlock client (3 s leases) of `nodes`, built in a runtime returned with it; runtime A
+/// cuts node 0 off and locks a key a few times (node 0's calls fail: it is marked down, and
+/// the task that probes it is spawned on A), then A ends while node 0 is still cut off, and
+/// node 0's proxy passes again.
+#[cfg(feature = "redlock")]
+fn node0_marked_down_from_an_ended_runtime(
+    nodes: &support::server::redlock::Nodes,
+    ns: &str,
+) -> (Runtime, distlock::LockClient) {
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let c = first.block_on(support::server::redlock::client_on(
+        nodes.urls(),
+        ns,
+        Duration::from_secs(3),
+        Duration::ZERO,
+    ));
+    let a = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    a.block_on(async {
+        let g = c.mutex("warm").lock().await.unwrap();
+        g.release().await.unwrap();
+        nodes.proxies[0].cut();
+        for _ in 0..3 {
+            let g = c
+                .mutex("in-a")
+                .lock_timeout(Duration::from_secs(5))
+                .await
+                .expect("a quorum (nodes 1 and 2) answers");
+            g.release().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    drop(a);
+    nodes.proxies[0].pass();
+    (first, c)
+}
+
+/// Shuts `c` down from `first`, then waits until `nodes` hold nothing of `ns`.
+#[cfg(feature = "redlock")]
+fn shut_down_clean(
+    first: &Runtime,
+    c: &distlock::LockClient,
+    nodes: &support::server::redlock::Nodes,
+    ns: &str,
+) {
+    first.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), c.shutdown())
+            .await
+            .expect("shutdown did not end");
+        nodes.until_clean(ns).await;
+    });
 }
