@@ -150,7 +150,7 @@ pub(crate) async fn acquire(
         )));
     }
     let handle = Handle::try_current().map_err(|_| Error::no_runtime())?;
-    let engine = client.engine(&handle)?;
+    let (runtime, engine) = client.engine(&handle)?;
     let backend = client.backend.clone();
     let mut closed = client.closed();
 
@@ -171,7 +171,7 @@ pub(crate) async fn acquire(
             backend.new_ticket(),
             client.config.drift,
         )
-        .on_runtime(handle.id()),
+        .on_runtime(runtime),
     );
     let wait = mode == Mode::Wait;
     if wait && backend.renews_waiters() {

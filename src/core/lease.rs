@@ -45,7 +45,7 @@ pub(crate) struct Lease {
     /// Woken when a renewal sent while the claim was queued finds it holding the lock: the
     /// server granted it (a handoff whose message never arrived).
     granted: Notify,
-    /// The runtime whose renewal engine renews it (the one that took it).
+    /// The runtime whose renewal engine renews it.
     runtime: Option<RuntimeId>,
 }
 

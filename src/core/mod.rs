@@ -18,7 +18,7 @@ pub(crate) mod rules;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::runtime::{Handle, Id as RuntimeId};
+use tokio::runtime::{Handle, Id as RuntimeId, RuntimeFlavor};
 use tokio::sync::{oneshot, watch};
 
 use crate::backend::DynBackend;
@@ -48,10 +48,10 @@ pub(crate) struct Config {
 pub(crate) struct Core {
     pub(crate) backend: Arc<dyn DynBackend>,
     pub(crate) config: Config,
-    /// One renewal engine per runtime that took a lease, each running on its runtime: a lease
-    /// is renewed by the engine of the runtime that took it, so a runtime that shuts down
-    /// takes no other runtime's leases with it.
-    engines: StdMutex<Vec<(RuntimeId, Engine)>>,
+    /// The renewal engines, each running on its runtime: one per multi-thread runtime that
+    /// took a lease, so a runtime that shuts down takes no other runtime's leases with it (see
+    /// [`engine`](Self::engine) for current-thread runtimes).
+    engines: StdMutex<Vec<OnRuntime>>,
     pending: Arc<Pending>,
     closed: watch::Sender<bool>,
     pub(crate) ids: LeaseIds,
@@ -60,6 +60,13 @@ pub(crate) struct Core {
     /// Leases whose release task went, unrun, with its runtime, where no other runtime was at
     /// hand to run it: released at shutdown (or their leases end).
     unreleased: StdMutex<Vec<Arc<Lease>>>,
+}
+
+/// A renewal engine and the runtime it runs on.
+struct OnRuntime {
+    runtime: RuntimeId,
+    flavor: RuntimeFlavor,
+    engine: Engine,
 }
 
 impl Core {
@@ -91,15 +98,28 @@ impl Core {
         self.closed.subscribe()
     }
 
-    /// The renewal task of `handle`'s runtime, started on first use (and again if it ended).
-    pub(crate) fn engine(&self, handle: &Handle) -> Result<Engine> {
+    /// The renewal task for a lease taken on `handle`'s runtime, and the runtime it runs on:
+    /// that runtime's own (started on first use, and again if it ended) if it is multi-thread;
+    /// for a current-thread runtime, which runs tasks only while a thread drives it, a
+    /// multi-thread runtime's if the client has one, else its own.
+    pub(crate) fn engine(&self, handle: &Handle) -> Result<(RuntimeId, Engine)> {
         let mut engines = self.engines.locked();
         self.check_open()?;
         // Those of runtimes that shut down are gone with their tasks.
-        engines.retain(|(_, engine)| engine.is_running());
+        engines.retain(|e| e.engine.is_running());
         let id = handle.id();
-        if let Some((_, engine)) = engines.iter().find(|(on, _)| *on == id) {
-            return Ok(engine.clone());
+        let flavor = handle.runtime_flavor();
+        let mine = engines.iter().find(|e| e.runtime == id);
+        let found = if flavor == RuntimeFlavor::CurrentThread {
+            engines
+                .iter()
+                .find(|e| e.flavor != RuntimeFlavor::CurrentThread)
+                .or(mine)
+        } else {
+            mine
+        };
+        if let Some(e) = found {
+            return Ok((e.runtime, e.engine.clone()));
         }
         let engine = Engine::start(
             handle,
@@ -108,8 +128,12 @@ impl Core {
                 auto_renew: self.config.auto_renew,
             },
         );
-        engines.push((id, engine.clone()));
-        Ok(engine)
+        engines.push(OnRuntime {
+            runtime: id,
+            flavor,
+            engine: engine.clone(),
+        });
+        Ok((id, engine))
     }
 
     /// The engine that renews `lease`, if it still runs.
@@ -117,8 +141,8 @@ impl Core {
         let engines = self.engines.locked();
         engines
             .iter()
-            .find(|(on, engine)| Some(*on) == lease.runtime() && engine.is_running())
-            .map(|(_, engine)| engine.clone())
+            .find(|e| Some(e.runtime) == lease.runtime() && e.engine.is_running())
+            .map(|e| e.engine.clone())
     }
 
     /// Has the renewal engine (if one runs) time `lease` again from its current schedule.
@@ -251,7 +275,7 @@ impl Core {
         let first = !self.closed.send_replace(true);
         let engines = std::mem::take(&mut *self.engines.locked());
         // Each task hands back every lease it still tracks; release them here.
-        let handed = engines.into_iter().map(|(_, engine)| {
+        let handed = engines.into_iter().map(|OnRuntime { engine, .. }| {
             let (tx, rx) = oneshot::channel();
             engine.shutdown(tx);
             async move { rx.await.unwrap_or_default() }
