@@ -81,7 +81,7 @@ async fn tokens_increase_when_the_counter_is_tampered_with() {
     let ttl = Duration::from_secs(5);
     let a = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
     let b = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    let fence = format!("{ns}:{{k}}:fence");
+    let fence = format!("{ns}:fence");
     let mut tokens = Vec::new();
     let mut what = Vec::new();
     for (i, tamper) in [

@@ -618,7 +618,7 @@ async fn waiters_of_a_killed_process_ahead_of_coalesced_releases_do_not_strand_t
             .arg("-c")
             .arg(format!(
                 "redis-cli -p {} FCALL {library}_acquire 4 '{lock}' '{lock}:q' '{lock}:w' \
-                 '{lock}:fence' dead.{i} 60000 1 3600000 2000 '{lock}:c:' 0 >/dev/null; \
+                 '{ns}:fence' dead.{i} 60000 1 3600000 2000 '{lock}:c:' 0 >/dev/null; \
                  exec sleep 30",
                 server.port()
             ))

@@ -93,7 +93,7 @@ impl RedisBackend {
     pub(super) async fn proclaim_claim(&self, claim: &Claim, ticket: &RedisTicket) -> Result<()> {
         let value = claim.value();
         validate_value(claim.key(), &value)?;
-        let keys = ticket.keys(claim, &self.inner.client_id);
+        let keys = self.keys_of(ticket, claim);
         let inv = self.call(&Proclaim {
             keys,
             value: &value,
@@ -107,7 +107,7 @@ impl RedisBackend {
 
     /// Who leads the election `key` of `namespace`: its confirmed leader.
     pub(super) async fn leader_of(&self, namespace: &str, key: &str) -> Result<Option<Leader>> {
-        let keys = Keys::named(namespace, key, &self.inner.client_id, "");
+        let keys = self.names(namespace, key);
         let inv = self.call(&LeaderOf { keys: &keys });
         let reply: Vec<Value> = self.inner.commands.invoke("leader", &inv).await?;
         Ok(parse_leader(key, &reply)?.map(|l| Leader::new(l.value, l.term, l.lease_left)))
@@ -116,7 +116,7 @@ impl RedisBackend {
     /// A signal the hub moves at every message on the election's channel (subscribed before
     /// this returns) and whenever messages may have been missed.
     pub(super) async fn watch_leader_of(&self, namespace: &str, key: &str) -> Result<LeaderWatch> {
-        let keys = Keys::named(namespace, key, &self.inner.client_id, "");
+        let keys = self.names(namespace, key);
         let (changes, subscription) = self.inner.hub.watch(&channel_of(&keys)).await?;
         Ok(LeaderWatch::new(changes).keeping(subscription))
     }

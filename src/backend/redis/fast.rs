@@ -2,41 +2,43 @@
 //!
 //! Most acquisitions of a busy service find their key free. For those, one pipeline of three
 //! plain commands takes the lock: `SET <lock> <owner> NX PX <ttl>` (the hold: the bare owner
-//! token, expiring with the lease), `INCR <fence>` (the fencing token) and
-//! `PEXPIRE <fence> <FENCE_TTL>` (the counter lives an hour past its last use, and one that
-//! `INCR` just made gets its expiry in the same request, so it cannot outlive its use). A script call costs the server several times what a
-//! plain command does (see benches/README.md, "Web-service shape"), so this path runs none; the
-//! release's script deletes such a hold at its first comparison.
+//! token, expiring with the lease), `INCR <ns>:fence` (the fencing token, from the namespace's
+//! counter: see `scripts/plain.lua`) and `EXISTS <queue>` (whether anyone waits in line). A
+//! script call costs the server several times what a plain command does (see
+//! benches/README.md, "Web-service shape"), so this path runs none; the release's script
+//! deletes such a hold at its first comparison.
 //!
-//! The grant is taken as is only when all three hold true; anything else goes to the acquire
+//! The grant is taken as is only when all four hold true; anything else goes to the acquire
 //! script, which settles it (`acquire.lua`, the hold that is ours without a recorded token):
 //! - The `SET` took the lock. If it did not, the lock is busy: a waiting claim goes on to
 //!   listen and queue (the script's first look would tell it nothing more), a try goes to the
 //!   script, which tells a busy mutex from another kind of lock.
-//! - The `INCR` counted: the counter carries no mark. A mark (`<n>q`, which `INCR` refuses)
-//!   says a waiter may be queued, and a holder whose lease ran out may have left it in line:
-//!   the `SET` may have barged past it, so the script hands the lock to the live head of the
-//!   queue, if there is one, and queues this claim behind it.
-//! - The token is one `next_fence` started (at least `FENCE_LOW`): a counter `INCR` just made,
-//!   or one made so and never lifted, restarts at server time in the script, which looks at
-//!   the queue too (a counter that expired took its mark with it).
+//! - Nobody is queued: the queue's key exists while anyone is in it. A holder whose lease ran
+//!   out may have left waiters in line, and the `SET` may have barged past them: the script
+//!   then hands the lock to the live head of the queue, if there is one, and queues this claim
+//!   behind it.
+//! - The token is one `next_fence` started (at least `FENCE_LOW`): a counter `INCR` just made
+//!   (the last one expired) restarts at server time in the script. Such a counter has no
+//!   expiry until the script starts it; a claim dropped in between leaves it so, and the next
+//!   acquire of the namespace restarts it (one key per namespace at most).
 //! - The reply came within half the TTL of the request. Tokens must increase in the order of
 //!   the grants, and `INCR` runs just after the `SET` that granted, so an earlier holder's
 //!   token could only be the larger if its own `INCR` ran after its hold expired: after its
-//!   whole TTL. Its reply then comes later than that, so it never takes the grant as is.
+//!   whole TTL. Its reply then comes later than that, so it never takes the grant as is. (Other
+//!   locks' draws from the same counter between the two only skip tokens.)
 //!
 //! A key this client waited on a moment ago (its channel still subscribed: it lingers two
 //! seconds after its last waiter) skips the pipeline: busy keys stay busy, and there it would
 //! cost a round trip and three commands for nothing before the claim queues.
 //!
-//! Off where the scripts lift tokens above the clocks (Sentinel: a failover can set a counter
-//! back) and on a Cluster (its library keeps no mark on the counter).
+//! Only on a single server: where the scripts lift tokens above the clocks (Sentinel: a
+//! failover can set a counter back) and on a Cluster, the counters are per lock and the
+//! acquire script runs.
 
 use ::redis::Value;
 use tokio::time::Instant;
 
 use super::keys::millis;
-use super::lock::FENCE_TTL;
 use super::{Keys, RedisBackend};
 use crate::backend::handoff::reply::granted;
 use crate::backend::{Claim, Grant, LockKind};
@@ -65,7 +67,7 @@ impl RedisBackend {
     /// Sends the pipeline for `claim` (see the module's docs).
     pub(super) async fn acquire_fast(&self, claim: &Claim, keys: &Keys) -> Result<Fast> {
         // Each command sized up front: this runs at every uncontended lock.
-        let (lock, owner, fence) = (keys.lock(), keys.owner(), keys.fence());
+        let (lock, owner, fence, queue) = (keys.lock(), keys.owner(), keys.fence(), keys.queue());
         let mut set = ::redis::Cmd::with_capacity(6, lock.len() + owner.len() + 32);
         set.arg("SET")
             .arg(lock)
@@ -75,13 +77,13 @@ impl RedisBackend {
             .arg(millis(claim.ttl()));
         let mut incr = ::redis::Cmd::with_capacity(2, fence.len() + 4);
         incr.arg("INCR").arg(fence);
-        let mut pexpire = ::redis::Cmd::with_capacity(3, fence.len() + 24);
-        pexpire.arg("PEXPIRE").arg(fence).arg(millis(FENCE_TTL));
+        let mut exists = ::redis::Cmd::with_capacity(2, queue.len() + 6);
+        exists.arg("EXISTS").arg(queue);
         let mut pipe = ::redis::Pipeline::with_capacity(3);
         pipe.ignore_errors()
             .add_command(set)
             .add_command(incr)
-            .add_command(pexpire);
+            .add_command(exists);
         let (reply, _, sent): (Vec<Value>, bool, Instant) = self
             .inner
             .commands
@@ -95,7 +97,7 @@ impl RedisBackend {
 fn read(claim: &Claim, reply: &[Value], sent: Instant, now: Instant) -> Fast {
     match reply {
         [Value::Nil, ..] => Fast::Busy,
-        [Value::Okay | Value::SimpleString(_), Value::Int(fence), _]
+        [Value::Okay | Value::SimpleString(_), Value::Int(fence), Value::Int(0)]
             if *fence >= FENCE_LOW && now.saturating_duration_since(sent) < claim.ttl() / 2 =>
         {
             granted("redis", claim, *fence, sent).map_or(Fast::Settle, Fast::Granted)
@@ -124,6 +126,7 @@ mod tests {
     fn only_a_prompt_grant_with_a_started_counter_is_taken_as_is() {
         let (claim, sent) = (claim(), Instant::now());
         let reply = |set: Value, incr: Value| vec![set, incr, Value::Int(0)];
+        let queued = |set: Value, incr: Value| vec![set, incr, Value::Int(1)];
         let started = Value::Int(FENCE_LOW + 7);
         let taken = |reply: &[Value], after: Duration| read(&claim, reply, sent, sent + after);
 
@@ -138,7 +141,12 @@ mod tests {
             taken(&reply(Value::Nil, started.clone()), Duration::ZERO),
             Fast::Busy
         ));
-        // The counter marked (INCR refused), new, or the reply late: the script settles it.
+        // Someone queued: the script settles it.
+        assert!(matches!(
+            taken(&queued(Value::Okay, started.clone()), Duration::ZERO),
+            Fast::Settle
+        ));
+        // The counter not a number (INCR refused), new, or the reply late: the same.
         let refused = ::redis::parse_redis_value(b"-ERR value is not an integer\r\n")
             .expect("a server error's text");
         for (incr, after) in [

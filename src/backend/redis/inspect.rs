@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::scripts::{ForceRelease, Inspect};
-use super::{kind_of_code, Keys, RedisBackend};
+use super::{kind_of_code, RedisBackend};
 use crate::backend::{wire, Family};
 use crate::error::{Error, ErrorKind, Result};
 use crate::inspect::{
@@ -12,7 +12,7 @@ use crate::inspect::{
 
 impl RedisBackend {
     pub(super) async fn inspect_key(&self, namespace: &str, key: &str) -> Result<Inspection> {
-        let keys = Keys::named(namespace, key, &self.inner.client_id, "");
+        let keys = self.names(namespace, key);
         let inv = self.call(&Inspect { keys: &keys });
         let (family, held, waiting): (String, Vec<String>, Vec<String>) =
             self.inner.commands.invoke("inspect", &inv).await?;
@@ -40,7 +40,7 @@ impl RedisBackend {
         namespace: &str,
         key: &str,
     ) -> Result<ForceReleased> {
-        let keys = Keys::named(namespace, key, &self.inner.client_id, "");
+        let keys = self.names(namespace, key);
         let inv = self.call(&ForceRelease {
             keys: &keys,
             handoff_ttl: self.inner.handoff_ttl,

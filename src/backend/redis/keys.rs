@@ -46,33 +46,52 @@ pub(crate) fn claim_token(claim: &Claim) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// Where a lock's fencing counter lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Counter {
+    /// `<ns>:{<key>}:fence`, one per lock, in the lock's hash tag (a Cluster's slot): a
+    /// Cluster, a Sentinel-managed primary, every Redlock node.
+    Lock,
+    /// `<ns>:fence`, one per namespace: a single server (see `scripts/plain.lua`).
+    Namespace,
+}
+
 impl Keys {
-    pub(super) fn new(claim: &Claim, client_id: &str) -> Self {
+    pub(super) fn new(claim: &Claim, client_id: &str, counter: Counter) -> Self {
         Self::named(
             claim.namespace(),
             claim.key(),
             client_id,
             &claim_token(claim),
+            counter,
         )
     }
 
-    pub(super) fn named(namespace: &str, key: &str, client_id: &str, claim_owner: &str) -> Self {
-        Self::layout(namespace, key, client_id, claim_owner, "q", "w")
+    pub(super) fn named(
+        namespace: &str,
+        key: &str,
+        client_id: &str,
+        claim_owner: &str,
+        counter: Counter,
+    ) -> Self {
+        Self::layout(namespace, key, client_id, claim_owner, ("q", "w"), counter)
     }
 
-    /// The names, with the queue and waiters keys ending in `queue` and `waiters` (Redlock
-    /// keeps its queues, zsets by priority, under names of their own).
+    /// The names, with the queue and waiters keys ending in `queues`' two names (Redlock
+    /// keeps its queues, zsets by priority, under names of their own) and the fencing counter
+    /// where `counter` says.
     pub(crate) fn layout(
         namespace: &str,
         key: &str,
         client_id: &str,
         claim_owner: &str,
-        queue: &str,
-        waiters: &str,
+        (queue, waiters): (&str, &str),
+        counter: Counter,
     ) -> Self {
-        // Namespaces hold no braces or colons, so `<ns>:{` starts every name, and every name
-        // of one key shares its hash tag. Suffixes end in distinct letters, and lock names end
-        // in `}`, so no two keys' names can coincide.
+        // Namespaces hold no braces or colons, so `<ns>:{` starts every lock's name, and every
+        // name of one key shares its hash tag. Suffixes end in distinct letters, and lock names
+        // end in `}`, so no two keys' names can coincide; a namespace's counter, `<ns>:fence`,
+        // has no brace after its colon, so it is no lock's name either.
         // The lock's name seven times, the suffixes, the client id twice and the claim's.
         let size = (namespace.len() + key.len() + 3) * 7
             + queue.len()
@@ -95,7 +114,14 @@ impl Keys {
         named(&mut keys, Name::Holders, &[":h"]);
         named(&mut keys, Name::Queue, &[":", queue]);
         named(&mut keys, Name::Waiters, &[":", waiters]);
-        named(&mut keys, Name::Fence, &[":fence"]);
+        match counter {
+            Counter::Lock => named(&mut keys, Name::Fence, &[":fence"]),
+            Counter::Namespace => {
+                keys.text.push_str(namespace);
+                keys.text.push_str(":fence");
+                keys.ends[Name::Fence as usize] = keys.text.len();
+            }
+        }
         named(&mut keys, Name::Channels, &[":c:"]);
         named(&mut keys, Name::Channel, &[":c:", client_id]);
         wire::push_owner_token(&mut keys.text, client_id, claim_owner);
@@ -109,7 +135,8 @@ impl Keys {
         self.text.get(start..self.ends[i]).unwrap_or_default()
     }
 
-    /// The lock's main key, `<ns>:{<key>}`: every other name starts with it.
+    /// The lock's main key, `<ns>:{<key>}`: every other name but a namespace's counter starts
+    /// with it.
     pub(crate) fn lock(&self) -> &str {
         self.name(Name::Lock)
     }
@@ -129,7 +156,7 @@ impl Keys {
         self.name(Name::Waiters)
     }
 
-    /// The fencing counter.
+    /// The fencing counter (see [`Counter`]).
     pub(crate) fn fence(&self) -> &str {
         self.name(Name::Fence)
     }
@@ -198,7 +225,7 @@ pub(crate) fn kind_of_code(code: &str, max: u32) -> Option<LockKind> {
 
 #[cfg(test)]
 mod tests {
-    use super::Keys;
+    use super::{Counter, Keys};
 
     /// The names as they were written before they shared one string: clients of either
     /// version on one server must name the same keys and channels.
@@ -210,7 +237,7 @@ mod tests {
             ("ns", "ключ ☃", "x", "", "q", "w"),
             ("", "", "", "", "", ""),
         ] {
-            let keys = Keys::layout(ns, key, client, claim, queue, waiters);
+            let keys = Keys::layout(ns, key, client, claim, (queue, waiters), Counter::Lock);
             let lock = format!("{ns}:{{{key}}}");
             assert_eq!(keys.lock(), lock);
             assert_eq!(keys.holders(), format!("{lock}:h"));
@@ -220,6 +247,13 @@ mod tests {
             assert_eq!(keys.channels(), format!("{lock}:c:"));
             assert_eq!(keys.channel(), format!("{lock}:c:{client}"));
             assert_eq!(keys.owner(), format!("{client}.{claim}"));
+            // A single server's: one counter per namespace, every other name the same.
+            let plain = Keys::layout(ns, key, client, claim, (queue, waiters), Counter::Namespace);
+            assert_eq!(plain.fence(), format!("{ns}:fence"));
+            assert_eq!(plain.lock(), lock);
+            assert_eq!(plain.waiters(), keys.waiters());
+            assert_eq!(plain.channel(), keys.channel());
+            assert_eq!(plain.owner(), keys.owner());
         }
     }
 }

@@ -53,7 +53,7 @@ impl RedisBackend {
         if claim.kind() == LockKind::Leader {
             super::election::validate_value(claim.key(), &claim.value())?;
         }
-        let keys = ticket.keys(claim, &self.inner.client_id);
+        let keys = self.keys_of(ticket, claim);
         let mut busy = false;
         // A key this client waited on a moment ago (its channel still subscribed) is likely
         // busy: the plain commands would cost a round trip for nothing there.
@@ -98,7 +98,7 @@ impl RedisBackend {
         // In a block: what the call is built from is not kept across its await.
         let inv = {
             let release = Release {
-                keys: ticket.keys(claim, &self.inner.client_id),
+                keys: self.keys_of(ticket, claim),
                 handoff_ttl: self.inner.handoff_ttl,
                 election,
             };
@@ -126,7 +126,7 @@ impl RedisBackend {
         claim: &Claim,
         ticket: &RedisTicket,
     ) -> Result<Grant> {
-        let keys = ticket.keys(claim, &self.inner.client_id);
+        let keys = self.keys_of(ticket, claim);
         let inv = self.call(&Downgrade {
             keys,
             ttl: claim.ttl(),

@@ -1,6 +1,7 @@
 //! The Redis backend: FIFO locks with direct handoff announced over pub/sub.
 //!
-//! Per lock key, under one hash tag so every script is Cluster-safe:
+//! Per lock key, under one hash tag so every script is Cluster-safe (but a single server's
+//! fencing counter, which serves a whole namespace):
 //!
 //! | key | type | holds |
 //! |---|---|---|
@@ -9,12 +10,13 @@
 //! | `<ns>:{<key>}:h` | zset | read-write lock or semaphore holder → lease deadline (server time, ms) |
 //! | `<ns>:{<key>}:q` | list | waiting owner tokens (`r:`/`w:`/`<n>:` before them for the shared kinds), in arrival order |
 //! | `<ns>:{<key>}:w` | zset | waiting owner → liveness deadline (server time, ms) |
-//! | `<ns>:{<key>}:fence` | string | fencing counter, expires an hour after it (re)started; `<n>q` while a mutex waiter may be queued |
+//! | `<ns>:fence` | string | a single server's fencing counter, one per namespace (see `scripts/plain.lua`); expires an hour after it (re)started |
+//! | `<ns>:{<key>}:fence` | string | a Cluster's or Sentinel-managed primary's fencing counter, one per lock; expires an hour after it (re)started; `<n>q` while a mutex waiter may be queued |
 //! | `<ns>:{<key>}:c:<client>` | channel | messages for one client's waiters on this lock |
 //! | `<ns>:{<key>}:e` | channel | an election's changes of leader, for its observers (see `election.rs`) |
 //!
-//! An uncontended mutex acquire is `INCR` on the counter (refused while it is marked: then the
-//! queue is looked at) and `SET NX PX`; its release `GET` and `DEL`. The acquire and release
+//! An uncontended mutex acquire on a single server is `SET NX PX`, `INCR` on the namespace's
+//! counter and `EXISTS` on the queue (see `fast.rs`); its release `GET` and `DEL`. The acquire and release
 //! calls one backend has in flight at once go as one function call (see `coalesce.rs`).
 //!
 //! Owner tokens are `<client>.<claim>`: the backend's random id, then the claim's. A release
@@ -74,7 +76,7 @@ use crate::inspect::{ForceReleased, Inspection};
 pub use self::builder::RedisBackendBuilder;
 #[cfg(feature = "redlock")]
 pub(crate) use self::keys::{claim_token, millis};
-pub(crate) use self::keys::{kind_code, kind_of_code, lock_name, Keys};
+pub(crate) use self::keys::{kind_code, kind_of_code, lock_name, Counter, Keys};
 #[cfg(feature = "redlock")]
 pub(crate) use self::lock::FENCE_TTL;
 pub use self::ticket::RedisTicket;

@@ -38,7 +38,7 @@ impl RedisBackend {
         let mut members: Vec<&Claim> = Vec::with_capacity(group.len());
         for (claim, ticket) in group.iter().filter_map(|&i| claims.get(i)) {
             args.claims.push(Renewed {
-                keys: ticket.keys(claim, &self.inner.client_id),
+                keys: self.keys_of(ticket, claim),
                 ttl: claim.ttl(),
             });
             members.push(claim);

@@ -5,7 +5,7 @@ use std::sync::{Mutex as StdMutex, OnceLock};
 use std::time::Duration;
 
 use super::notify::{Holding, Subscription};
-use super::Keys;
+use super::{Counter, Keys};
 use crate::backend::handoff::HandoffTicket;
 use crate::backend::Claim;
 use crate::sync::LockExt;
@@ -34,8 +34,9 @@ impl std::fmt::Debug for RedisTicket {
 
 impl RedisTicket {
     /// The claim's keys and owner token, named at its first call (a ticket serves one claim).
-    pub(super) fn keys(&self, claim: &Claim, client_id: &str) -> &Keys {
-        self.keys.get_or_init(|| Keys::new(claim, client_id))
+    pub(super) fn keys(&self, claim: &Claim, client_id: &str, counter: Counter) -> &Keys {
+        self.keys
+            .get_or_init(|| Keys::new(claim, client_id, counter))
     }
 
     /// Whether this is the claim's first acquire call (it may go by plain commands, see

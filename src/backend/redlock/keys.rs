@@ -1,7 +1,7 @@
 //! One lock's key names on every node (the single-node layout, Redlock's queues under names of
 //! their own) and the claim's owner token.
 
-use crate::backend::redis::{claim_token, kind_code, Keys as RedisKeys};
+use crate::backend::redis::{claim_token, kind_code, Counter, Keys as RedisKeys};
 use crate::backend::{Claim, LockKind};
 
 /// One lock's key names, the same on every node, and the claim's owner token: the single-node
@@ -33,7 +33,14 @@ impl Keys {
 
     pub(super) fn named(namespace: &str, key: &str, client_id: &str, claim_owner: &str) -> Self {
         Self {
-            names: RedisKeys::layout(namespace, key, client_id, claim_owner, "rq", "rw"),
+            names: RedisKeys::layout(
+                namespace,
+                key,
+                client_id,
+                claim_owner,
+                ("rq", "rw"),
+                Counter::Lock,
+            ),
             born: format!("{namespace}:born"),
         }
     }

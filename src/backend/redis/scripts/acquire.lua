@@ -13,11 +13,16 @@ client_clock(ARGV[7])
 local said = ARGV[8]
 local leads = said and '=' .. said
 
--- The path most calls take, two commands: nobody may be queued (the counter carries no mark,
--- so it counts on, and did not restart: a new counter has lost any mark the old one had) and
--- the key is free (SET NX). A token drawn for a key that turns out busy
--- is skipped: tokens only need to increase.
-local drawn, restarted = next_fence(fence, fence_ttl, true)
+-- The path most calls take, two or three commands: nobody may be queued (the counter carries
+-- no mark, so it counts on, and did not restart: a new counter has lost any mark the old one
+-- had; where counters carry no mark, `Q.marks`, the queue is looked at instead) and the key is
+-- free (SET NX). A token drawn for a key that turns out busy is skipped: tokens only need to
+-- increase.
+local drawn, restarted
+if Q.marks or redis.call('EXISTS', queue) == 0 then
+  drawn, restarted = next_fence(fence, fence_ttl, true)
+  restarted = restarted and Q.marks
+end
 if drawn and not restarted and redis.call('SET', lock, mutex_value(drawn, owner, false, nil, leads), 'NX', 'PX', ttl) then
   if said then
     leader_moved(lock)
@@ -96,7 +101,7 @@ if wait then
   if redis.call('ZADD', waiters, now + ttl, owner) == 1 then
     redis.call('RPUSH', queue, owner)
     tail = owner
-    if drawn then
+    if drawn and Q.marks then
       -- Unmarked until now (else INCR refused).
       mark_queued(fence, drawn, fence_ttl)
     end

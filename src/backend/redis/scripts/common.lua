@@ -40,8 +40,11 @@ local Q = {
   fence_floor = false,
   hint_always = false,
   -- Whether mutex waiters mark the fence key (see `mark_queued`): Redlock's acquire always
-  -- looks at its queue, so it keeps no mark.
+  -- looks at its queue, and a single server's counter serves a whole namespace (see
+  -- `plain.lua`), so neither keeps a mark; their acquires look at the queue instead.
   marks = true,
+  -- The fencing counter of the lock named `lock` (`<ns>:{<key>}`): its own, here.
+  fence_of = function(lock) return lock .. ':fence' end,
   fresh = function() end,
 }
 
@@ -83,11 +86,12 @@ end
 
 -- The release's keys and own arguments rebuilt from the two its coalesced form sends for each
 -- claim (`Part::sends`): the lock's name and the owner. The others' names are the lock's with
--- a suffix (`redis/keys.rs`): the queue, the waiters, the fencing counter, and the prefix of
--- the lock's channels, the release's second argument. `k` and `a` are changed in place.
+-- a suffix (`redis/keys.rs`): the queue, the waiters, and the prefix of the lock's channels,
+-- the release's second argument; the fencing counter is `Q.fence_of`'s. `k` and `a` are
+-- changed in place.
 local function release_widen(k, a)
   local lock = k[1]
-  k[2], k[3], k[4] = lock .. ':q', lock .. ':w', lock .. ':fence'
+  k[2], k[3], k[4] = lock .. ':q', lock .. ':w', Q.fence_of(lock)
   table.insert(a, 2, lock .. ':c:')
 end
 

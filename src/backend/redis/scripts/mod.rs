@@ -16,6 +16,8 @@ use super::script::{Args, Call, Part, Widen};
 /// What every script of the library starts with: the key layout, the queue policy `Q`, and the
 /// helpers every kind of lock uses.
 pub(crate) const COMMON_LUA: &str = include_str!("common.lua");
+/// The prelude's addition for a single server: one fencing counter per namespace.
+pub(crate) const PLAIN_LUA: &str = include_str!("plain.lua");
 /// The helpers of the read-write lock and semaphore scripts. Run by `EVALSHA`, a script
 /// carries only the helpers it uses (see [`Part`]): Redis runs the whole text at every call,
 /// so each helper defined is paid for by every call.
