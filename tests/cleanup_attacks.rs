@@ -1187,7 +1187,9 @@ async fn free_within(mutex: &distlock::Mutex, limit: Duration, what: &str) -> Du
 /// request is held up in the proxy (1.5 s), whose connection is then cut (the request lost
 /// with it) and comes back: the cleanup drives the call through its retry on the new
 /// connection and releases after it. Another client is granted the key within the claim's
-/// TTL (2 s) once the call has ended, and only fences are left.
+/// TTL (2 s) once the call has ended, and only fences are left. The namespace's counter is
+/// deleted first, so the plain pipeline takes the key but leaves the grant to the acquire
+/// script (a new counter restarts there): that call is the one held up, with the key held.
 #[tokio::test]
 async fn redis_cancelled_call_cut_mid_flight_is_released_after_its_retry() {
     let ns = test_namespace!();
@@ -1215,6 +1217,11 @@ async fn redis_cancelled_call_cut_mid_flight_is_released_after_its_retry() {
         b"acquire",
         Duration::from_millis(1500),
     );
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{ns}:fence"))
+        .query_async(&mut support::redis::connection(&server.url()).await)
+        .await
+        .unwrap();
     let cancelled = timeout(Duration::from_millis(50), a.mutex("k").lock()).await;
     assert!(cancelled.is_err(), "the acquire call is held up");
     sleep(Duration::from_millis(300)).await;
