@@ -79,10 +79,12 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
   local top = 0
 
   -- Keeps the counter at `top` at least: never below a token handed out, even if it expired.
-  -- A mark on it stays (see `mark_queued`).
+  -- A counter that expired restarts as at a grant (at server time: a single server's counter
+  -- serves every lock of the namespace, and the others' tokens may be above `top`), and a mark
+  -- on it stays (see `mark_queued`).
   local function lift_fence()
-    local f, mark = fence_parts(fence, redis.call('GET', fence))
-    if top > f then
+    if top > next_fence(fence, fence_ttl) then
+      local _, mark = fence_parts(fence, redis.call('GET', fence))
       redis.call('SET', fence, int(top) .. mark, 'PX', fence_ttl)
     end
   end
