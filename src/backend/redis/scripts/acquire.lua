@@ -73,16 +73,19 @@ if not m then
     return {-1, family_of(lock, queue)}
   end
   if not head or head == owner then
+    -- Queued ourselves (or others queued behind our unsettled hold): others may be queued
+    -- behind us.
+    local queued = head ~= nil or (settling ~= nil and settling.q)
+    local f
     if head then
+      -- Drawn before the claim leaves the queue (see `draw`).
+      f = draw(fence, fence_ttl, queued)
       redis.call('LPOP', queue)
       redis.call('ZREM', waiters, owner)
     else
       unmark(fence, fence_ttl)
     end
-    -- Queued ourselves (or others queued behind our unsettled hold): others may be queued
-    -- behind us.
-    local queued = head ~= nil or (settling ~= nil and settling.q)
-    local f = grant(lock, fence, owner, ttl, fence_ttl, told, queued, nil, leads)
+    f = grant(lock, fence, owner, ttl, fence_ttl, told, queued, f, leads)
     if said then
       leader_moved(lock)
     end

@@ -293,17 +293,25 @@ local function is_shared(base)
   return redis.pcall('HEXISTS', base, 't') == 1
 end
 
+-- The token of a mutex grant with waiters maybe `queued` behind it. A caller that takes its
+-- grantee off the queue draws it first: a counter that is not ours (not a number) then fails
+-- the call before it changed anything, and the waiter keeps its place.
+local function draw(fence, fence_ttl, queued)
+  local f, restarted = next_fence(fence, fence_ttl, false, queued and Q.marks)
+  if restarted and queued and Q.marks then
+    -- The counter's mark went with it; others may still wait behind this holder.
+    mark_queued(fence, f, fence_ttl)
+  end
+  return f
+end
+
 -- Makes `owner` the mutex's holder for `px` ms, with token `f` if the caller drew one (else
--- the next); `told` (if any: the w and wq of `next_told`) is kept on the hold, and `queued`
--- marks it as having waiters behind it. `tail` makes it an election's (see `mutex_value`).
+-- the next, see `draw`); `told` (if any: the w and wq of `next_told`) is kept on the hold, and
+-- `queued` marks it as having waiters behind it. `tail` makes it an election's (see
+-- `mutex_value`).
 local function grant(lock, fence, owner, px, fence_ttl, told, queued, f, tail)
   if not f then
-    local restarted
-    f, restarted = next_fence(fence, fence_ttl, false, queued and Q.marks)
-    if restarted and queued and Q.marks then
-      -- The counter's mark went with it; others may still wait behind this holder.
-      mark_queued(fence, f, fence_ttl)
-    end
+    f = draw(fence, fence_ttl, queued)
   end
   redis.call('SET', lock, mutex_value(f, owner, queued, told, tail), 'PX', px)
   return f
@@ -499,6 +507,7 @@ local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, pre
     -- Another kind of lock's queue.
     return false
   end
+  local f = draw(fence, fence_ttl, true)
   Q.pop(queue)
   redis.call('ZREM', waiters, head)
   local hint = needs_hint(told, told and told[2] == head, handoff_ttl)
@@ -507,7 +516,7 @@ local function hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, pre
   if election or is_candidate(head) then
     tail = '?'
   end
-  local f = grant(lock, fence, head, handoff_ttl, fence_ttl, hint and told or nil, true, nil, tail)
+  grant(lock, fence, head, handoff_ttl, fence_ttl, hint and told or nil, true, f, tail)
   announce(prefix, head, f, handoff_ttl)
   if hint then
     hint_next(prefix, queue, handoff_ttl)

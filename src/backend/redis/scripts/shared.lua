@@ -70,9 +70,10 @@ local function fits(base, holders, kind)
   return used + tonumber(kind) <= tonumber(redis.call('HGET', base, 'm'))
 end
 
--- Makes `owner` a holder of `kind` with a lease of `px` ms; returns its fencing token.
-local function add_holder(base, holders, fence, fence_ttl, owner, kind, px)
-  local f = next_fence(fence, fence_ttl)
+-- Makes `owner` a holder of `kind` with a lease of `px` ms, with token `f` if the caller drew
+-- one (else the next); returns its fencing token.
+local function add_holder(base, holders, fence, fence_ttl, owner, kind, px, f)
+  f = f or next_fence(fence, fence_ttl)
   redis.call('HSET', base, 'f:' .. owner, int(f))
   if kind == 'w' then
     redis.call('HSET', base, 'wr', owner)
@@ -105,9 +106,12 @@ local function grant_pass(base, holders, queue, waiters, fence, fence_ttl, hando
     if not fits(base, holders, kind) then
       break
     end
+    -- Drawn before the waiter leaves the queue: a counter that is not ours fails the call
+    -- before it changed anything.
+    local f = next_fence(fence, fence_ttl)
     Q.pop(queue)
     redis.call('ZREM', waiters, owner)
-    local f = add_holder(base, holders, fence, fence_ttl, owner, kind, handoff_ttl)
+    add_holder(base, holders, fence, fence_ttl, owner, kind, handoff_ttl, f)
     announce(prefix, owner, f, handoff_ttl)
     granted = true
     served_last = served_last or (told ~= nil and told[2] == head)
