@@ -14,8 +14,9 @@ use crate::backend::wire::kind_mismatch;
 use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::error::{Error, ErrorKind, Result};
 
-/// How long the fencing counter of an unused key lives. After it expires, the next grant starts
-/// from server time in microseconds, which is larger than any token handed out before. (Where
+/// How long a fencing counter lives: a lock's (Cluster, Sentinel) an hour past its last use, a
+/// single server's namespace counter an hour past its start. After it expires, the next grant
+/// starts from server time in microseconds, which is larger than any token handed out before. (Where
 /// the client's clock lifts tokens, on Cluster and Sentinel, it lifts them at most half of this
 /// above the server's clock, so that still holds: see `next_fence` in `scripts/common.lua`.)
 pub(crate) const FENCE_TTL: Duration = Duration::from_secs(3600);
