@@ -174,7 +174,7 @@ async fn tampered_counter_many_keys_no_overlap_tokens_increase() {
                         }
                         sleep(Duration::from_millis((n >> 20) % 20)).await;
                         seen[key].lock().unwrap().held = false;
-                        if w % 3 == 2 && (n >> 40) % 3 == 0 {
+                        if w % 3 == 2 && (n >> 40).is_multiple_of(3) {
                             // Abandoned: its lease (800 ms, never renewed) runs out.
                             std::mem::forget(g);
                         } else {
@@ -579,72 +579,64 @@ async fn expire_counters(url: &str, ns: &str) {
 
 /// force_release of a key held since early in the counter's life, at a moment the counter has
 /// expired (an hour after it started, busy or not): another key's tokens must not go back.
-/// force_release lifts the counter to the released hold's token (`lift_fence`); with one counter
-/// per namespace that sets it below tokens other keys drew since.
+/// (force_release lifted a missing counter to the released hold's token, `lift_fence`; with one
+/// counter per namespace that set it below tokens other keys drew since.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_release_after_counter_expiry_keeps_other_keys_tokens_increasing() {
-    let ns = test_namespace!();
+    force_release_after_counter_expiry(test_namespace!(), false).await;
+}
+
+/// The same with a read-write lock's holder force-released (its token lifts the counter) and a
+/// semaphore on the other key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_rw_after_counter_expiry_keeps_other_keys_tokens_increasing() {
+    force_release_after_counter_expiry(test_namespace!(), true).await;
+}
+
+/// x held (a mutex, or with `rw` a read-write lock's writer), y taken and released five times
+/// (a mutex, or a semaphore), the counter expired, x force-released: y's next token is above
+/// its last.
+async fn force_release_after_counter_expiry(ns: String, rw: bool) {
     let url = shared_redis().url();
     let ttl = Duration::from_secs(5);
     let a = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
     let b = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    // x's grant goes by the script (the counter is new), which records its token on the hold.
-    cmd(&url, &["DEL", &format!("{ns}:fence")]).await;
-    let x = a.mutex("x").lock().await.unwrap();
-    let tx = x.fencing_token();
+    let (tx, x): (u64, Box<dyn std::any::Any + Send>) = if rw {
+        let x = a.rw_lock("x").write().await.unwrap();
+        (x.fencing_token(), Box::new(x))
+    } else {
+        // x's grant goes by the script (the counter is new), which records its token on the
+        // hold.
+        cmd(&url, &["DEL", &format!("{ns}:fence")]).await;
+        let x = a.mutex("x").lock().await.unwrap();
+        (x.fencing_token(), Box::new(x))
+    };
+    let y = || async {
+        if rw {
+            let g = b.semaphore("y", 2).acquire().await.unwrap();
+            let t = g.fencing_token();
+            g.release().await.unwrap();
+            t
+        } else {
+            let g = b.mutex("y").lock().await.unwrap();
+            let t = g.fencing_token();
+            g.release().await.unwrap();
+            t
+        }
+    };
     let mut y_last = 0;
     for _ in 0..5 {
-        let g = b.mutex("y").lock().await.unwrap();
-        y_last = g.fencing_token();
-        g.release().await.unwrap();
+        y_last = y().await;
     }
     expire_counters(&url, &ns).await;
     let forced = b.force_release("x").await.unwrap();
     let fence = cmd(&url, &["GET", &format!("{ns}:fence")]).await;
-    eprintln!(
-        "counter after force_release: {fence:?} keys {:?}",
-        keys_in(&url, &ns).await
-    );
-    let g = b.mutex("y").lock().await.unwrap();
-    let ty = g.fencing_token();
-    g.release().await.unwrap();
+    eprintln!("counter after force_release: {fence:?}");
+    let ty = y().await;
     drop(x);
     a.shutdown().await;
     b.shutdown().await;
     eprintln!("x held with {tx}; y's last {y_last}; force_release(x) {forced:?}; then y got {ty}");
-    assert!(
-        ty > y_last,
-        "y's token went back: {y_last} then {ty} (x's was {tx})"
-    );
-}
-
-/// The same with a read-write lock's holder force-released: its token lifts the counter.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_release_rw_after_counter_expiry_keeps_other_keys_tokens_increasing() {
-    let ns = test_namespace!();
-    let url = shared_redis().url();
-    let ttl = Duration::from_secs(5);
-    let a = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    let b = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    let x = a.rw_lock("x").write().await.unwrap();
-    let tx = x.fencing_token();
-    let mut y_last = 0;
-    for _ in 0..5 {
-        let g = b.semaphore("y", 2).acquire().await.unwrap();
-        y_last = g.fencing_token();
-        g.release().await.unwrap();
-    }
-    expire_counters(&url, &ns).await;
-    b.force_release("x").await.unwrap();
-    let fence = cmd(&url, &["GET", &format!("{ns}:fence")]).await;
-    eprintln!("counter after force_release: {fence:?}");
-    let g = b.semaphore("y", 2).acquire().await.unwrap();
-    let ty = g.fencing_token();
-    g.release().await.unwrap();
-    drop(x);
-    a.shutdown().await;
-    b.shutdown().await;
-    eprintln!("x (write) held with {tx}; y's last {y_last}; then y got {ty}");
     assert!(
         ty > y_last,
         "y's token went back: {y_last} then {ty} (x's was {tx})"
