@@ -55,6 +55,9 @@ local function downgrade(base, holders, queue, waiters, fence, owner, ttl, fence
     keep(holders, 2 * ttl)
     return {1, tonumber(redis.call('HGET', base, 'f:' .. owner))}
   end
+  -- A counter that is not ours fails the call here, before it changed anything (the grant
+  -- pass below draws from it).
+  fence_parts(fence, redis.call('GET', fence))
   redis.call('HDEL', base, 'wr')
   redis.call('ZADD', holders, clock() + ttl, owner)
   keep(base, 2 * ttl)
@@ -77,13 +80,15 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
   local family = family_of(base, queue) or ''
   local removed = {}
   local top = 0
+  -- A counter that is not ours fails the call here, before any holder is dropped.
+  fence_parts(fence, redis.call('GET', fence))
 
   -- Keeps the counter at `top` at least: never below a token handed out, even if it expired.
   -- A counter that expired restarts as at a grant (at server time: a single server's counter
-  -- serves every lock of the namespace, and the others' tokens may be above `top`), and a mark
-  -- on it stays (see `mark_queued`).
-  local function lift_fence()
-    if top > next_fence(fence, fence_ttl) then
+  -- serves every lock of the namespace, and the others' tokens may be above `top`), marked
+  -- again for a mutex (`queued`: its waiters stay queued, see `draw`); a mark on it stays.
+  local function lift_fence(queued)
+    if top > draw(fence, fence_ttl, queued) then
       local _, mark = fence_parts(fence, redis.call('GET', fence))
       redis.call('SET', fence, int(top) .. mark, 'PX', fence_ttl)
     end
@@ -97,7 +102,7 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
       -- is above it already.
       removed = {m.o, m.t and 'l' or 'x', m.f or '', left}
       top = tonumber(m.f) or 0
-      lift_fence()
+      lift_fence(true)
       if not hand_off(base, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, told_of(m),
                       m.t) then
         redis.call('DEL', base)
@@ -121,7 +126,7 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
       end
       drop_holder(base, holders, owner)
     end
-    lift_fence()
+    lift_fence(false)
     if redis.call('EXISTS', base) == 1 then
       purge(base, holders)
       grant_pass(base, holders, queue, waiters, fence, fence_ttl, handoff_ttl, prefix)
