@@ -580,3 +580,32 @@ async fn cluster_force_release_mutex_garbage_counter_is_all_or_nothing() {
     let p = cluster_primary("k");
     force_release_mutex_garbage(&url, &p, &ns, &format!("{ns}:{{k}}:fence")).await;
 }
+
+/// force_release of a key nobody holds or waits for, with the counter not ours (on a single
+/// server one bad `<ns>:fence` is every lock's): it answers "free", as it did before the
+/// counter was checked first (a check that failed it was a regression of the fix above, caught
+/// by a third review).
+async fn force_release_free_garbage(url: &str, primary: &str, ns: &str, fence: &str) {
+    let op = client(url, ns, Duration::from_secs(3), true).await;
+    cmd(primary, &["SET", fence, "abc"]).await;
+    let r = op.force_release("k").await;
+    cmd(primary, &["DEL", fence]).await;
+    op.shutdown().await;
+    let r = r.expect("force_release of a free key failed");
+    assert!(r.removed.is_empty(), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_force_release_free_key_garbage_counter() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    force_release_free_garbage(&url, &url, &ns, &format!("{ns}:fence")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_force_release_free_key_garbage_counter() {
+    let ns = test_namespace!();
+    let url = shared_cluster().url();
+    let p = cluster_primary("k");
+    force_release_free_garbage(&url, &p, &ns, &format!("{ns}:{{k}}:fence")).await;
+}

@@ -80,8 +80,6 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
   local family = family_of(base, queue) or ''
   local removed = {}
   local top = 0
-  -- A counter that is not ours fails the call here, before any holder is dropped.
-  fence_parts(fence, redis.call('GET', fence))
 
   -- Keeps the counter at `top` at least: never below a token handed out, even if it expired.
   -- A counter that expired restarts as at a grant (at server time: a single server's counter
@@ -112,6 +110,9 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
       end
     end
   elseif family ~= '' then
+    -- A counter that is not ours fails the call here, before any holder is dropped (a mutex's
+    -- fails at `lift_fence`, before it changed anything; a free key's needs no counter).
+    fence_parts(fence, redis.call('GET', fence))
     local writer = redis.call('HGET', base, 'wr')
     local all = redis.call('ZRANGE', holders, 0, -1, 'WITHSCORES')
     for i = 1, #all, 2 do
