@@ -203,8 +203,9 @@ async fn cluster_force_release_keeps_fifo_control() {
     );
 }
 
-/// The per-lock counter deleted before force_release on a Cluster: the handoff to W1 leaves
-/// W2 queued behind an unmarked counter, and a newcomer takes k past W2 once W1's lease ends.
+/// The per-lock counter deleted before force_release on a Cluster: the handoff to W1 must
+/// leave the restarted counter marked for W2, still queued, so that a newcomer does not take k
+/// past W2 once W1's lease ends (it did, 12/12, before the restarted counter was marked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_force_release_after_counter_del_keeps_fifo() {
     let ns = test_namespace!();
