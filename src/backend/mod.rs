@@ -37,6 +37,7 @@ mod hub;
 mod leader;
 #[cfg(feature = "memory")]
 pub mod memory;
+mod owner;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -171,7 +172,7 @@ pub struct Claim {
 /// The part of a [`Claim`] its clones share.
 struct ClaimState {
     /// The owner token, a hyphenated UUID (ASCII).
-    owner: [u8; uuid::fmt::Hyphenated::LENGTH],
+    owner: Owner,
     /// The lease length asked for, in nanoseconds: a guard's `extend(ttl)` changes it for its
     /// own renewals.
     ttl: AtomicU64,
@@ -188,9 +189,8 @@ impl Claim {
         ttl: Duration,
         kind: LockKind,
         backend: &'static str,
+        owner: Owner,
     ) -> Self {
-        let mut owner = [0; uuid::fmt::Hyphenated::LENGTH];
-        uuid::Uuid::new_v4().hyphenated().encode_lower(&mut owner);
         Self {
             namespace,
             key,
@@ -223,7 +223,9 @@ impl Claim {
         &self.key
     }
 
-    /// The owner token: a random v4 UUID in lowercase hyphenated form, unique to this claim.
+    /// The owner token: a v4 UUID in lowercase hyphenated form, unique to this claim. Its bits
+    /// come from the client's key, drawn from the operating system once, and a counter: no two
+    /// claims share one, within a client or across clients, as with random v4 UUIDs.
     /// Servers compare it before extending or deleting anything.
     pub fn owner(&self) -> &str {
         std::str::from_utf8(&self.state.owner).unwrap_or_default()
@@ -764,6 +766,7 @@ pub(crate) const MIN_RENEW_CALL: Duration = Duration::from_millis(50);
 
 pub(crate) use self::erased::{AnyTicket, DynBackend};
 pub use self::leader::{Leader, LeaderWatch};
+pub(crate) use self::owner::{Owner, Owners};
 
 #[cfg(test)]
 mod tests {
@@ -774,7 +777,8 @@ mod tests {
     #[tokio::test]
     async fn the_lost_signal_wakes_every_watcher_once_and_later_ones_at_once() {
         let (ns, key, ttl) = ("ns".into(), "k".into(), Duration::from_secs(1));
-        let claim = Claim::new(ns, key, ttl, LockKind::Exclusive, "memory");
+        let owner = super::Owners::default().next();
+        let claim = Claim::new(ns, key, ttl, LockKind::Exclusive, "memory", owner);
         let watchers: Vec<_> = (0..3)
             .map(|_| {
                 let signal = claim.lost_signal().clone();

@@ -160,6 +160,7 @@ pub(crate) async fn acquire(
         ttl,
         kind,
         client.backend.name(),
+        client.owners.next(),
     );
     if let Some(value) = value {
         claim = claim.with_value(value);

@@ -404,7 +404,15 @@ mod tests {
     use crate::backend::LockKind;
 
     fn lease(ttl: Duration) -> Lease {
-        let claim = Claim::new("ns".into(), "k".into(), ttl, LockKind::Exclusive, "memory");
+        let owner = crate::backend::Owners::default().next();
+        let claim = Claim::new(
+            "ns".into(),
+            "k".into(),
+            ttl,
+            LockKind::Exclusive,
+            "memory",
+            owner,
+        );
         Lease::new(0, claim, Box::new(()), default_drift)
     }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::runtime::{Handle, Id as RuntimeId, RuntimeFlavor};
 use tokio::sync::{oneshot, watch};
 
-use crate::backend::DynBackend;
+use crate::backend::{DynBackend, Owners};
 use crate::error::{Error, Result};
 
 use self::acquire::AcquireCall;
@@ -55,6 +55,8 @@ pub(crate) struct Core {
     pending: Arc<Pending>,
     closed: watch::Sender<bool>,
     pub(crate) ids: LeaseIds,
+    /// The owner tokens of this client's claims.
+    pub(crate) owners: Owners,
     /// Where blocking calls run.
     pub(crate) blocking: blocking::Blocking,
     /// Leases whose release task went, unrun, with its runtime, where no other runtime was at
@@ -78,6 +80,7 @@ impl Core {
             pending: Arc::default(),
             closed: watch::Sender::new(false),
             ids: LeaseIds::default(),
+            owners: Owners::default(),
             blocking: blocking::Blocking::capture(),
             unreleased: StdMutex::default(),
         }

@@ -119,6 +119,7 @@ mod tests {
             Duration::from_secs(10),
             LockKind::Exclusive,
             "redis",
+            crate::backend::Owners::default().next(),
         )
     }
 
