@@ -82,16 +82,12 @@ impl Target {
         deadline: Option<tokio::time::Instant>,
     ) -> impl Future<Output = Result<Held>> + Send + 'static {
         let (core, key) = (self.core.clone(), self.key.clone());
-        let acquire = acquire(
-            core.clone(),
-            key.clone(),
-            self.ttl(),
-            (kind, self.value.clone()),
-            mode,
-        );
+        let (ttl, value) = (self.ttl(), self.value.clone());
         let span = tracing::debug_span!("distlock.acquire", key = %key, ?kind);
         async move {
             let started = std::time::Instant::now();
+            // Made here, not captured: a future captured, then awaited, is stored twice.
+            let acquire = acquire(core.clone(), key.clone(), ttl, (kind, value), mode);
             let outcome = match deadline {
                 Some(at) => tokio::time::timeout_at(at, acquire)
                     .await
@@ -229,7 +225,8 @@ pub(crate) async fn acquire(
                 return Err(Error::would_block(lease.claim.key()));
             }
             Attempt::Queued { recheck_at } => {
-                let woke = tokio::select! {
+                // Boxed: most locks never wait, and this would make every lock's future larger.
+                let woke = Box::pin(async { tokio::select! {
                     woke = backend.wait(&lease.claim, &lease.ticket, recheck_at) => woke,
                     // A queue renewal found the claim holding the lock (its grant message was
                     // lost): ask the server, which confirms it.
@@ -237,8 +234,8 @@ pub(crate) async fn acquire(
                         tracing::debug!(key = lease.claim.key(), "a renewal found the claim granted");
                         Ok(None)
                     }
-                    _ = closed.wait_for(|closed| *closed) => return Err(Error::closed()),
-                };
+                    _ = closed.wait_for(|closed| *closed) => Err(Error::closed()),
+                }}).await;
                 let next = match woke {
                     Ok(Some(grant)) if !nearly_over(&grant, ttl, client.config.drift) => {
                         Ok(Attempt::Granted(grant))
