@@ -157,7 +157,10 @@ impl Commands {
         &self,
         inv: &impl Request,
     ) -> std::result::Result<T, Failure> {
-        match tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv)).await {
+        // Boxed: every layer above would carry it, and the futures of a lock's calls, boxed
+        // whole where the backend's type is erased, would pass the 1 KiB that glibc serves from
+        // its per-thread cache; a larger block takes the allocator's shared lock.
+        match Box::pin(tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv))).await {
             Ok(reply) => reply,
             Err(_) => {
                 // A primary that stopped answering (paused, cut off) may have been
