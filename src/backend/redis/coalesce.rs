@@ -27,7 +27,6 @@
 //! Coalescing is off on a Cluster (one call's keys must share a slot, and a busy service's keys
 //! rarely do) and where scripts go by `EVALSHA`.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -56,7 +55,7 @@ type Reply = Result<(Value, bool, Instant)>;
 
 /// The lanes of one backend, by script name.
 pub(super) struct Coalescer {
-    lanes: Mutex<HashMap<&'static str, Lane>>,
+    lanes: Mutex<Lanes>,
     /// The runtime the backend was built in (its connections' tasks run there): queued calls
     /// are sent from a task on it, not on the runtime of whichever caller went first, which may
     /// be shut down with the task unrun.
@@ -73,6 +72,33 @@ impl Coalescer {
     }
 }
 
+/// The lanes of one backend, by script name: a few at most, so a list, searched without
+/// hashing the name at every call.
+#[derive(Default)]
+struct Lanes(Vec<(&'static str, Lane)>);
+
+impl Lanes {
+    /// The lane of `name`, made if there is none.
+    fn entry(&mut self, name: &'static str) -> &mut Lane {
+        let i = self
+            .0
+            .iter()
+            .position(|(n, _)| *n == name)
+            .unwrap_or_else(|| {
+                self.0.push((name, Lane::default()));
+                self.0.len() - 1
+            });
+        &mut self.0[i].1
+    }
+
+    fn get_mut(&mut self, name: &str) -> Option<&mut Lane> {
+        self.0
+            .iter_mut()
+            .find(|(n, _)| *n == name)
+            .map(|(_, lane)| lane)
+    }
+}
+
 /// The calls of one script waiting to be sent, and whether a call is out.
 #[derive(Default)]
 struct Lane {
@@ -84,23 +110,27 @@ struct Lane {
 }
 
 impl RedisBackend {
-    /// Runs `call` like [`Commands::invoke_noting_doubt`](super::commands::Commands), coalesced
-    /// with the calls of the same script this backend has in flight at the same moment.
+    /// Runs the call `build` makes like
+    /// [`Commands::invoke_noting_doubt`](super::commands::Commands), coalesced with the calls of
+    /// the same script this backend has in flight at the same moment. A queued call's parts
+    /// move to its lane; `build` makes it again in the rare case it must go alone after all.
     ///
     /// # Cancel safety
     /// Once this has queued the call, dropping it does not unsend it: the call goes out with
     /// its batch, and its reply is dropped. Except an acquire still queued: dropped, it is left
     /// out of its batch (its only owner, an acquisition's cleanup, drops it only to release).
-    pub(super) async fn invoke_coalesced<T: FromRedisValue + Send>(
-        &self,
+    pub(super) async fn invoke_coalesced<'a, T: FromRedisValue + Send>(
+        &'a self,
         what: &'static str,
-        call: &Call<'_>,
+        build: impl Fn() -> Call<'a>,
     ) -> Result<(T, bool, Instant)> {
+        let call = build();
         let mut next = None;
-        if let Some(name) = call.coalescible().filter(|_| !self.inner.cluster) {
-            let waiting = {
+        let go = match call.coalescible().filter(|_| !self.inner.cluster) {
+            None => Go::Alone(call),
+            Some(name) => {
                 let mut lanes = self.inner.coalescer.lanes.locked();
-                let lane = lanes.entry(name).or_default();
+                let lane = lanes.entry(name);
                 let at = At {
                     backend: self,
                     what,
@@ -116,23 +146,29 @@ impl RedisBackend {
                     } else {
                         None
                     };
-                    lane.queued.extend(call.parts().map(|parts| (parts, tx)));
-                    Some((rx, watch))
+                    // Moved, not copied: most calls of a busy client queue.
+                    lane.queued
+                        .extend(call.into_parts().map(|parts| (parts, tx)));
+                    Go::Queued(rx, watch)
                 } else {
                     // Nothing out: this call goes at once, alone, and the calls that queue
                     // behind it meanwhile go as one when it is answered (or dropped, or
                     // passed over).
                     lane.sending = true;
                     next = Some(Turn(at));
-                    None
+                    Go::Alone(call)
                 }
-            };
-            if let Some((rx, watch)) = waiting {
+            }
+        };
+        let call = match go {
+            Go::Alone(call) => call,
+            Go::Queued(rx, watch) => {
                 let Some(reply) = queued(rx, watch).await else {
                     // The lane's sending task ended before it answered (its runtime shut down
-                    // with the call queued or out): the call goes alone, from this caller's
-                    // runtime, in doubt (its batch may have run).
-                    let alone = Box::pin(self.inner.commands.invoke_noting_doubt(what, call));
+                    // with the call queued or out): the call goes alone, made again, from this
+                    // caller's runtime, in doubt (its batch may have run).
+                    let call = build();
+                    let alone = Box::pin(self.inner.commands.invoke_noting_doubt(what, &call));
                     let alone = alone.await;
                     return alone.map(|(value, _, sent)| (value, true, sent));
                 };
@@ -140,8 +176,8 @@ impl RedisBackend {
                 let value = T::from_redis_value(value).map_err(|e| redis_error(what, e.into()))?;
                 return Ok((value, in_doubt, sent));
             }
-        }
-        let reply = self.inner.commands.invoke_noting_doubt(what, call).await;
+        };
+        let reply = self.inner.commands.invoke_noting_doubt(what, &call).await;
         drop(next);
         reply
     }
@@ -404,6 +440,13 @@ impl Drop for Unsent {
         // Outside the lock: the senders' receivers wake.
         drop(dropped);
     }
+}
+
+/// Where a call goes: alone (nothing was out, or it cannot be coalesced), or queued behind the
+/// call out, with its reply to come.
+enum Go<'a> {
+    Alone(Call<'a>),
+    Queued(oneshot::Receiver<Reply>, Option<Watch<'a>>),
 }
 
 /// A call sent alone, holding the lane: once it is answered or dropped, sends what queued

@@ -96,8 +96,7 @@ impl RedisBackend {
         ticket.handoff.set(None);
         ticket.set_holding(None);
         let election = claim.kind() == LockKind::Leader;
-        // In a block: what the call is built from is not kept across its await.
-        let inv = {
+        let build = || {
             let release = Release {
                 keys: self.keys_of(ticket, claim),
                 handoff_ttl: self.inner.handoff_ttl,
@@ -112,12 +111,13 @@ impl RedisBackend {
             }
         };
         let (held, in_doubt, _): (i64, bool, Instant) = if election {
+            let inv = build();
             self.inner
                 .commands
                 .invoke_noting_doubt("release", &inv)
                 .await?
         } else {
-            self.invoke_coalesced("release", &inv).await?
+            self.invoke_coalesced("release", build).await?
         };
         Ok(released(usize::from(held == 1), usize::from(in_doubt), 1))
     }
@@ -145,26 +145,29 @@ impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
         // Only a candidate's value is read (a mutex's acquire takes no lock for it).
         let value = (claim.kind() == LockKind::Leader).then(|| claim.value());
         let leads = value.as_deref();
-        let acquire = Acquire {
-            keys,
-            ttl: claim.ttl(),
-            wait,
-            handoff_ttl: backend.inner.handoff_ttl,
-            leads,
-        };
-        let inv = match Shared::of(claim.kind()) {
-            Some(shared) => backend.call(&AcquireShared {
-                acquire,
-                kind: &shared.kind,
-                permits: shared.max,
-            }),
-            None => backend.call(&acquire),
+        let ttl = claim.ttl();
+        let build = || {
+            let acquire = Acquire {
+                keys,
+                ttl,
+                wait,
+                handoff_ttl: backend.inner.handoff_ttl,
+                leads,
+            };
+            match Shared::of(claim.kind()) {
+                Some(shared) => backend.call(&AcquireShared {
+                    acquire,
+                    kind: &shared.kind,
+                    permits: shared.max,
+                }),
+                None => backend.call(&acquire),
+            }
         };
         let (reply, _, sent): (Vec<::redis::Value>, bool, Instant) = if leads.is_some() {
-            let commands = &backend.inner.commands;
+            let (commands, inv) = (&backend.inner.commands, build());
             commands.invoke_noting_doubt("acquire", &inv).await?
         } else {
-            backend.invoke_coalesced("acquire", &inv).await?
+            backend.invoke_coalesced("acquire", build).await?
         };
         let (code, value, server_ms) = parse_acquire(claim, &reply)?;
         if code == 1 {

@@ -318,7 +318,7 @@ impl Library {
                 && c.keys.len() == nk
                 && c.args.len() == na
                 && !c.clock.is_some_and(|i| (sent..own).contains(&i))
-                && c.args.iter().skip(own).eq(first.args.iter().skip(own))
+                && c.args.tail_eq(&first.args, own)
         });
         fits.then_some((script, own))
     }
@@ -425,13 +425,13 @@ impl<'a> Call<'a> {
         many.then_some(script.name)
     }
 
-    /// The call's parts, owned, if it is [`coalescible`](Self::coalescible).
-    pub(crate) fn parts(&self) -> Option<Parts> {
+    /// The call's parts, if it is [`coalescible`](Self::coalescible).
+    pub(crate) fn into_parts(self) -> Option<Parts> {
         Some(Parts {
             name: self.coalescible()?,
-            keys: self.keys.clone(),
-            args: self.args.clone(),
             clock: self.clocks.first().copied(),
+            keys: self.keys,
+            args: self.args,
         })
     }
 
@@ -707,7 +707,7 @@ mod tests {
         )));
         let functions = super::Functions::new(library);
         let functions = Some(&functions);
-        let parts = |s: Sharing| library.call(functions, &s).parts().unwrap();
+        let parts = |s: Sharing| library.call(functions, &s).into_parts().unwrap();
         let (a, b) = (parts(Sharing("a", 9)), parts(Sharing("b", 9)));
         // nk, own, shared, claims; the own arguments in turn; the shared ones once.
         sends_a_then_b(&library.call_many(functions, &[&a, &b]).unwrap());
@@ -748,7 +748,7 @@ mod tests {
         assert!(library.code.contains("ARGV, nil, widen)"));
         let functions = super::Functions::new(library);
         let functions = Some(&functions);
-        let parts = |s: Widened| library.call(functions, &s).parts().unwrap();
+        let parts = |s: Widened| library.call(functions, &s).into_parts().unwrap();
         let (a, b) = (parts(Widened("a")), parts(Widened("b")));
         // nk 1, own 1 (of 2), shared 2, claims; each claim's first own argument; the shared.
         sends_a_then_b(&library.call_many(functions, &[&a, &b]).unwrap());
@@ -763,8 +763,8 @@ mod tests {
             &[Clocked::SCRIPT],
         ))));
         let functions = Some(&functions);
-        let one = library.call(functions, &Clocked).parts().unwrap();
-        let two = library.call(functions, &Clocked).parts().unwrap();
+        let one = library.call(functions, &Clocked).into_parts().unwrap();
+        let two = library.call(functions, &Clocked).into_parts().unwrap();
         let call = library.call_many(functions, &[&one, &two]).unwrap();
         assert!(call.script.is_some_and(|s| s.many));
         assert_eq!(call.keys.to_vecs(), vec![b"k".to_vec(), b"k".to_vec()]);
@@ -781,6 +781,6 @@ mod tests {
         );
         assert_eq!(call.clocks, vec![5, 7]);
         // By EVALSHA every call goes alone.
-        assert!(library.call(None, &Clocked).parts().is_none());
+        assert!(library.call(None, &Clocked).into_parts().is_none());
     }
 }

@@ -43,6 +43,25 @@ impl Strings {
             .map(|(start, end)| self.bytes.get(start..end).unwrap_or_default())
     }
 
+    /// Whether the strings from the `from`-th on are those of `other` from its `from`-th on
+    /// (both empty if either has no more than `from`).
+    pub(crate) fn tail_eq(&self, other: &Strings, from: usize) -> bool {
+        let start = |s: &Strings| match from.checked_sub(1) {
+            None => Some(0),
+            Some(i) => s.ends.get(i).copied(),
+        };
+        let (Some(a), Some(b)) = (start(self), start(other)) else {
+            return self.len() <= from && other.len() <= from;
+        };
+        let (ends_a, ends_b) = (
+            self.ends.get(from..).unwrap_or_default(),
+            other.ends.get(from..).unwrap_or_default(),
+        );
+        self.bytes.get(a..) == other.bytes.get(b..)
+            && ends_a.len() == ends_b.len()
+            && ends_a.iter().zip(ends_b).all(|(x, y)| x - a == y - b)
+    }
+
     /// The strings, each in its own `Vec` (for tests).
     #[cfg(test)]
     pub(crate) fn to_vecs(&self) -> Vec<Vec<u8>> {
@@ -136,5 +155,38 @@ mod tests {
         assert_eq!(t.to_vecs()[0], b"x".to_vec());
         assert_eq!(t.to_vecs()[1..], s.to_vecs()[..]);
         assert_eq!(t.size(), 1 + s.size());
+    }
+
+    #[test]
+    fn tails_are_equal_exactly_when_their_strings_are() {
+        let of = |parts: &[&[u8]]| {
+            let mut s = Strings::default();
+            parts.iter().for_each(|p| s.push(p));
+            s
+        };
+        let slow =
+            |a: &Strings, b: &Strings, from: usize| a.iter().skip(from).eq(b.iter().skip(from));
+        let samples = [
+            of(&[b"k1", b"owner", b"ab", b"c"]),
+            of(&[b"key2", b"o", b"ab", b"c"]),
+            of(&[b"key2", b"o", b"a", b"bc"]),
+            of(&[b"key2", b"o", b"abc", b""]),
+            of(&[b"k1", b"owner", b"ab"]),
+            of(&[b"k1"]),
+            of(&[]),
+        ];
+        for a in &samples {
+            for b in &samples {
+                for from in 0..6 {
+                    assert_eq!(
+                        a.tail_eq(b, from),
+                        slow(a, b, from),
+                        "{:?} / {:?} from {from}",
+                        a.to_vecs(),
+                        b.to_vecs()
+                    );
+                }
+            }
+        }
     }
 }
