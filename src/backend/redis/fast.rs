@@ -20,7 +20,8 @@
 //! - The token is one `next_fence` started (at least `FENCE_LOW`): a counter `INCR` just made
 //!   (the last one expired) restarts at server time in the script. Such a counter has no
 //!   expiry until the script starts it; a claim dropped in between leaves it so, and the next
-//!   acquire of the namespace restarts it (one key per namespace at most).
+//!   acquire of the namespace restarts it (one key per namespace at most). Nor is it past
+//!   `FENCE_HIGH`, where the script fails the claim (a counter set by hand).
 //! - The reply came within half the TTL of the request. Tokens must increase in the order of
 //!   the grants, and `INCR` runs just after the `SET` that granted, so an earlier holder's
 //!   token could only be the larger if its own `INCR` ran after its hold expired: after its
@@ -47,6 +48,11 @@ use crate::error::Result;
 /// The least token `next_fence` hands out (`FENCE_LOW` in `scripts/common.lua`): below it, a
 /// counter was made by `INCR` alone.
 const FENCE_LOW: i64 = 1 << 40;
+
+/// Tokens from here on (2^53) are past what the scripts count exactly (`FENCE_HIGH` in
+/// `scripts/common.lua`): such a counter was set by hand, and the script fails the claim with
+/// an error that says so.
+const FENCE_HIGH: i64 = 1 << 53;
 
 /// What the pipeline found.
 pub(super) enum Fast {
@@ -98,7 +104,8 @@ fn read(claim: &Claim, reply: &[Value], sent: Instant, now: Instant) -> Fast {
     match reply {
         [Value::Nil, ..] => Fast::Busy,
         [Value::Okay | Value::SimpleString(_), Value::Int(fence), Value::Int(0)]
-            if *fence >= FENCE_LOW && now.saturating_duration_since(sent) < claim.ttl() / 2 =>
+            if (FENCE_LOW..FENCE_HIGH).contains(fence)
+                && now.saturating_duration_since(sent) < claim.ttl() / 2 =>
         {
             granted("redis", claim, *fence, sent).map_or(Fast::Settle, Fast::Granted)
         }

@@ -136,6 +136,11 @@ end
 -- such a grant here to be lifted), so it restarts at server time like a new one.
 local FENCE_LOW = 1099511627776
 
+-- A counter at or above this (2^53) is past the numbers Lua counts exactly (it has doubles
+-- only): `f + 1` would give `f` again, or wrap in the reply. Only a counter set by hand gets
+-- there (server time in µs, from which counters start, passes it in the year 2255).
+local FENCE_HIGH = 9007199254740992
+
 -- The next fencing token: one more than the last; a new counter (the old one expired, which
 -- it does `fence_ttl` after it was created, or one below `FENCE_LOW`) starts at server time in
 -- microseconds. Grants come
@@ -177,6 +182,11 @@ local function next_fence(fence, fence_ttl, unmarked, marked)
       f, mark = fence_parts(fence, redis.call('GET', fence))
       f = f + 1
     end
+  end
+  if f >= FENCE_HIGH then
+    error({err = 'distlock: the fencing counter ' .. fence .. ' is past 2^53, where tokens '
+      .. 'cannot grow by one any more (it was set by hand?); delete it to restart it at '
+      .. 'server time'})
   end
   local restarted = f < FENCE_LOW
   local lifted = false
