@@ -2,11 +2,12 @@
 //! debugging recorder: acquisitions by outcome, wait and hold histograms, losses, renewals.
 #![cfg(all(feature = "metrics", feature = "memory"))]
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use distlock::backend::MemoryBackend;
 use distlock::LockClient;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
 
 /// One snapshot, taken once: taking it drains the histograms.
@@ -56,13 +57,23 @@ fn samples(snap: &Seen, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
         .collect()
 }
 
+/// This test binary's global recorder, installed by whichever test comes first: the metrics'
+/// descriptions go once, at the first client built, to the recorder installed then.
+fn global() -> &'static Snapshotter {
+    static GLOBAL: OnceLock<Snapshotter> = OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this test binary");
+        snapshotter
+    })
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_scripted_run_records_what_happened() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
+    let snapshotter = global();
 
     let backend = MemoryBackend::new();
     let client = LockClient::builder(backend.clone())
@@ -167,4 +178,42 @@ async fn a_scripted_run_records_what_happened() {
     let renewals = samples(&snap, "distlock_renewal_seconds", &[("backend", "memory")]);
     assert!(renewals.len() >= 2, "{renewals:?}");
     assert_eq!(counter(&snap, "distlock_renewal_failures_total", &[]), 0);
+}
+
+/// The metrics go to the recorder in use when they are recorded, not to the one in use when the
+/// client was built: a recorder set for this thread after the client exists gets every value.
+#[tokio::test(flavor = "current_thread")]
+async fn a_recorder_set_after_the_client_was_built_gets_its_values() {
+    global();
+    let client = LockClient::builder(MemoryBackend::new()).build().unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    for _ in 0..2 {
+        client
+            .mutex("late")
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let w = client.rw_lock("late-rw").write().await.unwrap();
+    w.release().await.unwrap();
+    let snap = snapshotter.snapshot().into_vec();
+    let granted = [("kind", "mutex"), ("outcome", "granted")];
+    assert_eq!(counter(&snap, "distlock_acquisitions_total", &granted), 2);
+    let write = [("kind", "write"), ("outcome", "granted")];
+    assert_eq!(counter(&snap, "distlock_acquisitions_total", &write), 1);
+    let holds = samples(&snap, "distlock_hold_seconds", &[("kind", "mutex")]);
+    assert_eq!(holds.len(), 2, "{holds:?}");
+    let waits = samples(
+        &snap,
+        "distlock_wait_seconds",
+        &[("backend", "memory"), ("kind", "write")],
+    );
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    drop(_local);
+    client.shutdown().await;
 }

@@ -95,7 +95,7 @@ impl Target {
                 None => acquire.await,
             };
             let waited = started.elapsed();
-            super::metrics::acquired(core.backend.name(), kind, waited, outcome.as_ref().err());
+            super::metrics::acquired(&core.metrics, kind, waited, outcome.as_ref().err());
             match &outcome {
                 Ok(held) => {
                     tracing::debug!(fence = held.fencing_token(), ?waited, "lock granted");

@@ -144,7 +144,7 @@ impl Held {
             .await?;
         // The hold so far was a write hold: recorded as one, and the read hold starts now.
         if let Some(held) = self.lease.restart_hold() {
-            super::metrics::released(self.client.backend.name(), self.lease.claim.kind(), held);
+            super::metrics::released(&self.client.metrics, self.lease.claim.kind(), held);
         }
         self.lease.claim.set_downgraded();
         // A downgrade that also refreshed the lease moves it, by the usual rule.

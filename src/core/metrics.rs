@@ -85,35 +85,115 @@ fn outcome_of(error: &Error) -> &'static str {
     }
 }
 
-/// An acquisition ended: granted after `waited`, or failed with `error`.
-pub(crate) fn acquired(
-    backend: &'static str,
-    kind: LockKind,
-    waited: Duration,
-    error: Option<&Error>,
-) {
+/// The kinds of hold in the labels, in the order of [`kind_index`].
+#[cfg(feature = "metrics")]
+const KINDS: [&str; 5] = ["mutex", "read", "write", "leader", "permits"];
+
+/// The outcomes of an acquisition in the labels, in the order of [`outcome_index`].
+#[cfg(feature = "metrics")]
+const OUTCOMES: [&str; 4] = ["granted", "would_block", "timeout", "error"];
+
+#[cfg(feature = "metrics")]
+fn kind_index(kind: LockKind) -> usize {
+    let label = kind_label(kind);
+    KINDS.iter().position(|k| *k == label).unwrap_or(0)
+}
+
+#[cfg(feature = "metrics")]
+fn outcome_index(error: Option<&Error>) -> usize {
+    let label = error.map_or("granted", outcome_of);
+    OUTCOMES.iter().position(|o| *o == label).unwrap_or(0)
+}
+
+/// What the macros' call sites would say of our metrics (their target and level).
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// One client's keys of the metrics recorded at every lock, made once: building a key (its
+/// labels and their hash) at each call cost about 1,100 instructions a lock (issue 29). They
+/// are registered with the recorder in use at each call, as the macros do, so a recorder
+/// installed after the client was built (or one set for a scope) still gets every value.
+pub(crate) struct Keys {
     #[cfg(feature = "metrics")]
-    {
-        let kind = kind_label(kind);
-        let outcome = error.map_or("granted", outcome_of);
-        metrics::counter!("distlock_acquisitions_total", "backend" => backend, "kind" => kind, "outcome" => outcome)
-            .increment(1);
-        if error.is_none() {
-            metrics::histogram!("distlock_wait_seconds", "backend" => backend, "kind" => kind)
-                .record(waited.as_secs_f64());
+    acquisitions: Vec<metrics::Key>,
+    #[cfg(feature = "metrics")]
+    waits: Vec<metrics::Key>,
+    #[cfg(feature = "metrics")]
+    holds: Vec<metrics::Key>,
+}
+
+impl Keys {
+    /// The keys of `backend`'s metrics.
+    pub(crate) fn new(backend: &'static str) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            use metrics::{Key, Label};
+            let labels =
+                |kind: &'static str| vec![Label::new("backend", backend), Label::new("kind", kind)];
+            let acquisitions = (KINDS.iter())
+                .flat_map(|kind| OUTCOMES.iter().map(move |outcome| (kind, outcome)))
+                .map(|(kind, outcome)| {
+                    let mut labels = labels(kind);
+                    labels.push(Label::new("outcome", *outcome));
+                    Key::from_parts("distlock_acquisitions_total", labels)
+                })
+                .collect();
+            let each_kind = |name: &'static str| {
+                (KINDS.iter())
+                    .map(|kind| Key::from_parts(name, labels(kind)))
+                    .collect()
+            };
+            Self {
+                acquisitions,
+                waits: each_kind("distlock_wait_seconds"),
+                holds: each_kind("distlock_hold_seconds"),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = backend;
+            Self {}
         }
     }
+}
+
+/// An acquisition ended: granted after `waited`, or failed with `error`.
+pub(crate) fn acquired(keys: &Keys, kind: LockKind, waited: Duration, error: Option<&Error>) {
+    #[cfg(feature = "metrics")]
+    {
+        let kind = kind_index(kind);
+        let counted = keys
+            .acquisitions
+            .get(kind * OUTCOMES.len() + outcome_index(error));
+        let wait = keys.waits.get(kind).filter(|_| error.is_none());
+        metrics::with_recorder(|recorder| {
+            if let Some(key) = counted {
+                recorder.register_counter(key, &METADATA).increment(1);
+            }
+            if let Some(key) = wait {
+                recorder
+                    .register_histogram(key, &METADATA)
+                    .record(waited.as_secs_f64());
+            }
+        });
+    }
     #[cfg(not(feature = "metrics"))]
-    let _ = (backend, kind, waited, error);
+    let _ = (keys, kind, waited, error);
 }
 
 /// A held lease ended after `held`.
-pub(crate) fn released(backend: &'static str, kind: LockKind, held: Duration) {
+pub(crate) fn released(keys: &Keys, kind: LockKind, held: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("distlock_hold_seconds", "backend" => backend, "kind" => kind_label(kind))
-        .record(held.as_secs_f64());
+    if let Some(key) = keys.holds.get(kind_index(kind)) {
+        metrics::with_recorder(|recorder| {
+            recorder
+                .register_histogram(key, &METADATA)
+                .record(held.as_secs_f64());
+        });
+    }
     #[cfg(not(feature = "metrics"))]
-    let _ = (backend, kind, held);
+    let _ = (keys, kind, held);
 }
 
 /// A claim was marked lost.

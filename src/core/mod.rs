@@ -57,6 +57,8 @@ pub(crate) struct Core {
     pub(crate) ids: LeaseIds,
     /// The owner tokens of this client's claims.
     pub(crate) owners: Owners,
+    /// The keys of the metrics recorded at every lock.
+    pub(crate) metrics: metrics::Keys,
     /// Where blocking calls run.
     pub(crate) blocking: blocking::Blocking,
     /// Leases whose release task went, unrun, with its runtime, where no other runtime was at
@@ -73,6 +75,7 @@ struct OnRuntime {
 
 impl Core {
     pub(crate) fn new(backend: Arc<dyn DynBackend>, config: Config) -> Self {
+        let metrics = metrics::Keys::new(backend.name());
         Self {
             backend,
             config,
@@ -81,6 +84,7 @@ impl Core {
             closed: watch::Sender::new(false),
             ids: LeaseIds::default(),
             owners: Owners::default(),
+            metrics,
             blocking: blocking::Blocking::capture(),
             unreleased: StdMutex::default(),
         }
@@ -167,7 +171,7 @@ impl Core {
             (schedule.held_since, schedule.held.map_or(0, |g| g.fence))
         };
         if let Some(since) = held_since {
-            metrics::released(self.backend.name(), lease.claim.kind(), since.elapsed());
+            metrics::released(&self.metrics, lease.claim.kind(), since.elapsed());
             tracing::debug!(key = lease.claim.key(), fence, "lock released");
         }
         if let Some(engine) = self.engine_of(lease) {
