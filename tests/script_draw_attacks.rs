@@ -233,7 +233,8 @@ async fn sentinel_force_release_after_counter_del_keeps_fifo() {
 }
 
 /// A read-write lock (`shared`: false) or semaphore held by R, with a writer / a claim that
-/// does not fit queued; the counter (`fence`) is set to "abc"; force_release is asked. Either
+/// does not fit queued; the counter (`fence`) is set to `value` ("abc", or one below 2^53, from
+/// which no token can be drawn); force_release is asked. Either
 /// it succeeds, or it fails having changed nothing: R still holds (inspect, and R's renewal
 /// still works). Then the counter is deleted and the waiter is granted within R's lease.
 /// Returns a description of what went wrong, if anything.
@@ -243,6 +244,7 @@ async fn force_release_garbage(
     ns: &str,
     fence: &str,
     sem: bool,
+    value: &str,
 ) -> Option<String> {
     let queue = format!("{ns}:{{k}}:q");
     let ttl = Duration::from_secs(3);
@@ -269,7 +271,7 @@ async fn force_release_garbage(
     };
     until_len(primary, &queue, 1).await;
     let before = op.inspect("k").await.map(|i| i.holders.len());
-    cmd(primary, &["SET", fence, "abc"]).await;
+    cmd(primary, &["SET", fence, value]).await;
     let forced = op.force_release("k").await;
     let after = op
         .inspect("k")
@@ -307,7 +309,7 @@ async fn force_release_garbage(
 async fn single_force_release_rw_garbage_counter_is_all_or_nothing() {
     let ns = test_namespace!();
     let url = shared_redis().url();
-    let wrong = force_release_garbage(&url, &url, &ns, &format!("{ns}:fence"), false).await;
+    let wrong = force_release_garbage(&url, &url, &ns, &format!("{ns}:fence"), false, "abc").await;
     assert!(wrong.is_none(), "{}", wrong.unwrap());
 }
 
@@ -315,7 +317,7 @@ async fn single_force_release_rw_garbage_counter_is_all_or_nothing() {
 async fn single_force_release_sem_garbage_counter_is_all_or_nothing() {
     let ns = test_namespace!();
     let url = shared_redis().url();
-    let wrong = force_release_garbage(&url, &url, &ns, &format!("{ns}:fence"), true).await;
+    let wrong = force_release_garbage(&url, &url, &ns, &format!("{ns}:fence"), true, "abc").await;
     assert!(wrong.is_none(), "{}", wrong.unwrap());
 }
 
@@ -324,7 +326,8 @@ async fn cluster_force_release_rw_garbage_counter_is_all_or_nothing() {
     let ns = test_namespace!();
     let url = shared_cluster().url();
     let p = cluster_primary("k");
-    let wrong = force_release_garbage(&url, &p, &ns, &format!("{ns}:{{k}}:fence"), false).await;
+    let wrong =
+        force_release_garbage(&url, &p, &ns, &format!("{ns}:{{k}}:fence"), false, "abc").await;
     assert!(wrong.is_none(), "{}", wrong.unwrap());
 }
 
@@ -452,12 +455,18 @@ async fn cluster_force_release_leaves_no_mark_after_shutdown() {
     );
 }
 
-/// A writer W holds `k` with a reader R queued; the counter (`fence`) is set to "abc" and W
-/// downgrades. Either the downgrade succeeds, or it fails having changed nothing on the server
+/// A writer W holds `k` with a reader R queued; the counter (`fence`) is set to `value` ("abc",
+/// or one below 2^53) and W downgrades. Either the downgrade succeeds, or it fails having changed nothing on the server
 /// (W still the writer, R still queued) before the client releases W's lock, as a failed
 /// downgrade does (W gone, R still queued); never W turned reader by a failed call. Returns a
 /// description of what went wrong, if anything.
-async fn downgrade_garbage(url: &str, primary: &str, ns: &str, fence: &str) -> Option<String> {
+async fn downgrade_garbage(
+    url: &str,
+    primary: &str,
+    ns: &str,
+    fence: &str,
+    value: &str,
+) -> Option<String> {
     let queue = format!("{ns}:{{k}}:q");
     let ttl = Duration::from_secs(3);
     let wc = client(url, ns, ttl, false).await;
@@ -467,7 +476,7 @@ async fn downgrade_garbage(url: &str, primary: &str, ns: &str, fence: &str) -> O
     let l = rc.rw_lock("k");
     let waiting = tokio::spawn(async move { l.read().await.ok().map(|g| g.fencing_token()) });
     until_len(primary, &queue, 1).await;
-    cmd(primary, &["SET", fence, "abc"]).await;
+    cmd(primary, &["SET", fence, value]).await;
     let down = w.downgrade().await;
     let after = op.inspect("k").await.map(|i| {
         (
@@ -514,7 +523,7 @@ fn down_failed_changed(after: &distlock::Result<(Vec<String>, usize)>) -> bool {
 async fn single_downgrade_garbage_counter_is_all_or_nothing() {
     let ns = test_namespace!();
     let url = shared_redis().url();
-    let wrong = downgrade_garbage(&url, &url, &ns, &format!("{ns}:fence")).await;
+    let wrong = downgrade_garbage(&url, &url, &ns, &format!("{ns}:fence"), "abc").await;
     assert!(wrong.is_none(), "{}", wrong.unwrap());
 }
 
@@ -523,7 +532,7 @@ async fn cluster_downgrade_garbage_counter_is_all_or_nothing() {
     let ns = test_namespace!();
     let url = shared_cluster().url();
     let p = cluster_primary("k");
-    let wrong = downgrade_garbage(&url, &p, &ns, &format!("{ns}:{{k}}:fence")).await;
+    let wrong = downgrade_garbage(&url, &p, &ns, &format!("{ns}:{{k}}:fence"), "abc").await;
     assert!(wrong.is_none(), "{}", wrong.unwrap());
 }
 
@@ -609,4 +618,44 @@ async fn cluster_force_release_free_key_garbage_counter() {
     let url = shared_cluster().url();
     let p = cluster_primary("k");
     force_release_free_garbage(&url, &p, &ns, &format!("{ns}:{{k}}:fence")).await;
+}
+
+/// 2^53 - 1: the next token would be past what the scripts count exactly (atk19: before the
+/// fix, force_release of a read-write lock or semaphore dropped every holder, then failed).
+const PAST_HIGH: &str = "9007199254740991";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_force_release_rw_counter_past_2_53_is_all_or_nothing() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let fence = format!("{ns}:fence");
+    let wrong = force_release_garbage(&url, &url, &ns, &fence, false, PAST_HIGH).await;
+    assert!(wrong.is_none(), "{}", wrong.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_force_release_sem_counter_past_2_53_is_all_or_nothing() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let fence = format!("{ns}:fence");
+    let wrong = force_release_garbage(&url, &url, &ns, &fence, true, PAST_HIGH).await;
+    assert!(wrong.is_none(), "{}", wrong.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_force_release_rw_counter_past_2_53_is_all_or_nothing() {
+    let ns = test_namespace!();
+    let url = shared_cluster().url();
+    let p = cluster_primary("k");
+    let fence = format!("{ns}:{{k}}:fence");
+    let wrong = force_release_garbage(&url, &p, &ns, &fence, false, PAST_HIGH).await;
+    assert!(wrong.is_none(), "{}", wrong.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_downgrade_counter_past_2_53_is_all_or_nothing() {
+    let ns = test_namespace!();
+    let url = shared_redis().url();
+    let wrong = downgrade_garbage(&url, &url, &ns, &format!("{ns}:fence"), PAST_HIGH).await;
+    assert!(wrong.is_none(), "{}", wrong.unwrap());
 }

@@ -141,6 +141,13 @@ local FENCE_LOW = 1099511627776
 -- there (server time in µs, from which counters start, passes it in the year 2255).
 local FENCE_HIGH = 9007199254740992
 
+-- Fails the call: counter `fence` is at or past `FENCE_HIGH`.
+local function past_high(fence)
+  error({err = 'distlock: the fencing counter ' .. fence .. ' is past 2^53, where tokens '
+    .. 'cannot grow by one any more (it was set by hand?); delete it to restart it at '
+    .. 'server time'})
+end
+
 -- The next fencing token: one more than the last; a new counter (the old one expired, which
 -- it does `fence_ttl` after it was created, or one below `FENCE_LOW`) starts at server time in
 -- microseconds. Grants come
@@ -184,9 +191,7 @@ local function next_fence(fence, fence_ttl, unmarked, marked)
     end
   end
   if f >= FENCE_HIGH then
-    error({err = 'distlock: the fencing counter ' .. fence .. ' is past 2^53, where tokens '
-      .. 'cannot grow by one any more (it was set by hand?); delete it to restart it at '
-      .. 'server time'})
+    past_high(fence)
   end
   local restarted = f < FENCE_LOW
   local lifted = false
@@ -204,6 +209,15 @@ local function next_fence(fence, fence_ttl, unmarked, marked)
     redis.call('SET', fence, int(f) .. mark, 'PX', fence_ttl)
   end
   return f, restarted
+end
+
+-- Fails the call as a draw from counter `fence` would (a value that is not a counter, or one
+-- at `FENCE_HIGH`), for a script that must fail before it changes anything and draws later.
+local function check_fence(fence)
+  local n = fence_parts(fence, redis.call('GET', fence))
+  if n + 1 >= FENCE_HIGH then
+    past_high(fence)
+  end
 end
 
 -- Marks the fence key while a mutex waiter may be queued: its value `f`, as `next_fence` just

@@ -55,9 +55,9 @@ local function downgrade(base, holders, queue, waiters, fence, owner, ttl, fence
     keep(holders, 2 * ttl)
     return {1, tonumber(redis.call('HGET', base, 'f:' .. owner))}
   end
-  -- A counter that is not ours fails the call here, before it changed anything (the grant
-  -- pass below draws from it).
-  fence_parts(fence, redis.call('GET', fence))
+  -- A counter that is not ours, or one past 2^53, fails the call here, before it changed
+  -- anything (the grant pass below draws from it).
+  check_fence(fence)
   redis.call('HDEL', base, 'wr')
   redis.call('ZADD', holders, clock() + ttl, owner)
   keep(base, 2 * ttl)
@@ -110,9 +110,10 @@ local function force_release(base, holders, queue, waiters, fence, fence_ttl, ha
       end
     end
   elseif family ~= '' then
-    -- A counter that is not ours fails the call here, before any holder is dropped (a mutex's
-    -- fails at `lift_fence`, before it changed anything; a free key's needs no counter).
-    fence_parts(fence, redis.call('GET', fence))
+    -- A counter that is not ours, or one past 2^53, fails the call here, before any holder
+    -- is dropped (a mutex's fails at `lift_fence`, before it changed anything; a free key's
+    -- needs no counter).
+    check_fence(fence)
     local writer = redis.call('HGET', base, 'wr')
     local all = redis.call('ZRANGE', holders, 0, -1, 'WITHSCORES')
     for i = 1, #all, 2 do
