@@ -61,48 +61,42 @@ pub(crate) fn describe_once() {
     }
 }
 
+/// The kinds of hold in the `kind` label, in the order of [`kind_index`].
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+const KINDS: [&str; 5] = ["mutex", "read", "write", "leader", "permits"];
+
+/// The outcomes of an acquisition in the `outcome` label, in the order of [`outcome_index`].
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+const OUTCOMES: [&str; 4] = ["granted", "would_block", "timeout", "error"];
+
+/// Where `kind`'s label is in [`KINDS`].
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+fn kind_index(kind: LockKind) -> usize {
+    match kind {
+        LockKind::Exclusive => 0,
+        LockKind::Read => 1,
+        LockKind::Write => 2,
+        LockKind::Leader => 3,
+        _ => 4,
+    }
+}
+
 /// The `kind` label.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 fn kind_label(kind: LockKind) -> &'static str {
-    match kind {
-        LockKind::Exclusive => "mutex",
-        LockKind::Read => "read",
-        LockKind::Write => "write",
-        LockKind::Leader => "leader",
-        _ => "permits",
-    }
+    KINDS.get(kind_index(kind)).copied().unwrap_or("permits")
 }
 
-/// The `outcome` label of an acquisition that failed.
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-fn outcome_of(error: &Error) -> &'static str {
-    if error.is_would_block() {
-        "would_block"
-    } else if error.is_timeout() {
-        "timeout"
-    } else {
-        "error"
-    }
-}
-
-/// The kinds of hold in the labels, in the order of [`kind_index`].
-#[cfg(feature = "metrics")]
-const KINDS: [&str; 5] = ["mutex", "read", "write", "leader", "permits"];
-
-/// The outcomes of an acquisition in the labels, in the order of [`outcome_index`].
-#[cfg(feature = "metrics")]
-const OUTCOMES: [&str; 4] = ["granted", "would_block", "timeout", "error"];
-
-#[cfg(feature = "metrics")]
-fn kind_index(kind: LockKind) -> usize {
-    let label = kind_label(kind);
-    KINDS.iter().position(|k| *k == label).unwrap_or(0)
-}
-
+/// Where the `outcome` label of an acquisition that ended with `error` (none: granted) is in
+/// [`OUTCOMES`].
 #[cfg(feature = "metrics")]
 fn outcome_index(error: Option<&Error>) -> usize {
-    let label = error.map_or("granted", outcome_of);
-    OUTCOMES.iter().position(|o| *o == label).unwrap_or(0)
+    match error {
+        None => 0,
+        Some(e) if e.is_would_block() => 1,
+        Some(e) if e.is_timeout() => 2,
+        Some(_) => 3,
+    }
 }
 
 /// What the macros' call sites would say of our metrics (their target and level).
