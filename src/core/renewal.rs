@@ -125,13 +125,42 @@ impl Engine {
         self.shared.wake.notify_one();
     }
 
+    /// Stops renewal of `lease`.
+    ///
+    /// A lease released before the task took it in (most short holds of a busy service) is
+    /// taken back out of the inbox here, so the task never handles it, and the last reference
+    /// to it goes with its guard, on the guard's thread, not on the task's: a block freed on
+    /// another thread than the one that allocated it misses the allocator's per-thread cache.
+    /// Its id still goes to the task, which may hold the lease from an earlier `track`.
     pub(crate) fn forget(&self, lease: &Lease) {
         let mut inbox = self.inbox();
+        // The caller holds the lease, so the references taken back free nothing here, under
+        // the lock.
+        take_back(&mut inbox.track, lease.id);
         inbox.forget.push(lease.id);
         let wake = inbox.forget.len() == FORGET_BATCH && inbox.asleep_until.is_some();
         drop(inbox);
         if wake {
             self.shared.wake.notify_one();
+        }
+    }
+}
+
+/// How far back from its end [`take_back`] looks through the inbox: a lease released soon
+/// after it was taken is near the end; one held longer has usually been taken in already, and
+/// looking through the whole inbox for it would cost more than the task's handling of it.
+const TAKE_BACK_SCAN: usize = 64;
+
+/// Removes the entries for lease `id` from among the last [`TAKE_BACK_SCAN`] of `track`.
+fn take_back(track: &mut Vec<Arc<Lease>>, id: u64) {
+    let mut i = track.len();
+    let stop = i.saturating_sub(TAKE_BACK_SCAN);
+    while i > stop {
+        i -= 1;
+        if track.get(i).is_some_and(|l| l.id == id) {
+            // Order in the inbox does not matter: the task schedules each lease by its own
+            // state, whatever came before it.
+            track.swap_remove(i);
         }
     }
 }
@@ -464,5 +493,53 @@ impl Task {
                 Self::retime(&mut self.timers, self.config, lease.id, t);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+    use crate::backend::{LockKind, Owners};
+    use crate::core::lease::default_drift;
+
+    fn lease(id: u64) -> Arc<Lease> {
+        let claim = Claim::new(
+            "ns".into(),
+            "k".into(),
+            Duration::from_secs(30),
+            LockKind::Exclusive,
+            "memory",
+            Owners::default().next(),
+        );
+        Arc::new(Lease::new(id, claim, Box::new(()), default_drift))
+    }
+
+    // A current-thread runtime: the task runs only once the test awaits.
+    #[tokio::test]
+    async fn a_lease_released_before_the_task_took_it_in_is_held_by_nothing_else() {
+        let backend: Arc<dyn DynBackend> = Arc::new(MemoryBackend::new());
+        let engine = Engine::start(
+            &Handle::current(),
+            backend,
+            EngineConfig { auto_renew: true },
+        );
+        // Due long after the task's first wake: the inbox keeps them.
+        let (kept, short) = (lease(1), lease(2));
+        engine.track(&kept);
+        engine.track(&short);
+        engine.track(&short);
+        assert!(short.finish());
+        engine.forget(&short);
+        // Taken back, both entries, at once: its guard's reference is the last one.
+        assert_eq!(Arc::strong_count(&short), 1);
+        // The other lease stays with the engine.
+        assert_eq!(Arc::strong_count(&kept), 2);
+        let (tx, rx) = oneshot::channel();
+        engine.shutdown(tx);
+        let left = rx.await.unwrap_or_default();
+        assert_eq!(left.iter().map(|l| l.id).collect::<Vec<_>>(), [1]);
     }
 }
