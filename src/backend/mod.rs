@@ -164,8 +164,8 @@ pub struct Claim {
     namespace: Arc<str>,
     key: Arc<str>,
     kind: LockKind,
-    /// What the claim's clones share, in one allocation (a busy service makes many claims).
-    state: Arc<ClaimState>,
+    /// The lost signal, and with it what the claim's clones share ([`ClaimState`]): one
+    /// allocation per claim (a busy service makes many).
     lost: LostSignal,
 }
 
@@ -180,6 +180,10 @@ struct ClaimState {
     downgraded: AtomicBool,
     /// What a leadership claim proclaims ([`LockKind::Leader`]); none (empty) for the others.
     value: StdMutex<Option<Arc<[u8]>>>,
+    /// Set once the claim is known lost.
+    lost: AtomicBool,
+    /// Woken once, when `lost` is set.
+    lost_set: tokio::sync::Notify,
 }
 
 impl Claim {
@@ -195,13 +199,18 @@ impl Claim {
             namespace,
             key,
             kind,
-            state: Arc::new(ClaimState {
-                owner,
-                ttl: AtomicU64::new(nanos(ttl)),
-                downgraded: AtomicBool::new(false),
-                value: StdMutex::new(None),
-            }),
-            lost: LostSignal::new(backend, kind),
+            lost: LostSignal {
+                shared: Arc::new(ClaimState {
+                    owner,
+                    ttl: AtomicU64::new(nanos(ttl)),
+                    downgraded: AtomicBool::new(false),
+                    value: StdMutex::new(None),
+                    lost: AtomicBool::new(false),
+                    lost_set: tokio::sync::Notify::new(),
+                }),
+                backend,
+                kind,
+            },
         }
     }
 
@@ -228,7 +237,7 @@ impl Claim {
     /// claims share one, within a client or across clients, as with random v4 UUIDs.
     /// Servers compare it before extending or deleting anything.
     pub fn owner(&self) -> &str {
-        std::str::from_utf8(&self.state.owner).unwrap_or_default()
+        std::str::from_utf8(&self.lost.shared.owner).unwrap_or_default()
     }
 
     /// The lease length asked for. It changes only when the claim's guard extends its lease
@@ -236,18 +245,18 @@ impl Claim {
     /// together with the lease's generation, so a renewal reply computed with the old TTL is
     /// never applied to the new lease.
     pub fn ttl(&self) -> Duration {
-        Duration::from_nanos(self.state.ttl.load(Ordering::Acquire))
+        Duration::from_nanos(self.lost.shared.ttl.load(Ordering::Acquire))
     }
 
     /// Sets the lease length later renewals ask for.
     pub(crate) fn set_ttl(&self, ttl: Duration) {
-        self.state.ttl.store(nanos(ttl), Ordering::Release);
+        self.lost.shared.ttl.store(nanos(ttl), Ordering::Release);
     }
 
     /// What kind of hold is asked for, or held: a write claim reads as [`LockKind::Read`]
     /// once it was downgraded.
     pub fn kind(&self) -> LockKind {
-        if self.kind == LockKind::Write && self.state.downgraded.load(Ordering::Acquire) {
+        if self.kind == LockKind::Write && self.lost.shared.downgraded.load(Ordering::Acquire) {
             LockKind::Read
         } else {
             self.kind
@@ -257,7 +266,7 @@ impl Claim {
     /// What a leadership claim ([`LockKind::Leader`]) proclaims: the value it was made with,
     /// or the last one [`Backend::proclaim`] was asked to publish. Empty for other kinds.
     pub fn value(&self) -> Arc<[u8]> {
-        let value = (self.state.value.lock())
+        let value = (self.lost.shared.value.lock())
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         value.unwrap_or_else(|| {
@@ -270,12 +279,13 @@ impl Claim {
 
     /// Sets what the claim proclaims.
     pub(crate) fn set_value(&self, value: Arc<[u8]>) {
-        *(self.state.value.lock()).unwrap_or_else(std::sync::PoisonError::into_inner) = Some(value);
+        *(self.lost.shared.value.lock()).unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(value);
     }
 
     /// Records that the server turned this write hold into a read hold.
     pub(crate) fn set_downgraded(&self) {
-        self.state.downgraded.store(true, Ordering::Release);
+        self.lost.shared.downgraded.store(true, Ordering::Release);
     }
 
     /// Marks the claim lost: its guard reports [`is_lost`](crate::MutexGuard::is_lost) and
@@ -321,41 +331,26 @@ fn nanos(d: Duration) -> u64 {
 /// service a large allocation per lock and eight wake-up passes per release (issue 29).
 #[derive(Clone)]
 pub(crate) struct LostSignal {
-    shared: Arc<Lost>,
+    /// The claim's shared state, which holds the flag.
+    shared: Arc<ClaimState>,
     /// For the lost-locks metric: the backend's name and the claim's kind.
     backend: &'static str,
     kind: LockKind,
 }
 
-/// What a [`LostSignal`]'s clones share.
-#[derive(Default)]
-struct Lost {
-    flag: AtomicBool,
-    /// Woken once, when the flag is set.
-    set: tokio::sync::Notify,
-}
-
 impl LostSignal {
-    fn new(backend: &'static str, kind: LockKind) -> Self {
-        Self {
-            shared: Arc::default(),
-            backend,
-            kind,
-        }
-    }
-
     /// Sets the flag; true if it was not set before (and then counts the loss).
     pub(crate) fn mark(&self) -> bool {
-        let first = !self.shared.flag.swap(true, Ordering::AcqRel);
+        let first = !self.shared.lost.swap(true, Ordering::AcqRel);
         if first {
-            self.shared.set.notify_waiters();
+            self.shared.lost_set.notify_waiters();
             crate::core::metrics::lost(self.backend, self.kind);
         }
         first
     }
 
     pub(crate) fn is_set(&self) -> bool {
-        self.shared.flag.load(Ordering::Acquire)
+        self.shared.lost.load(Ordering::Acquire)
     }
 
     /// Ends once the flag is set.
@@ -364,7 +359,7 @@ impl LostSignal {
     /// Cancel safe: it only waits.
     pub(crate) async fn wait(&self) {
         loop {
-            let set = self.shared.set.notified();
+            let set = self.shared.lost_set.notified();
             let mut set = std::pin::pin!(set);
             // Listening before the flag is read: a `mark` between the two still wakes it.
             set.as_mut().enable();
