@@ -53,6 +53,15 @@ const HOLD: Duration = Duration::from_millis(250);
 /// A claim's reply: the value, whether an earlier attempt may have run, when it was sent.
 type Reply = Result<(Value, bool, Instant)>;
 
+/// A queued claim's reply, with its parts handed back: the caller frees them as it goes on,
+/// where its next call's parts are allocated, rather than the lane's task freeing a whole
+/// batch's at once (more blocks of one size than the allocator's per-thread cache holds, so
+/// they go to its shared lists, and the next calls' allocations miss the cache).
+type Answer = (Reply, Parts);
+
+/// Where a queued claim's [`Answer`] goes.
+type Answers = oneshot::Sender<Answer>;
+
 /// The lanes of one backend, by script name.
 pub(super) struct Coalescer {
     lanes: Mutex<Lanes>,
@@ -102,7 +111,7 @@ impl Lanes {
 /// The calls of one script waiting to be sent, and whether a call is out.
 #[derive(Default)]
 struct Lane {
-    queued: Vec<(Parts, oneshot::Sender<Reply>)>,
+    queued: Vec<(Parts, Answers)>,
     sending: bool,
     /// Which call out holds the lane (sends what queued once it is answered): moved on when the
     /// queue goes on without it (see [`HOLD`]).
@@ -218,7 +227,7 @@ impl RedisBackend {
 
     /// Sends one batch and hands each claim its reply. Claims that cannot go as one call
     /// (their shared arguments differ) go as batches of one, all at once.
-    async fn send_batch(&self, what: &'static str, batch: Vec<(Parts, oneshot::Sender<Reply>)>) {
+    async fn send_batch(&self, what: &'static str, batch: Vec<(Parts, Answers)>) {
         let scripts = self.inner.scripts;
         let all: Vec<&Parts> = batch.iter().map(|(parts, _)| parts).collect();
         let groups: Vec<Vec<usize>> = if scripts.many_of(&all).is_some() {
@@ -245,10 +254,10 @@ impl RedisBackend {
             b.hand_out(what, reply, &mut out);
         }
         drop(batches);
-        for ((_, tx), reply) in batch.into_iter().zip(out) {
+        for ((parts, tx), reply) in batch.into_iter().zip(out) {
             // A claim the answered attempt did not carry was given up: nobody waits for it.
             if let Some(reply) = reply {
-                let _ = tx.send(reply);
+                let _ = tx.send((reply, parts));
             }
         }
     }
@@ -261,7 +270,7 @@ impl RedisBackend {
 /// alone stops when its cleanup drops it. Releases are always carried.
 struct Batch<'a> {
     backend: &'a RedisBackend,
-    claims: &'a [(Parts, oneshot::Sender<Reply>)],
+    claims: &'a [(Parts, Answers)],
     /// This batch's claims: indexes in `claims`.
     among: Vec<usize>,
     /// The claims the last attempt carried, in its order.
@@ -446,7 +455,7 @@ impl Drop for Unsent {
 /// call out, with its reply to come.
 enum Go<'a> {
     Alone(Call<'a>),
-    Queued(oneshot::Receiver<Reply>, Option<Watch<'a>>),
+    Queued(oneshot::Receiver<Answer>, Option<Watch<'a>>),
 }
 
 /// A call sent alone, holding the lane: once it is answered or dropped, sends what queued
@@ -481,23 +490,26 @@ impl Watch<'_> {
 /// Waits for the reply of a call queued in a lane; `watch` if it is the first queued behind
 /// the call out. Apart from [`RedisBackend::invoke_coalesced`], whose every call's future
 /// would otherwise be this one's size more.
-async fn queued(mut rx: oneshot::Receiver<Reply>, watch: Option<Watch<'_>>) -> Option<Reply> {
-    let reply = match watch {
-        Some(watch) => match tokio::time::timeout(HOLD, &mut rx).await {
-            Ok(reply) => {
-                watch.end();
-                reply
-            }
-            Err(_) => {
-                // The call out held the queue up past the hold: the watch, dropped, passes
-                // it over. (Dropped with this call, it passes it over too.)
-                drop(watch);
-                rx.await
-            }
-        },
-        None => rx.await,
+async fn queued(mut rx: oneshot::Receiver<Answer>, watch: Option<Watch<'_>>) -> Option<Reply> {
+    let Some(watch) = watch else {
+        return reply_of(rx.await);
     };
-    reply.ok()
+    // Not a `match` on the timed wait: its scrutinee would stay in this future across the
+    // second wait below, with room for a whole answer.
+    if let Ok(answer) = tokio::time::timeout(HOLD, &mut rx).await {
+        watch.end();
+        return reply_of(answer);
+    }
+    // The call out held the queue up past the hold: the watch, dropped, passes it over.
+    // (Dropped with this call, it passes it over too.)
+    drop(watch);
+    reply_of(rx.await)
+}
+
+/// The reply in a queued claim's answer; its parts are dropped here, on the caller's side.
+/// (Taken apart at once where the answer comes, so no future keeps room for a whole answer.)
+fn reply_of(answer: std::result::Result<Answer, oneshot::error::RecvError>) -> Option<Reply> {
+    answer.ok().map(|(reply, _parts)| reply)
 }
 
 /// A claim's error in a coalesced reply (the server's error text, see `MANY_LUA`), as the
