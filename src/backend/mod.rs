@@ -214,6 +214,11 @@ impl Claim {
         }
     }
 
+    /// What the claim's clones share (kept with its lost signal).
+    fn state(&self) -> &ClaimState {
+        &self.lost.shared
+    }
+
     /// The claim with `value` as what it proclaims.
     pub(crate) fn with_value(self, value: Arc<[u8]>) -> Self {
         self.set_value(value);
@@ -237,7 +242,7 @@ impl Claim {
     /// claims share one, within a client or across clients, as with random v4 UUIDs.
     /// Servers compare it before extending or deleting anything.
     pub fn owner(&self) -> &str {
-        std::str::from_utf8(&self.lost.shared.owner).unwrap_or_default()
+        std::str::from_utf8(&self.state().owner).unwrap_or_default()
     }
 
     /// The lease length asked for. It changes only when the claim's guard extends its lease
@@ -245,18 +250,18 @@ impl Claim {
     /// together with the lease's generation, so a renewal reply computed with the old TTL is
     /// never applied to the new lease.
     pub fn ttl(&self) -> Duration {
-        Duration::from_nanos(self.lost.shared.ttl.load(Ordering::Acquire))
+        Duration::from_nanos(self.state().ttl.load(Ordering::Acquire))
     }
 
     /// Sets the lease length later renewals ask for.
     pub(crate) fn set_ttl(&self, ttl: Duration) {
-        self.lost.shared.ttl.store(nanos(ttl), Ordering::Release);
+        self.state().ttl.store(nanos(ttl), Ordering::Release);
     }
 
     /// What kind of hold is asked for, or held: a write claim reads as [`LockKind::Read`]
     /// once it was downgraded.
     pub fn kind(&self) -> LockKind {
-        if self.kind == LockKind::Write && self.lost.shared.downgraded.load(Ordering::Acquire) {
+        if self.kind == LockKind::Write && self.state().downgraded.load(Ordering::Acquire) {
             LockKind::Read
         } else {
             self.kind
@@ -266,7 +271,7 @@ impl Claim {
     /// What a leadership claim ([`LockKind::Leader`]) proclaims: the value it was made with,
     /// or the last one [`Backend::proclaim`] was asked to publish. Empty for other kinds.
     pub fn value(&self) -> Arc<[u8]> {
-        let value = (self.lost.shared.value.lock())
+        let value = (self.state().value.lock())
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         value.unwrap_or_else(|| {
@@ -279,13 +284,13 @@ impl Claim {
 
     /// Sets what the claim proclaims.
     pub(crate) fn set_value(&self, value: Arc<[u8]>) {
-        *(self.lost.shared.value.lock()).unwrap_or_else(std::sync::PoisonError::into_inner) =
+        *(self.state().value.lock()).unwrap_or_else(std::sync::PoisonError::into_inner) =
             Some(value);
     }
 
     /// Records that the server turned this write hold into a read hold.
     pub(crate) fn set_downgraded(&self) {
-        self.lost.shared.downgraded.store(true, Ordering::Release);
+        self.state().downgraded.store(true, Ordering::Release);
     }
 
     /// Marks the claim lost: its guard reports [`is_lost`](crate::MutexGuard::is_lost) and

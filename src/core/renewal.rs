@@ -129,8 +129,9 @@ impl Engine {
     ///
     /// A lease released before the task took it in (most short holds of a busy service) is
     /// taken back out of the inbox here, so the task never handles it, and the last reference
-    /// to it goes with its guard, on the guard's thread, not on the task's: a block freed on
-    /// another thread than the one that allocated it misses the allocator's per-thread cache.
+    /// to it goes with its guard, on the guard's thread, not in a batch on the task's: a batch
+    /// of frees overflows the allocator's per-thread cache, and later allocations of those
+    /// sizes take its slow path (benches/README.md, "blocks freed where they were made").
     /// Its id still goes to the task, which may hold the lease from an earlier `track`.
     pub(crate) fn forget(&self, lease: &Lease) {
         let mut inbox = self.inbox();
