@@ -409,3 +409,92 @@ fn redis_contention_from_short_lived_runtimes_has_one_holder_and_rising_tokens()
     });
     assert!(faults.is_empty(), "{faults:?}");
 }
+
+/// A client (TTL 1 s, through the fault proxy) takes one lock while 4 tasks of the same client
+/// churn, and holds it for 3 TTLs of churn: short locks released or dropped, and waiters on the
+/// held key cancelled mid-wait, so the renewal engine's inbox takes in and gives back hundreds
+/// of leases around the held one (a lease released before the task took it in is taken back
+/// out of the inbox, and the held lease arrives among them).
+/// Checked: the hold is renewed throughout (never reported lost, never taken by another client);
+/// then the proxy blackholes the connection, and the guard's `lost()` fires within 2 TTLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_hold_is_renewed_through_churn_of_short_leases_and_lost_when_the_link_goes_dark() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let ns = test_namespace!();
+    let ttl = Duration::from_secs(1);
+    let redis = support::server::redis::shared_redis();
+    let proxy = support::proxy::Proxy::start(redis.port());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let c = support::redis::client(&url, &ns, ttl, ttl, true).await;
+    let other = support::redis::client(&redis.url(), &ns, ttl, ttl, true).await;
+    let (stop, ops) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let holding = Arc::new(AtomicBool::new(false));
+    let churners: Vec<_> = (0..4)
+        .map(|t| {
+            let (c, stop, ops) = (c.clone(), stop.clone(), ops.clone());
+            let holding = holding.clone();
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let short = c.mutex(format!("short-{t}-{}", i % 8));
+                    match i % 3 {
+                        0 => short.lock().await.unwrap().release().await.unwrap(),
+                        1 => drop(short.lock().await.unwrap()),
+                        _ if !holding.load(Ordering::Acquire) => {}
+                        // A waiter on the held key, cancelled mid-wait.
+                        _ => {
+                            let wait = Duration::from_millis(2 + i % 10);
+                            let waited = timeout(wait, c.mutex("held").lock()).await;
+                            assert!(waited.is_err(), "a waiter took the held lock");
+                        }
+                    }
+                    ops.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    sleep(Duration::from_millis(200)).await;
+    let held = c.mutex("held").lock().await.unwrap();
+    holding.store(true, Ordering::Release);
+    let start = Instant::now();
+    while start.elapsed() < ttl * 3 {
+        assert!(
+            !held.is_lost(),
+            "the hold was reported lost after {:?}",
+            start.elapsed()
+        );
+        match other.mutex("held").try_lock().await {
+            Ok(_) => panic!(
+                "another client took the held lock after {:?}",
+                start.elapsed()
+            ),
+            Err(e) => assert!(e.is_would_block(), "{e}"),
+        }
+        sleep(ttl / 4).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in churners {
+        timeout(Duration::from_secs(10), t).await.unwrap().unwrap();
+    }
+    assert!(
+        ops.load(Ordering::Relaxed) > 100,
+        "too little churn to tell"
+    );
+    assert!(!held.is_lost());
+
+    proxy.blackhole();
+    timeout(ttl * 2, held.lost())
+        .await
+        .expect("lost() did not fire within 2 TTLs of the blackhole");
+    proxy.heal();
+    drop(held);
+    c.shutdown().await;
+    other.shutdown().await;
+    support::redis::until_only_fences(&redis.url(), &ns).await;
+}
