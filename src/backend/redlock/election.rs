@@ -69,7 +69,7 @@ impl RedlockBackend {
             // A majority says we do not lead.
             Err(Error::lost(claim.key()))
         } else {
-            Err(self.no_quorum(n - failed, "proclaim"))
+            Err(self.no_quorum(leads, "proclaim"))
         }
     }
 

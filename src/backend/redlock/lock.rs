@@ -142,12 +142,12 @@ impl RedlockBackend {
                 Err(_) => {}
             }
         }
-        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+        let (n, q, succeeded) = (self.inner.nodes.len(), self.inner.quorum, done.len());
         match held_until(done, q) {
             // Each node keeps the token the grant settled there, the quorum's `T`.
             Some(valid_until) => Ok(Grant::new(fence_of("redis", fence)?, valid_until)),
             None if refused > n - q => Err(Error::lost(claim.key())),
-            None => Err(self.no_quorum(n - refused, "downgrade")),
+            None => Err(self.no_quorum(succeeded, "downgrade")),
         }
     }
 

@@ -74,6 +74,7 @@ impl RedlockBackend {
                         None => {}
                     }
                 }
+                let succeeded = extended.len();
                 if let Some(until) = held_until(extended, q) {
                     Renewal::Extended(until)
                 } else if let Some(until) = kept {
@@ -81,7 +82,7 @@ impl RedlockBackend {
                 } else if refused > n - q {
                     Renewal::NotOwner
                 } else {
-                    Renewal::Failed(self.no_quorum(n - refused, "renew"))
+                    Renewal::Failed(self.no_quorum(succeeded, "renew"))
                 }
             })
             .collect()

@@ -49,11 +49,15 @@ pub(super) struct Held {
 }
 
 impl RedlockBackend {
-    pub(super) fn no_quorum(&self, answered: usize, what: &str) -> Error {
+    /// The error of a call that `succeeded` on fewer nodes than a quorum (the cause, where one
+    /// is known, goes after it). It counts the nodes where the call did what it asked, not the
+    /// ones that answered: a node that answers with an error (a counter it refuses to draw
+    /// from) or with a refusal failed as surely as one that did not answer.
+    pub(super) fn no_quorum(&self, succeeded: usize, what: &str) -> Error {
         Error::new(
             ErrorKind::Backend,
             format!(
-                "redlock {what}: only {answered} of {} nodes answered, a quorum needs {}",
+                "redlock {what}: {succeeded} of {} nodes succeeded, a quorum needs {}",
                 self.inner.nodes.len(),
                 self.inner.quorum
             ),
