@@ -1,5 +1,6 @@
 //! The names of one lock's keys and channels, and a claim's owner token: one layout for a single
-//! server, a Cluster and every Redlock node.
+//! server, a Cluster and every Redlock node, but for the fencing counter (`Counter`: one per
+//! namespace on a single server, one per lock elsewhere) and Redlock's own queue names.
 
 use std::time::Duration;
 

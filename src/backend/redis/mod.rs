@@ -5,19 +5,20 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<ns>:{<key>}` | string | a mutex hold: `m <fencing token> <q> <owner>[ <w> <wq>]` (`q` = 1 once anyone may queue behind it); PX = lease. An election's: the same, then `\n?` (a provisional lead) or `\n=<value>` (its leader) |
+//! | `<ns>:{<key>}` | string | a mutex hold: `m <fencing token> <q> <owner>[ <w> <wq>]` (`q` = 1 once anyone may queue behind it), or, taken by the plain commands on a single server (`fast.rs`), the bare owner token (no token recorded, nobody queued); PX = lease. An election's: the same, then `\n?` (a provisional lead) or `\n=<value>` (its leader) |
 //! | `<ns>:{<key>}` | hash | a read-write lock or semaphore: `t` = `rw`/`sem`, `m` permits, `u` in use, `wr` writer, `f:<owner>`, `n:<owner>` per holder |
 //! | `<ns>:{<key>}:h` | zset | read-write lock or semaphore holder → lease deadline (server time, ms) |
 //! | `<ns>:{<key>}:q` | list | waiting owner tokens (`r:`/`w:`/`<n>:` before them for the shared kinds), in arrival order |
 //! | `<ns>:{<key>}:w` | zset | waiting owner → liveness deadline (server time, ms) |
 //! | `<ns>:fence` | string | a single server's fencing counter, one per namespace (see `scripts/plain.lua`); expires an hour after it (re)started |
-//! | `<ns>:{<key>}:fence` | string | a Cluster's or Sentinel-managed primary's fencing counter, one per lock; expires an hour after it (re)started; `<n>q` while a mutex waiter may be queued |
+//! | `<ns>:{<key>}:fence` | string | a Cluster's or Sentinel-managed primary's fencing counter, one per lock; expires an hour after its last grant or mark; `<n>q` while a mutex waiter may be queued |
 //! | `<ns>:{<key>}:c:<client>` | channel | messages for one client's waiters on this lock |
 //! | `<ns>:{<key>}:e` | channel | an election's changes of leader, for its observers (see `election.rs`) |
 //!
 //! An uncontended mutex acquire on a single server is `SET NX PX`, `INCR` on the namespace's
-//! counter and `EXISTS` on the queue (see `fast.rs`); its release `GET` and `DEL`. The acquire and release
-//! calls one backend has in flight at once go as one function call (see `coalesce.rs`).
+//! counter and `EXISTS` on the queue (see `fast.rs`); its release `GET` and `DEL`. A mutex's
+//! acquire and release calls one backend has in flight at once go as one function call, except
+//! on a Cluster, by `EVALSHA` and for elections (see `coalesce.rs`).
 //!
 //! Owner tokens are `<client>.<claim>`: the backend's random id, then the claim's. A release
 //! hands the lock straight to the live head of the queue (owner set, fence incremented, a short
@@ -25,8 +26,8 @@
 //! the one connection that waits for it and no other (a handoff costs the same with 2 waiting
 //! clients or 200). The new owner learns of its grant from the message and confirms it with its
 //! first renewal. A waiter that misses the message re-checks at the holder's PTTL deadline, or
-//! when the pub/sub connection comes back. Every name is under the key's hash tag, so each
-//! channel lives in the key's Cluster slot.
+//! when the pub/sub connection comes back. Every name but a single server's namespace counter is
+//! under the key's hash tag, so each channel lives in the key's Cluster slot.
 //!
 //! The scripts are a Redis 7 function library where the server allows it, else sent by
 //! `EVALSHA` (see [`script`]).

@@ -32,9 +32,10 @@ pub use self::ticket::RedlockTicket;
 /// Locks held by a majority of independent Redis nodes (Redlock), with fencing tokens that
 /// strictly increase across the quorum and FIFO handoff announced over each node's pub/sub.
 ///
-/// Each node keeps the single-node layout (lease hash, fencing counter) with a queue ordered by
-/// *priority* instead of arrival: the waiter's own wall clock in µs when it first queued, sent
-/// to every node. So every node that knows the same waiters hands a free lock to the same one,
+/// Each node keeps the single-node layout (a mutex hold as a string expiring with the lease, a
+/// hash for read-write locks, a fencing counter per lock, `<ns>:{<key>}:fence`) with a queue
+/// ordered by *priority* instead of arrival: the waiter's own wall clock in µs when it first
+/// queued, sent to every node. So every node that knows the same waiters hands a free lock to the same one,
 /// and a release that reaches all nodes makes one waiter the holder of all of them.
 ///
 /// **Acquire** runs the node script on every node at once, each call bounded by the node

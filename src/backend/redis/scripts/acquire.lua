@@ -13,7 +13,9 @@ client_clock(ARGV[7])
 local said = ARGV[8]
 local leads = said and '=' .. said
 
--- The path most calls take, two or three commands: nobody may be queued (the counter carries
+-- The path most calls take, three commands on a single server (EXISTS, INCR, SET NX), four
+-- where tokens are floored by the server's clock (INCR, TIME, SET on the counter, SET NX):
+-- nobody may be queued (the counter carries
 -- no mark, so it counts on, and did not restart: a new counter has lost any mark the old one
 -- had; where counters carry no mark, `Q.marks`, the queue is looked at instead) and the key is
 -- free (SET NX). A token drawn for a key that turns out busy is skipped: tokens only need to

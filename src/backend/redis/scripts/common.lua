@@ -5,6 +5,8 @@
 --                  wq as below. An election's leadership is held the same way, followed by
 --                  "\n?" while the lead handed to a candidate is provisional (it leads once
 --                  its client confirms it) or "\n=<value>" (its leader, proclaiming value)
+--                  A hold taken by a single server's plain commands (`redis/fast.rs`) is the
+--                  bare owner token: no token recorded, nobody queued behind it
 --            hash  a read-write lock or semaphore: t = rw | sem, m = permits (sem),
 --                  u = permits in use (sem), wr = the writer (rw), f:<owner> = each holder's
 --                  fencing token, n:<owner> = each holder's permits (sem); w and wq as below
@@ -15,10 +17,14 @@
 --   queue    list  a mutex: owner tokens; the others: "<r|w|count>:<owner>", in arrival order
 --                  (Redlock: a zset of the same entries by priority, see `Q`)
 --   waiters  zset  owner token -> liveness deadline (server ms)
---   fence    string counter, long TTL; restarts at server time in microseconds. A "q" after
---                  the number marks that a mutex waiter may be queued (see `mark_queued`): an
---                  uncontended mutex acquire then learns from its INCR alone that it need not
---                  look at the queue, and it takes the lock with one `SET NX PX`.
+--   fence    string counter, long TTL; restarts at server time in microseconds. Per lock
+--                  (`<lock>:fence`) on a Cluster, behind Sentinel and on Redlock nodes; on a
+--                  single server one per namespace, `<ns>:fence`, outside the hash tag
+--                  (`Q.fence_of`, plain.lua). Where `Q.marks`, a "q" after the number marks
+--                  that a mutex waiter may be queued (see `mark_queued`): an uncontended mutex
+--                  acquire then learns from its INCR alone that it need not look at the queue,
+--                  and it takes the lock with one `SET NX PX`; where not (a single server), it
+--                  looks at the queue instead.
 -- Owner tokens are "<client id>.<claim id>" (no spaces). Every time is the server's TIME; no
 -- client clock reaches a score (a client's clock only lifts fencing tokens: see `next_fence`).
 
@@ -26,8 +32,9 @@
 -- tokens stay above the server's clock, and what else a call starts afresh. Here: a list in
 -- arrival order, always, PUBLISH, no, nothing. Redlock replaces the first two (a zset by
 -- priority; a node that lost its data grants nothing for a while) and the last (its rejoin
--- gate), Redis Cluster the middle two (sharded.lua). Looked up when called, so a file included
--- later can replace them.
+-- gate), Redis Cluster the publish (sharded.lua), Cluster and Sentinel the fence floor
+-- (failover.lua), a single server whether counters are marked and which counter a lock draws
+-- from (plain.lua). Looked up when called, so a file included later can replace them.
 local Q = {
   first = function(queue) return redis.call('LINDEX', queue, 0) end,
   head = function(queue, n) return redis.call('LRANGE', queue, 0, n - 1) end,

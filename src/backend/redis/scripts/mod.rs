@@ -4,8 +4,9 @@
 //! same scripts, after its own prelude (see `library.rs`); Redlock runs its own (see
 //! `redlock/scripts`), on the same helpers.
 //!
-//! Every name is under the lock's hash tag (see [`Keys`]), so each script's keys share one
-//! Cluster slot; owner tokens, TTLs and channel names reach the scripts as arguments only.
+//! Every name but a single server's namespace counter (`<ns>:fence`) is under the lock's hash
+//! tag (see [`Keys`]), so on a Cluster each script's keys share one slot; owner tokens, TTLs and
+//! channel names reach the scripts as arguments only.
 
 use std::time::Duration;
 
