@@ -26,8 +26,9 @@ pub struct Inspection {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Holder {
-    /// As what: [`LockKind::Exclusive`], [`LockKind::Read`], [`LockKind::Write`], or a
-    /// number of permits (`max` is 0 where the backend does not record it).
+    /// As what: [`LockKind::Exclusive`], [`LockKind::Read`], [`LockKind::Write`],
+    /// [`LockKind::Leader`] (an election), or a number of permits (`max` is 0 where the backend
+    /// does not record it).
     pub kind: LockKind,
     /// Its fencing token, where the backend can tell it.
     pub fencing_token: Option<u64>,
@@ -48,8 +49,8 @@ pub struct Waiter {
 }
 
 /// What [`LockClient::force_release`](crate::LockClient::force_release) removed from a key:
-/// the holders it dropped. Their guards learn it at their next renewal
-/// ([`is_lost`](crate::MutexGuard::is_lost) turns true), and every later grant of the key has
+/// the holders it dropped. Their guards learn it at their next renewal (memory and ZooKeeper
+/// holders at once: [`is_lost`](crate::MutexGuard::is_lost) turns true), and every later grant of the key has
 /// a fencing token above all of theirs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

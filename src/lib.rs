@@ -52,7 +52,8 @@
 //! - Feature `metrics` records acquisitions by outcome, wait and hold times, lost locks and
 //!   renewal round trips through the [`metrics`](https://docs.rs/metrics) facade, labelled by
 //!   backend and kind of lock (never by key). Every acquisition runs in a `distlock.acquire`
-//!   tracing span with the key; grants, losses and releases are `debug` events.
+//!   tracing span with the key; grants and releases are `debug` events, a lost lock a `warn`
+//!   event.
 //! - Feature `cli` builds the `distlock` command: `distlock run KEY -- CMD` holds a lock while a
 //!   command runs (cron jobs, migrations), `distlock inspect KEY` shows a key, `distlock unlock KEY --force` drops its holders.
 //!

@@ -89,6 +89,8 @@ impl Mutex {
     ///
     /// - [`InvalidKey`](crate::ErrorKind::InvalidKey) or
     ///   [`InvalidConfig`](crate::ErrorKind::InvalidConfig) before any I/O,
+    /// - [`KindMismatch`](crate::ErrorKind::KindMismatch) if the key is in use as a read-write
+    ///   lock, a semaphore or an election,
     /// - [`Backend`](crate::ErrorKind::Backend) if the service fails,
     /// - [`Closed`](crate::ErrorKind::Closed) if the client is shut down,
     /// - [`NoRuntime`](crate::ErrorKind::NoRuntime) outside a Tokio runtime.

@@ -105,7 +105,7 @@ enum Cmd {
     Schema,
     /// The operator's unlock: drops whoever holds KEY (every reader or permit holder too), so
     /// the first waiter is granted at once. The dropped holders' guards report the lock lost at
-    /// their next renewal and their fencing tokens are below every later grant's, so their
+    /// their next renewal (memory and ZooKeeper holders at once) and their fencing tokens are below every later grant's, so their
     /// fenced writes are refused. Without --force it only shows what would be removed (and
     /// exits 75 if anyone holds KEY).
     Unlock {

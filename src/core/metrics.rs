@@ -1,12 +1,13 @@
 //! Metrics through the `metrics` crate facade (feature `metrics`; without it every call here
 //! compiles to nothing). Labels are the backend (`memory`, `redis`, `zookeeper`, ...) and the
-//! kind of hold (`mutex`, `read`, `write`, `permits`), never the key: keys are unbounded.
+//! kind of hold (`mutex`, `read`, `write`, `leader`, `permits`), never the key: keys are
+//! unbounded.
 //!
 //! | name | type | labels | what |
 //! |---|---|---|---|
 //! | `distlock_acquisitions_total` | counter | backend, kind, outcome | every acquisition that ended: `granted`, `would_block`, `timeout`, `error` |
 //! | `distlock_wait_seconds` | histogram | backend, kind | from the call to the grant, granted ones only |
-//! | `distlock_hold_seconds` | histogram | backend, kind | from the grant to the release (explicit, `Drop` or shutdown) |
+//! | `distlock_hold_seconds` | histogram | backend, kind | from the grant to the release (explicit or `Drop`; leases released by `shutdown` are not recorded) |
 //! | `distlock_lost_total` | counter | backend, kind | claims marked lost (the server said so, the lease ran out, the session ended) |
 //! | `distlock_renewal_seconds` | histogram | backend | one renewal call (a batch of leases) |
 //! | `distlock_renewal_failures_total` | counter | backend | leases whose renewal call failed (retried until the lease runs out) |

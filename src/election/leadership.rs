@@ -98,7 +98,9 @@ impl Leadership {
     ///
     /// [`Lost`](crate::ErrorKind::Lost) if leadership was lost (the guard then reports it),
     /// [`Backend`](crate::ErrorKind::Backend) if the service fails (the old value may still
-    /// show; proclaiming again is safe). Either way [`value`](Self::value) keeps the value
+    /// show; proclaiming again is safe), [`Unsupported`](crate::ErrorKind::Unsupported) for a
+    /// value larger than the backend holds (1 MiB on Redis and Redlock, 1 MiB − 16 KiB on
+    /// ZooKeeper), before any I/O. Either way [`value`](Self::value) keeps the value
     /// the service last accepted.
     ///
     /// # Cancel safety

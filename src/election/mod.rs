@@ -112,10 +112,12 @@ impl Election {
     ///
     /// - [`InvalidKey`](crate::ErrorKind::InvalidKey) or
     ///   [`InvalidConfig`](crate::ErrorKind::InvalidConfig) before any I/O,
-    /// - [`Unsupported`](crate::ErrorKind::Unsupported) on a backend without elections,
+    /// - [`Unsupported`](crate::ErrorKind::Unsupported) on a backend without elections, or for
+    ///   a value larger than the backend holds (as [`Leadership::proclaim`]),
     /// - [`KindMismatch`](crate::ErrorKind::KindMismatch) if the key is in use as a lock,
     /// - [`Backend`](crate::ErrorKind::Backend) if the service fails,
-    /// - [`Closed`](crate::ErrorKind::Closed) if the client is shut down.
+    /// - [`Closed`](crate::ErrorKind::Closed) if the client is shut down,
+    /// - [`NoRuntime`](crate::ErrorKind::NoRuntime) outside a Tokio runtime.
     ///
     /// # Cancel safety
     ///

@@ -45,12 +45,14 @@ use super::{Attempt, Backend, Claim, Grant, Leader, LeaderWatch, LockKind, Renew
 use crate::error::{Error, Result};
 
 /// Default session timeout: how long the ensemble keeps our session (and locks) without
-/// hearing from us, and how long a disconnect may last before our guards report lost.
+/// hearing from us. Our guards report lost once a session timeout has passed since the last
+/// request the leader is known to have heard, which can come before a disconnect has lasted a
+/// whole session timeout (see [`ZkBackendBuilder::server_tick`]).
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The shortest session timeout accepted. A shorter session is lost to a garbage-collection
-/// pause or a leader election alone, and ZooKeeper servers refuse less than two ticks (4 s with
-/// the default `tickTime`) anyway.
+/// pause or a leader election alone, and ZooKeeper servers raise anything shorter to their
+/// `minSessionTimeout` (two ticks, 4 s with the default `tickTime`) anyway.
 pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Default [`ZkBackendBuilder::server_tick`]: ZooKeeper's default `tickTime`.
@@ -79,9 +81,11 @@ pub enum ZkAcl {
 /// key (a mutex where a read-write lock is in use, ...) fails with
 /// [`ErrorKind::KindMismatch`](crate::ErrorKind::KindMismatch).
 ///
-/// One session per backend. Locks live as long as it does: if the session expires, or we stay
-/// disconnected for a whole session timeout, every guard reports [`lost`](crate::MutexGuard::lost).
-/// A shorter blip keeps the locks, and waiters re-check as soon as the link is back.
+/// One session per backend. Locks live as long as it does: if the session expires, or a session
+/// timeout passes since the last request the leader is known to have heard (a disconnect of
+/// about two thirds of the timeout can be enough), every guard reports
+/// [`lost`](crate::MutexGuard::lost). A shorter blip keeps the locks, and waiters re-check as
+/// soon as the link is back.
 /// `ZkBackend` is a cheap `Clone` handle.
 ///
 /// # Examples
