@@ -52,7 +52,7 @@ impl LockClientBuilder {
     /// # Errors
     ///
     /// An [`InvalidConfig`](crate::ErrorKind::InvalidConfig) error if the namespace breaks its
-    /// rules or the TTL is zero.
+    /// rules or the TTL is below [`MIN_TTL`](crate::MIN_TTL) (10 ms).
     ///
     /// # Examples
     ///

@@ -259,8 +259,10 @@ impl ZkBackendBuilder {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a bad connect string, zero timeouts or server tick, or a creator ACL
-    /// without digest auth; [`ErrorKind::Backend`](crate::ErrorKind::Backend) if no server answers within the connect
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a bad connect string,
+    /// zero timeouts or server tick, a session timeout below [`MIN_SESSION_TIMEOUT`], a digest
+    /// without `:`, a creator ACL without digest auth, or a chroot inside `/zookeeper` or one it
+    /// may not create; [`ErrorKind::Backend`](crate::ErrorKind::Backend) if no server answers within the connect
     /// timeout or the server refuses the session or the credentials.
     ///
     /// # Cancel safety
