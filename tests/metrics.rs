@@ -217,3 +217,26 @@ async fn a_recorder_set_after_the_client_was_built_gets_its_values() {
     drop(_local);
     client.shutdown().await;
 }
+
+/// A lease that `shutdown` releases (its guard still alive) ends its hold like any other: one
+/// `distlock_hold_seconds` sample per hold, none more once the guard is dropped (before, a hold
+/// ended by shutdown was never recorded).
+#[tokio::test(flavor = "current_thread")]
+async fn a_hold_ended_by_shutdown_is_recorded_once() {
+    global();
+    let client = LockClient::builder(MemoryBackend::new()).build().unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let held = client.mutex("kept").lock().await.unwrap();
+    let read = client.rw_lock("kept-rw").read().await.unwrap();
+    client.shutdown().await;
+    assert!(held.is_lost() && read.is_lost());
+    drop((held, read));
+    tokio::task::yield_now().await;
+    let snap = snapshotter.snapshot().into_vec();
+    let holds = samples(&snap, "distlock_hold_seconds", &[("kind", "mutex")]);
+    assert_eq!(holds.len(), 1, "{holds:?}");
+    let reads = samples(&snap, "distlock_hold_seconds", &[("kind", "read")]);
+    assert_eq!(reads.len(), 1, "{reads:?}");
+}

@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | `distlock_acquisitions_total` | counter | backend, kind, outcome | every acquisition that ended: `granted`, `would_block`, `timeout`, `error` |
 //! | `distlock_wait_seconds` | histogram | backend, kind | from the call to the grant, granted ones only |
-//! | `distlock_hold_seconds` | histogram | backend, kind | from the grant to the release (explicit or `Drop`; leases released by `shutdown` are not recorded) |
+//! | `distlock_hold_seconds` | histogram | backend, kind | from the grant to the release (explicit, `Drop` or shutdown) |
 //! | `distlock_lost_total` | counter | backend, kind | claims marked lost (the server said so, the lease ran out, the session ended) |
 //! | `distlock_renewal_seconds` | histogram | backend | one renewal call (a batch of leases) |
 //! | `distlock_renewal_failures_total` | counter | backend | leases whose renewal call failed (retried until the lease runs out) |

@@ -165,6 +165,16 @@ impl Core {
         if !lease.finish() {
             return false;
         }
+        self.ended(lease);
+        if let Some(engine) = self.engine_of(lease) {
+            engine.forget(lease);
+        }
+        true
+    }
+
+    /// Records the end of `lease`'s hold, if it held (its hold time, the "lock released"
+    /// event): once, by whoever finished it.
+    fn ended(&self, lease: &Lease) {
         // Read under the schedule's lock, then let it go: the event's fields lock it again.
         let (held_since, fence) = {
             let schedule = lease.schedule();
@@ -174,10 +184,6 @@ impl Core {
             metrics::released(&self.metrics, lease.claim.kind(), since.elapsed());
             tracing::debug!(key = lease.claim.key(), fence, "lock released");
         }
-        if let Some(engine) = self.engine_of(lease) {
-            engine.forget(lease);
-        }
-        true
     }
 
     /// Stops renewal of `lease` and releases it in a task on `handle`.
@@ -292,6 +298,7 @@ impl Core {
             .into_iter()
             .flatten();
         let releases = leases.filter(|l| l.finish()).map(|lease| {
+            self.ended(&lease);
             let backend = self.backend.clone();
             async move {
                 lease.claim.mark_lost();
