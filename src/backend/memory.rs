@@ -25,7 +25,8 @@ const SWEEP_EVERY: u64 = 1024;
 /// and wakes it (no barging, no polling). A lease that is not renewed expires after its TTL, the
 /// old holder's guard is marked lost and the next waiter gets the lock. Fencing tokens come from
 /// one counter, so they increase across every grant of every key. A key nobody holds or waits
-/// for takes no memory.
+/// for takes no memory: one released or given up is removed at once, one whose lease ran out
+/// with nobody watching at the next sweep (every 1,024 operations on the backend).
 ///
 /// `MemoryBackend` is a cheap `Clone` handle: keep one to look at [`stats`](Self::stats) while
 /// a [`LockClient`](crate::LockClient) built from another clone uses it.
