@@ -1023,3 +1023,83 @@ async fn a_dead_candidate_is_never_reported_as_leader() {
     )
     .await;
 }
+
+/// The client's command connection goes silent for good (the path drops every byte, as when a
+/// NAT or conntrack entry is lost or a peer vanishes without a reset: the kernel keeps the
+/// socket for minutes) while it holds one lock and waits for another; new connections pass.
+/// The hold is reported lost, and then the client gets back to work on a new connection: a
+/// fresh key is granted, and the waiter (its queue entry renewed over the dead link until then)
+/// is granted once the other client releases. Before, the client sent every later call over
+/// the silent connection again, and no lock was granted for as long as it stayed silent.
+async fn recovers_from_a_silent_command_connection(ns: String, crash: bool) {
+    let url = shared_redis().url();
+    let proxy = Proxy::start(shared_redis().port());
+    let ttl = Duration::from_millis(800);
+    let c = client(&via(&proxy), &ns, ttl, Duration::from_millis(300), true).await;
+    let other = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
+    for i in 0..20 {
+        c.mutex(format!("warm{i}"))
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let held = other.mutex("hot").lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let c = c.clone();
+        async move { c.mutex("hot").lock().await.map(|g| g.fencing_token()) }
+    });
+    until_queued(&url, &ns, "hot", 1).await;
+    let mine = c.mutex("mine").lock().await.unwrap();
+    if crash {
+        proxy.crash(Duration::from_secs(600));
+    } else {
+        proxy.blackhole_only(Which::Commands);
+    }
+    let dark = Instant::now();
+    timeout(Duration::from_secs(5), mine.lost())
+        .await
+        .expect("the hold over the silent connection is reported lost");
+    // The call timeout (5 s) passes once before the connection is replaced.
+    let fresh = timeout(Duration::from_secs(20), async {
+        loop {
+            if let Ok(g) = c.mutex("fresh").lock_timeout(Duration::from_secs(6)).await {
+                return g;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "no lock granted {:?} after the link went silent",
+            dark.elapsed()
+        )
+    });
+    fresh.release().await.unwrap();
+    let token = held.fencing_token();
+    held.release().await.unwrap();
+    let granted = timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter is granted once the holder released")
+        .unwrap()
+        .unwrap();
+    assert!(granted > token, "{granted} after {token}");
+    drop(mine);
+    timeout(Duration::from_secs(15), c.shutdown())
+        .await
+        .expect("shutdown ends");
+    other.shutdown().await;
+    proxy.heal();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_command_connection_is_replaced() {
+    recovers_from_a_silent_command_connection(test_namespace!(), false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_host_crash_mid_call_is_ridden_out_on_new_connections() {
+    recovers_from_a_silent_command_connection(test_namespace!(), true).await;
+}

@@ -160,17 +160,39 @@ impl Commands {
         // Boxed: every layer above would carry it, and the futures of a lock's calls, boxed
         // whole where the backend's type is erased, would pass the 1 KiB that glibc serves from
         // its per-thread cache; a larger block takes the allocator's shared lock.
-        match Box::pin(tokio::time::timeout(CALL_TIMEOUT, self.invoke_once(inv))).await {
-            Ok(reply) => reply,
-            Err(_) => {
-                // A primary that stopped answering (paused, cut off) may have been
-                // replaced: ask the sentinels again at the next call.
-                #[cfg(feature = "redis-sentinel")]
-                if let Self::Sentinel(sentinel) = self {
-                    sentinel.forget();
+        Box::pin(self.attempt_within(inv)).await
+    }
+
+    /// [`attempt`](Self::attempt), unboxed.
+    async fn attempt_within<T: FromRedisValue + Send>(
+        &self,
+        inv: &impl Request,
+    ) -> std::result::Result<T, Failure> {
+        match self {
+            // Our own connection keeps the deadline itself: one that leaves a call unanswered
+            // for the whole of it is replaced (see `own.rs`).
+            Self::Own(own) => own.send_within(inv, CALL_TIMEOUT).await.map_err(|e| {
+                if e.is_timeout() {
+                    Failure::Timeout
+                } else {
+                    Failure::Call(e)
                 }
-                Err(Failure::Timeout)
-            }
+            }),
+            // Boxed: a pool's checkout or the sentinels' lookup would make the future of every
+            // call larger, on every topology.
+            #[allow(unreachable_patterns)]
+            _ => match tokio::time::timeout(CALL_TIMEOUT, Box::pin(self.invoke_there(inv))).await {
+                Ok(reply) => reply,
+                Err(_) => {
+                    // A primary that stopped answering (paused, cut off) may have been
+                    // replaced: ask the sentinels again at the next call.
+                    #[cfg(feature = "redis-sentinel")]
+                    if let Self::Sentinel(sentinel) = self {
+                        sentinel.forget();
+                    }
+                    Err(Failure::Timeout)
+                }
+            },
         }
     }
 
@@ -218,26 +240,17 @@ impl Commands {
         }
     }
 
-    async fn invoke_once<T: FromRedisValue + Send>(
-        &self,
-        inv: &impl Request,
-    ) -> std::result::Result<T, Failure> {
-        match self {
-            Self::Own(own) => own.send(inv).await.map_err(Failure::Call),
-            // Boxed: a pool's checkout or the sentinels' lookup would make the future of every
-            // call larger, on every topology.
-            #[allow(unreachable_patterns)]
-            _ => Box::pin(self.invoke_there(inv)).await,
-        }
-    }
-
-    /// [`invoke_once`](Self::invoke_once) on any topology.
+    /// One attempt at `inv` on any topology, without a deadline of its own (but our own
+    /// connection's, which is the call timeout).
     async fn invoke_there<T: FromRedisValue + Send>(
         &self,
         inv: &impl Request,
     ) -> std::result::Result<T, Failure> {
         match self {
-            Self::Own(own) => own.send(inv).await.map_err(Failure::Call),
+            Self::Own(own) => own
+                .send_within(inv, CALL_TIMEOUT)
+                .await
+                .map_err(Failure::Call),
             #[cfg(feature = "redis-cluster")]
             Self::Cluster(conn) => conn
                 .run(|mut c| async move { inv.send(&mut c).await })
