@@ -800,3 +800,66 @@ async fn nodes_out_of_memory_still_renew_and_release() {
     g.release().await.unwrap();
     c.shutdown().await;
 }
+
+/// Every node's command connection goes silent for good (the path drops every byte; new
+/// connections pass), one node of three first, then all: the nodes are marked down, and their
+/// probes, given longer than the call timeout, replace the silent connections, so the client
+/// gets back to work. Before, each call was dropped at the node timeout before the connection
+/// could be found silent, and the client granted nothing for as long as it stayed silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_node_connections_are_replaced() {
+    use support::proxy::Which;
+    let ns = test_namespace!();
+    let nodes = Nodes::start(3);
+    let (proxies, urls) = nodes.own_network();
+    let c = client_on(
+        urls,
+        &ns,
+        Duration::from_millis(800),
+        Duration::from_millis(300),
+    )
+    .await;
+    for i in 0..10 {
+        c.mutex(format!("warm{i}"))
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let mine = c.mutex("mine").lock().await.unwrap();
+    let first = mine.fencing_token();
+    drop(mine);
+    proxies[0].blackhole_only(Which::Commands);
+    let granted = |key: &'static str| {
+        let c = c.clone();
+        async move {
+            let started = Instant::now();
+            let got = timeout(Duration::from_secs(25), async {
+                loop {
+                    if let Ok(g) = c.mutex(key).lock_timeout(Duration::from_secs(3)).await {
+                        let token = g.fencing_token();
+                        g.release().await.unwrap();
+                        return token;
+                    }
+                }
+            })
+            .await;
+            got.unwrap_or_else(|_| panic!("`{key}` not granted {:?} after", started.elapsed()))
+        }
+    };
+    // Two of three still answer: a quorum.
+    granted("one-silent").await;
+    for p in &proxies[1..] {
+        p.blackhole_only(Which::Commands);
+    }
+    let token = granted("all-silent").await;
+    assert!(token > first, "{token} after {first}");
+    timeout(Duration::from_secs(15), c.shutdown())
+        .await
+        .expect("shutdown ends");
+    for p in &proxies {
+        p.heal();
+    }
+}

@@ -318,10 +318,13 @@ impl Node {
                     return;
                 }
                 // What reaches a node that is down, to learn that it is back (and to load the
-                // library there if it lost it).
+                // library there if it lost it). Given longer than the call timeout: a
+                // connection that leaves it unanswered so long has gone silent and is replaced
+                // (`redis/own.rs`), where the node's own deadline would only drop the call and
+                // leave the node on that connection for good.
                 let probe = library::call(&Ping);
                 if link
-                    .call_within::<i64>(link.timeout, "probe", &probe)
+                    .call_within::<i64>(CALL_TIMEOUT + link.timeout, "probe", &probe)
                     .await
                     .is_ok()
                 {
