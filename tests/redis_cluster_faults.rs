@@ -248,3 +248,124 @@ fn a_lock_after_a_runtime_end_is_granted_while_a_seed_primary_is_frozen() {
         && took[1].0 < Duration::from_secs(1);
     assert!(ok, "locks of `h` with seed {frozen} frozen: {took:?}");
 }
+
+/// Three primaries (no replicas) announcing the ports of a proxy each, so every client
+/// connection to them goes through a proxy (the cluster bus does not); returned with the
+/// cluster's `redis+cluster://` URL over the proxies.
+async fn proxied_cluster() -> (
+    Vec<support::server::redis::RedisServer>,
+    Vec<support::proxy::Proxy>,
+    String,
+) {
+    use support::server::redis::RedisServer;
+    let mut nodes = Vec::new();
+    let mut proxies = Vec::new();
+    for _ in 0..3 {
+        let bus = support::free_port().to_string();
+        let node = RedisServer::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+            "--cluster-port",
+            &bus,
+        ]);
+        let proxy = support::proxy::Proxy::start(node.port());
+        let mut con = support::redis::connection(&node.url()).await;
+        for (k, v) in [
+            ("cluster-announce-ip", "127.0.0.1".to_string()),
+            ("cluster-announce-port", proxy.port().to_string()),
+            ("cluster-announce-bus-port", bus.clone()),
+        ] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(k)
+                .arg(v)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+        }
+        nodes.push(node);
+        proxies.push(proxy);
+    }
+    let addrs: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("127.0.0.1:{}", p.port()))
+        .collect();
+    let out = std::process::Command::new(support::require_binary("redis-cli"))
+        .arg("--cluster")
+        .arg("create")
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    timeout(Duration::from_secs(30), async {
+        'settle: loop {
+            for node in &nodes {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut support::redis::connection(&node.url()).await)
+                    .await
+                    .unwrap();
+                if !info.contains("cluster_state:ok") {
+                    sleep(Duration::from_millis(100)).await;
+                    continue 'settle;
+                }
+            }
+            return;
+        }
+    })
+    .await
+    .expect("the cluster settles");
+    let url = format!("redis+cluster://{}", addrs.join(","));
+    (nodes, proxies, url)
+}
+
+/// Every primary's command connection goes silent for good (the path drops every byte; new
+/// connections pass): a call left unanswered for the call timeout has a new cluster connection
+/// made, and the client gets back to work. Before, redis-rs kept the silent connections, and
+/// no lock was granted for as long as they stayed silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_node_connections_are_replaced() {
+    use support::proxy::Which;
+    let ns = test_namespace!();
+    let (_nodes, proxies, url) = proxied_cluster().await;
+    let c = client_for(&url, &ns, Duration::from_millis(800)).await;
+    for i in 0..20 {
+        c.mutex(format!("warm{i}"))
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let first = c.mutex("k").lock().await.unwrap();
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    for p in &proxies {
+        p.blackhole_only(Which::Commands);
+    }
+    let started = tokio::time::Instant::now();
+    let again = timeout(Duration::from_secs(25), async {
+        loop {
+            if let Ok(g) = c.mutex("k").lock_timeout(Duration::from_secs(3)).await {
+                let t = g.fencing_token();
+                g.release().await.unwrap();
+                return t;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("not granted {:?} after the silence", started.elapsed()));
+    assert!(again > token, "{again} after {token}");
+    timeout(Duration::from_secs(15), c.shutdown())
+        .await
+        .expect("shutdown ends");
+    for p in &proxies {
+        p.heal();
+    }
+}

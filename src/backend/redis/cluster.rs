@@ -6,10 +6,16 @@
 //! the task goes with it and every call through the connection fails at once, for good. Here a
 //! call that finds the task gone has a new connection made, in a task on its own runtime, and
 //! fails as a dropped connection once it is made (the call is sent again at once).
+//!
+//! A call left unanswered for the call timeout has a new connection made too, in the same way
+//! (the call fails as timed out, and is sent again): redis-rs keeps a connection to a node that
+//! went silent (every byte dropped: a NAT entry lost, a peer gone without a reset), and every
+//! call for that node's slots would wait on it for minutes.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
 
 use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use ::redis::cluster_async::ClusterConnection;
@@ -63,19 +69,36 @@ impl OwnCluster {
 
     /// Runs `call` on the connection in use; if the call finds the connection's task gone,
     /// waits for a new connection (or the end of an attempt to make one) before returning the
-    /// call's error.
+    /// call's error. A call with no answer within `limit` (or ended by redis-rs's response
+    /// timeout) fails as timed out, and has a new connection made in the background.
     pub(crate) async fn run<T, F>(
         self: &Arc<Self>,
+        limit: Option<Duration>,
         call: impl FnOnce(ClusterConnection) -> F,
     ) -> RedisResult<T>
     where
         F: Future<Output = RedisResult<T>>,
     {
         let (n, conn) = self.conn.locked().clone();
-        let reply = call(conn).await;
+        let reply = match limit {
+            Some(limit) => match tokio::time::timeout(limit, call(conn)).await {
+                Ok(reply) => reply,
+                Err(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no answer from the redis cluster within the call timeout",
+                )
+                .into()),
+            },
+            None => call(conn).await,
+        };
         if let Err(e) = &reply {
             if task_gone(e) {
-                self.replaced(n).await;
+                self.replaced(n, "the redis cluster connection's task is gone (its runtime shut down); connecting again").await;
+            } else if e.is_timeout() {
+                self.replace(
+                    n,
+                    "a redis cluster call had no answer within its timeout; connecting again",
+                );
             }
         }
         reply
@@ -83,12 +106,12 @@ impl OwnCluster {
 
     /// Waits until connection `n` is replaced or an attempt to replace it ends, starting one
     /// unless one runs.
-    async fn replaced(self: &Arc<Self>, n: u64) {
+    async fn replaced(self: &Arc<Self>, n: u64, why: &'static str) {
         let mut made = self.made.subscribe();
         if *made.borrow_and_update() != n {
             return;
         }
-        self.replace(n);
+        self.replace(n, why);
         // Err only if the sender is gone, which `self` prevents.
         let _ = made.changed().await;
     }
@@ -96,13 +119,11 @@ impl OwnCluster {
     /// Makes a new connection in a task of its own, which a call that gave up waiting does not
     /// cancel (with a seed node that accepts but never answers, making one takes longer than a
     /// call may wait).
-    fn replace(self: &Arc<Self>, n: u64) {
-        if self.replacing.swap(true, Ordering::AcqRel) {
+    fn replace(self: &Arc<Self>, n: u64, why: &'static str) {
+        if self.conn.locked().0 != n || self.replacing.swap(true, Ordering::AcqRel) {
             return;
         }
-        tracing::warn!(
-            "the redis cluster connection's task is gone (its runtime shut down); connecting again"
-        );
+        tracing::warn!("{why}");
         let this = Arc::clone(self);
         tokio::spawn(async move {
             // However the attempt ends (its runtime shut down too), the next call may start

@@ -168,16 +168,26 @@ impl Commands {
         &self,
         inv: &impl Request,
     ) -> std::result::Result<T, Failure> {
+        let timed_out = |e: RedisError| {
+            if e.is_timeout() {
+                Failure::Timeout
+            } else {
+                Failure::Call(e)
+            }
+        };
         match self {
-            // Our own connection keeps the deadline itself: one that leaves a call unanswered
-            // for the whole of it is replaced (see `own.rs`).
-            Self::Own(own) => own.send_within(inv, CALL_TIMEOUT).await.map_err(|e| {
-                if e.is_timeout() {
-                    Failure::Timeout
-                } else {
-                    Failure::Call(e)
-                }
-            }),
+            // Our own connections keep the deadline themselves: one that leaves a call
+            // unanswered for the whole of it is replaced (see `own.rs`, `cluster.rs`).
+            Self::Own(own) => own.send_within(inv, CALL_TIMEOUT).await.map_err(timed_out),
+            #[cfg(feature = "redis-cluster")]
+            Self::Cluster(_) => {
+                Box::pin(self.invoke_there(inv))
+                    .await
+                    .map_err(|failure| match failure {
+                        Failure::Call(e) => timed_out(e),
+                        other => other,
+                    })
+            }
             // Boxed: a pool's checkout or the sentinels' lookup would make the future of every
             // call larger, on every topology.
             #[allow(unreachable_patterns)]
@@ -216,7 +226,10 @@ impl Commands {
                         Route::with_key(key, SlotAddr::Master),
                     ));
                     let value = conn
-                        .run(|mut c| async move { c.route_command(wait, route).await })
+                        .run(
+                            None,
+                            |mut c| async move { c.route_command(wait, route).await },
+                        )
                         .await?;
                     ::redis::from_redis_value(value).map_err(Into::into)
                 }
@@ -253,7 +266,10 @@ impl Commands {
                 .map_err(Failure::Call),
             #[cfg(feature = "redis-cluster")]
             Self::Cluster(conn) => conn
-                .run(|mut c| async move { inv.send(&mut c).await })
+                .run(
+                    Some(CALL_TIMEOUT),
+                    |mut c| async move { inv.send(&mut c).await },
+                )
                 .await
                 .map_err(Failure::Call),
             #[cfg(feature = "redis-sentinel")]
