@@ -273,20 +273,16 @@ async fn proxied_cluster() -> (
             &bus,
         ]);
         let proxy = support::proxy::Proxy::start(node.port());
-        let mut con = support::redis::connection(&node.url()).await;
-        for (k, v) in [
-            ("cluster-announce-ip", "127.0.0.1".to_string()),
-            ("cluster-announce-port", proxy.port().to_string()),
-            ("cluster-announce-bus-port", bus.clone()),
-        ] {
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg(k)
-                .arg(v)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-        }
+        let port = proxy.port().to_string();
+        support::redis::config_set(
+            &node.url(),
+            &[
+                ("cluster-announce-ip", "127.0.0.1"),
+                ("cluster-announce-port", &port),
+                ("cluster-announce-bus-port", &bus),
+            ],
+        )
+        .await;
         nodes.push(node);
         proxies.push(proxy);
     }
@@ -334,33 +330,12 @@ async fn silent_node_connections_are_replaced() {
     let ns = test_namespace!();
     let (_nodes, proxies, url) = proxied_cluster().await;
     let c = client_for(&url, &ns, Duration::from_millis(800)).await;
-    for i in 0..20 {
-        c.mutex(format!("warm{i}"))
-            .lock()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-    }
-    let first = c.mutex("k").lock().await.unwrap();
-    let token = first.fencing_token();
-    first.release().await.unwrap();
+    support::faults::open_connections(&c, 20).await;
+    let token = support::faults::granted_within(&c, "k", Duration::from_secs(5)).await;
     for p in &proxies {
         p.blackhole_only(Which::Commands);
     }
-    let started = tokio::time::Instant::now();
-    let again = timeout(Duration::from_secs(25), async {
-        loop {
-            if let Ok(g) = c.mutex("k").lock_timeout(Duration::from_secs(3)).await {
-                let t = g.fencing_token();
-                g.release().await.unwrap();
-                return t;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("not granted {:?} after the silence", started.elapsed()));
+    let again = support::faults::granted_within(&c, "k", Duration::from_secs(25)).await;
     assert!(again > token, "{again} after {token}");
     timeout(Duration::from_secs(15), c.shutdown())
         .await

@@ -1037,15 +1037,7 @@ async fn recovers_from_a_silent_command_connection(ns: String, crash: bool) {
     let ttl = Duration::from_millis(800);
     let c = client(&via(&proxy), &ns, ttl, Duration::from_millis(300), true).await;
     let other = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
-    for i in 0..20 {
-        c.mutex(format!("warm{i}"))
-            .lock()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-    }
+    faults::open_connections(&c, 20).await;
     let held = other.mutex("hot").lock().await.unwrap();
     let waiter = tokio::spawn({
         let c = c.clone();
@@ -1058,26 +1050,11 @@ async fn recovers_from_a_silent_command_connection(ns: String, crash: bool) {
     } else {
         proxy.blackhole_only(Which::Commands);
     }
-    let dark = Instant::now();
     timeout(Duration::from_secs(5), mine.lost())
         .await
         .expect("the hold over the silent connection is reported lost");
     // The call timeout (5 s) passes once before the connection is replaced.
-    let fresh = timeout(Duration::from_secs(20), async {
-        loop {
-            if let Ok(g) = c.mutex("fresh").lock_timeout(Duration::from_secs(6)).await {
-                return g;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "no lock granted {:?} after the link went silent",
-            dark.elapsed()
-        )
-    });
-    fresh.release().await.unwrap();
+    faults::granted_within(&c, "fresh", Duration::from_secs(20)).await;
     let token = held.fencing_token();
     held.release().await.unwrap();
     let granted = timeout(Duration::from_secs(15), waiter)

@@ -808,6 +808,7 @@ async fn nodes_out_of_memory_still_renew_and_release() {
 /// could be found silent, and the client granted nothing for as long as it stayed silent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_node_connections_are_replaced() {
+    use support::faults::{granted_within, open_connections};
     use support::proxy::Which;
     let ns = test_namespace!();
     let nodes = Nodes::start(3);
@@ -819,42 +820,15 @@ async fn silent_node_connections_are_replaced() {
         Duration::from_millis(300),
     )
     .await;
-    for i in 0..10 {
-        c.mutex(format!("warm{i}"))
-            .lock()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-    }
-    let mine = c.mutex("mine").lock().await.unwrap();
-    let first = mine.fencing_token();
-    drop(mine);
+    open_connections(&c, 10).await;
+    let first = granted_within(&c, "mine", Duration::from_secs(5)).await;
     proxies[0].blackhole_only(Which::Commands);
-    let granted = |key: &'static str| {
-        let c = c.clone();
-        async move {
-            let started = Instant::now();
-            let got = timeout(Duration::from_secs(25), async {
-                loop {
-                    if let Ok(g) = c.mutex(key).lock_timeout(Duration::from_secs(3)).await {
-                        let token = g.fencing_token();
-                        g.release().await.unwrap();
-                        return token;
-                    }
-                }
-            })
-            .await;
-            got.unwrap_or_else(|_| panic!("`{key}` not granted {:?} after", started.elapsed()))
-        }
-    };
     // Two of three still answer: a quorum.
-    granted("one-silent").await;
+    granted_within(&c, "one-silent", Duration::from_secs(25)).await;
     for p in &proxies[1..] {
         p.blackhole_only(Which::Commands);
     }
-    let token = granted("all-silent").await;
+    let token = granted_within(&c, "all-silent", Duration::from_secs(25)).await;
     assert!(token > first, "{token} after {first}");
     timeout(Duration::from_secs(15), c.shutdown())
         .await

@@ -590,3 +590,30 @@ pub async fn crashed_holder_and_waiters_cost_its_lease_and_a_handoff_lease_each(
     drop(guard);
     next.shutdown().await;
 }
+
+/// Locks and releases `n` keys (`warm<i>`) through `client`, so that its connections are open
+/// before a fault is set on them.
+pub async fn open_connections(client: &LockClient, n: usize) {
+    for i in 0..n {
+        let guard = client.mutex(format!("warm{i}")).lock().await.unwrap();
+        guard.release().await.unwrap();
+    }
+}
+
+/// Asks for `key` again and again (each ask bounded) until it is granted, for at most
+/// `within`; releases it and returns its token. Panics, saying how long it asked, if it is
+/// never granted.
+pub async fn granted_within(client: &LockClient, key: &str, within: Duration) -> u64 {
+    let started = Instant::now();
+    let token = timeout(within, async {
+        loop {
+            if let Ok(g) = client.mutex(key).lock_timeout(Duration::from_secs(3)).await {
+                let token = g.fencing_token();
+                g.release().await.unwrap();
+                return token;
+            }
+        }
+    })
+    .await;
+    token.unwrap_or_else(|_| panic!("`{key}` not granted {:?} after", started.elapsed()))
+}

@@ -260,7 +260,17 @@ pub async fn out_of_memory(url: &str) {
         .query_async(&mut con)
         .await
         .unwrap();
-    for (k, v) in [("maxmemory-policy", "noeviction"), ("maxmemory", "2mb")] {
+    config_set(
+        url,
+        &[("maxmemory-policy", "noeviction"), ("maxmemory", "2mb")],
+    )
+    .await;
+}
+
+/// `CONFIG SET` of each pair on the server at `url`.
+pub async fn config_set(url: &str, pairs: &[(&str, &str)]) {
+    let mut con = connection(url).await;
+    for (k, v) in pairs {
         let _: () = redis::cmd("CONFIG")
             .arg("SET")
             .arg(k)
