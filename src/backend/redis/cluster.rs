@@ -83,11 +83,7 @@ impl OwnCluster {
         let reply = match limit {
             Some(limit) => match tokio::time::timeout(limit, call(conn)).await {
                 Ok(reply) => reply,
-                Err(_) => Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no answer from the redis cluster within the call timeout",
-                )
-                .into()),
+                Err(_) => Err(super::own::no_answer()),
             },
             None => call(conn).await,
         };

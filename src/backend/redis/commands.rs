@@ -253,8 +253,8 @@ impl Commands {
         }
     }
 
-    /// One attempt at `inv` on any topology, without a deadline of its own (but our own
-    /// connection's, which is the call timeout).
+    /// One attempt at `inv` on any topology. Only our own connections (single server, Cluster)
+    /// keep the call timeout here; the caller bounds the others.
     async fn invoke_there<T: FromRedisValue + Send>(
         &self,
         inv: &impl Request,

@@ -176,13 +176,19 @@ impl Why {
             Self::Panicked => {
                 dropped("the redis connection's reconnect panicked (its runtime shut down)")
             }
-            Self::Silent => std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no answer from redis within the call timeout",
-            )
-            .into(),
+            Self::Silent => no_answer(),
         }
     }
+}
+
+/// The error of a call left unanswered for its deadline (`is_timeout`), on our own connection
+/// or a Cluster's: the connection it went through is made again.
+pub(super) fn no_answer() -> RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "no answer from redis within the call timeout",
+    )
+    .into()
 }
 
 /// The error of a call whose connection went away under it: retried at once, in doubt.
