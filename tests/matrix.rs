@@ -149,7 +149,7 @@ const REPLICATED: Sizes = Sizes {
         cancellers: 3,
         holder_rounds: 25,
         cancel_rounds: 80,
-        unit: Duration::from_micros(50),
+        unit: Duration::from_micros(20),
     },
     drops: Torture {
         cancel_rounds: 150,
@@ -237,7 +237,7 @@ matrix! {
             cancellers: 3,
             holder_rounds: 10,
             cancel_rounds: 60,
-            unit: Duration::from_micros(50),
+            unit: Duration::from_micros(20),
         },
         rw_exclusion: (6, 15, 4),
         ..BASE
