@@ -106,17 +106,30 @@ async fn a_handoff_notifies_only_the_client_it_names() {
         }));
         until_queued(&url, &ns, "k", i + 1).await;
     }
-    // Every client listens on a channel of its own.
+    // Every client listens on a channel of its own: the 9 claims' owners name 9 channels, and
+    // each has a LISTEN connection of its own holding that channel's mark (the advisory lock it
+    // takes just before it listens, kept for the session). Read from state the connections
+    // keep, not from their last statement, which the hub's pings replace every second.
     let probe = connection(&url).await;
-    let channels: i64 = probe
+    let row = probe
         .query_one(
-            "SELECT count(DISTINCT query) FROM pg_stat_activity WHERE application_name = 'distlock-listen' AND query LIKE 'LISTEN distlock_%'",
-            &[],
+            "SELECT count(DISTINCT distlock.channel(c.owner)), count(DISTINCT a.pid) \
+             FROM distlock.claims c \
+             LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted \
+               AND ((l.classid::bigint << 32) | l.objid::bigint) = distlock.listener(c.owner) \
+             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+               AND a.application_name = 'distlock-listen' \
+             WHERE c.ns = $1 AND c.key = 'k'",
+            &[&ns],
         )
         .await
-        .unwrap()
-        .get(0);
-    assert!(channels >= 9, "{channels} distinct LISTEN channels");
+        .unwrap();
+    let (channels, listeners): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(
+        (channels, listeners),
+        (9, 9),
+        "distinct channels and LISTEN connections marked for them, for 9 clients"
+    );
     held.release().await.unwrap();
     for w in waiters {
         timeout(Duration::from_secs(20), w).await.unwrap().unwrap();
