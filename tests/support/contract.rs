@@ -264,6 +264,7 @@ where
 /// What the partition check needs of a guard, for every guard type.
 pub trait Guard: Send + Sync {
     fn lost_signal(&self) -> futures::future::BoxFuture<'_, ()>;
+    fn lease_end(&self) -> std::time::Instant;
 }
 
 macro_rules! impl_guard {
@@ -271,6 +272,9 @@ macro_rules! impl_guard {
         impl Guard for $t {
             fn lost_signal(&self) -> futures::future::BoxFuture<'_, ()> {
                 Box::pin(self.lost())
+            }
+            fn lease_end(&self) -> std::time::Instant {
+                self.valid_until()
             }
         }
     )*};
@@ -302,8 +306,14 @@ pub fn spawn_timed_lock(
 
 /// The partition check: `waiter` (from [`spawn_timed`]) is queued behind `held`. Runs `cut`
 /// (which partitions the holder from the service, e.g. a proxy blackhole), waits for both the
-/// holder's `lost()` and the waiter's grant, and asserts the holder learned first. Returns the
-/// waiter's guard and, from the cut, when the holder learned and when the waiter was granted.
+/// holder's `lost()` and the waiter's grant, and asserts the holder stopped believing it held
+/// the lock first. Returns the waiter's guard and, from the cut, when the holder stopped
+/// believing and when the waiter was granted.
+///
+/// When the holder stopped believing is the earlier of its lease's end (`valid_until`, fixed
+/// by the guard, not by when a task ran) and the moment this task saw `lost()` resolve: on a
+/// loaded machine the task may be scheduled well after the signal, and the margin a lease
+/// keeps over the server's expiry is its drift margin, a few milliseconds.
 pub async fn partition_then_handover<G>(
     cut: impl FnOnce(),
     held: &dyn Guard,
@@ -321,6 +331,7 @@ pub async fn partition_then_handover<G>(
         .expect("the waiter never got the lock of the partitioned holder")
         .expect("waiter task");
     let guard = guard.expect("waiter lock()");
+    let lost_at = lost_at.min(tokio::time::Instant::from_std(held.lease_end()));
     assert!(
         lost_at <= granted_at,
         "another client was granted the lock {:?} after the partition, {:?} before the old holder learned it lost it",
