@@ -161,6 +161,9 @@ const REPLICATED: Sizes = Sizes {
     },
     rw_exclusion: (6, 15, 4),
     semaphore_bound: (6, 3, 15),
+    // A lease case's shorter TTL (half of this) is renewed every third of it, through a
+    // replica or a shard more: 600 ms leaves each renewal 400 ms on a loaded machine.
+    lease_ttl: Duration::from_millis(1200),
     ..BASE
 };
 
@@ -240,6 +243,7 @@ matrix! {
             unit: Duration::from_micros(20),
         },
         rw_exclusion: (6, 15, 4),
+        lease_ttl: REPLICATED.lease_ttl,
         ..BASE
     }, [mutex, rw, lease, election] skip [semaphore];
 
