@@ -357,11 +357,14 @@ pub(crate) fn liveness(
             )),
         }
     }
-    // On ZooKeeper, waiters killed just before the calm hold their place until their sessions
-    // expire: gaps are judged from then on.
+    // On ZooKeeper (standalone or ensemble), waiters killed just before the calm hold their
+    // place until their sessions expire, what one dead waiter costs there: gaps are judged from
+    // then on.
     let last_kill = log.kills.iter().max().copied();
-    let from = match (backend, last_kill) {
-        ("zookeeper", Some(k)) => (k + ttl() + SLACK).max(calm),
+    let from = match last_kill {
+        Some(k) if backend.starts_with("zookeeper") => {
+            (k + dead_waiters_cost(backend, 1) + SLACK).max(calm)
+        }
         _ => calm,
     };
     let mut gap_max = Duration::ZERO;
