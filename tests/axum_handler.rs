@@ -49,7 +49,14 @@ async fn a_busy_order_is_409_and_a_slow_one_503() {
     let b = serve(locks.clone()).await;
 
     let first = tokio::spawn(async move { post(a, "/orders/42/settle").await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Until the first settle holds order 42 (for its 400 ms of work).
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while locks.inspect("orders:42").await.unwrap().holders.is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the first settle never took order 42");
     assert_eq!(
         post(b, "/orders/42/settle").await,
         409,

@@ -331,7 +331,14 @@ async fn read_write_and_permit_modes() {
             tokio::spawn(async move { read_doc(&client, 1, &inside).await.unwrap() })
         })
         .collect();
-    sleep(Duration::from_millis(30)).await;
+    // All three inside at once (each stays 100 ms): they share it, and hold it now.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while inside.load(Ordering::SeqCst) < 3 {
+            sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("three readers never held the lock together");
     assert!(try_write_doc(&client, 1)
         .await
         .unwrap_err()

@@ -92,7 +92,20 @@ async fn grants_and_renewals_wait_for_the_replicas() {
     let stall = std::thread::spawn(move || {
         let _: redis::RedisResult<()> = query_port(port, redis::cmd("DEBUG").arg("SLEEP").arg(1.5));
     });
-    sleep(Duration::from_millis(100)).await;
+    // Until the replica is asleep: a PING it leaves unanswered for 50 ms.
+    let mut probe = support::redis::connection(&replica.url()).await;
+    timeout(Duration::from_secs(5), async {
+        loop {
+            let ping = redis::cmd("PING");
+            let answer = ping.query_async::<String>(&mut probe);
+            if timeout(Duration::from_millis(50), answer).await.is_err() {
+                return;
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the replica never stalled");
     let err = c.mutex("k").lock().await.unwrap_err();
     assert!(err.to_string().contains("0 of 1 replicas"), "{err}");
     stall.join().unwrap();
