@@ -89,11 +89,12 @@ async fn grants_and_renewals_wait_for_the_replicas() {
     // The replica stalls (DEBUG SLEEP): a grant it cannot acknowledge is undone; after, fine.
     let c = client(&url, &ns, 1, Duration::from_secs(2)).await;
     let port = replica.port();
+    // Connected before the replica sleeps: a connection's handshake would wait out the stall.
+    let mut probe = support::redis::connection(&replica.url()).await;
     let stall = std::thread::spawn(move || {
         let _: redis::RedisResult<()> = query_port(port, redis::cmd("DEBUG").arg("SLEEP").arg(1.5));
     });
     // Until the replica is asleep: a PING it leaves unanswered for 50 ms.
-    let mut probe = support::redis::connection(&replica.url()).await;
     timeout(Duration::from_secs(5), async {
         loop {
             let ping = redis::cmd("PING");
