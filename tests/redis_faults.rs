@@ -423,18 +423,24 @@ async fn a_wait_rides_out_a_dead_pubsub_link_it_found_idle() {
 /// redis-server restarts without its data after `outage` under a holder with a long lease
 /// (30 s, so neither its next renewal nor its deadline falls in the outage).
 async fn believed_after_a_restart(outage: Duration) -> Duration {
-    believed_after_a_restart_via(outage, false).await
+    believed_after_a_restart_via(outage, false, false).await
 }
 
 /// As [`believed_after_a_restart`]; with `proxied` the holder reaches the server through a TCP
-/// proxy, which accepts connections and closes them while the server is down.
-async fn believed_after_a_restart_via(outage: Duration, proxied: bool) -> Duration {
+/// proxy, which accepts connections and closes them while the server is down; with `warm` the
+/// holder's client took and released another lock first, as every busy client has (its
+/// renewal task then sleeps on that lease's timer, and the new lease waits in its inbox).
+async fn believed_after_a_restart_via(outage: Duration, proxied: bool, warm: bool) -> Duration {
     let ns = "restart-outage";
     let mut server = support::server::redis::RedisServer::start();
     let ttl = Duration::from_secs(30);
     let proxy = Proxy::start(server.port());
     let holder_url = if proxied { via(&proxy) } else { server.url() };
     let holder = client(&holder_url, ns, ttl, Duration::from_millis(300), true).await;
+    if warm {
+        let earlier = holder.mutex("earlier").lock().await.unwrap();
+        earlier.release().await.unwrap();
+    }
     let held = holder.mutex("k").lock().await.unwrap();
     let server = tokio::task::spawn_blocking(move || {
         server.restart_after(|| std::thread::sleep(outage));
@@ -477,6 +483,18 @@ async fn after_a_restart_the_old_holder_is_told_whatever_the_outage() {
     }
 }
 
+/// A client warm from an earlier lock: the lease it took last is renewed at the reconnect too,
+/// not at its first scheduled renewal (a third of the TTL later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_a_warm_clients_holder_is_told_at_once() {
+    let late = believed_after_a_restart_via(Duration::from_millis(300), false, true).await;
+    println!("old holder told {late:?} after the new grant");
+    assert!(
+        late <= Duration::from_millis(50),
+        "the old holder believed it held {late:?} past the new grant"
+    );
+}
+
 /// Issue 27: through a TCP proxy that accepts and closes connections while the server is down,
 /// the old holder is told within a few hundred milliseconds of the new grant too. Its
 /// pub/sub link cannot tell such a proxy from a server refusing clients at `maxclients`, so it
@@ -485,7 +503,7 @@ async fn after_a_restart_the_old_holder_is_told_whatever_the_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restart_the_old_holder_behind_a_proxy_is_told_soon() {
     for outage in [500, 3000, 6000].map(Duration::from_millis) {
-        let late = believed_after_a_restart_via(outage, true).await;
+        let late = believed_after_a_restart_via(outage, true, false).await;
         println!("outage {outage:?}: old holder told {late:?} after the new grant");
         assert!(
             late <= Duration::from_millis(350),

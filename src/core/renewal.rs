@@ -233,6 +233,9 @@ async fn run(backend: Arc<dyn DynBackend>, config: EngineConfig, alive: Alive) {
         timers: BTreeSet::new(),
         calls: FuturesUnordered::new(),
     };
+    // A connection came back since the inbox was last drained: every held lease is renewed
+    // once the leases taken since the task last woke (still in the inbox) are tracked too.
+    let mut reconnected = false;
     loop {
         // Take in what arrived; go to sleep only with an empty inbox, saying until when, in
         // the same critical section, so a lease due earlier wakes us.
@@ -262,6 +265,9 @@ async fn run(backend: Arc<dyn DynBackend>, config: EngineConfig, alive: Alive) {
                 return;
             }
         };
+        if std::mem::take(&mut reconnected) {
+            task.renew_held_now();
+        }
         tokio::select! {
             () = shared.wake.notified() => {}
             Some(sent) = task.calls.next(), if !task.calls.is_empty() => task.apply(sent),
@@ -272,7 +278,7 @@ async fn run(backend: Arc<dyn DynBackend>, config: EngineConfig, alive: Alive) {
                 }
             } => {
                 if moved {
-                    task.renew_held_now();
+                    reconnected = true;
                 } else {
                     reconnects = None;
                 }
