@@ -10,54 +10,18 @@
 //! - releases itself on `Drop` in a spawned task, never blocking.
 //!
 //! Every future is cancellation-safe: dropping a `lock()` future at any await point removes its
-//! queue entry and releases a grant that raced with the drop.
+//! queue entry and releases a grant that raced with the drop. Errors say what went wrong through
+//! [`Error`]'s predicates ([`is_would_block`](Error::is_would_block),
+//! [`is_timeout`](Error::is_timeout), [`is_transient`](Error::is_transient), ...); each method's
+//! own `# Errors` and `# Cancel safety` sections give the details.
 //!
-//! The rest of the family keeps the same guard contract: [`RwLock`] (many readers or one
-//! writer, fair and write-preferring, with [`RwLockWriteGuard::downgrade`]), [`Semaphore`]
-//! (counted permits that are leases) and [`MultiLock`] (several keys in one deadlock-free order,
-//! all or nothing).
+//! # The primitives
 //!
-//! # Backends
+//! Every primitive is a cheap handle made by a [`LockClient`] (no I/O until used), and every
+//! guard keeps the contract above. The examples run on the in-process memory backend; the same
+//! code runs on every backend.
 //!
-//! One API over several services, behind the [`Backend`](backend::Backend) trait:
-//!
-//! - [`MemoryBackend`](backend::MemoryBackend) (feature `memory`, default): in-process, the same
-//!   semantics; for single replicas, tests and the quickstart.
-//! - [`RedisBackend`](backend::RedisBackend) (feature `redis`; `redis-deadpool` and `redis-bb8`
-//!   take a connection pool): a FIFO queue per key in Redis with direct handoff announced over
-//!   one shared pub/sub connection per client. Open it with `LockClient::redis(url)`.
-//!   A Redis Cluster (`redis+cluster://`, feature `redis-cluster`: sharded pub/sub, renewal per
-//!   slot) and a Sentinel-managed primary (`redis+sentinel://`, feature `redis-sentinel`) use
-//!   the same backend.
-//! - [`RedlockBackend`](backend::RedlockBackend) (feature `redlock`): mutexes, read-write
-//!   locks and elections over a majority of independent Redis nodes, with fencing tokens that increase across
-//!   the quorum and FIFO handoff over each node's pub/sub. Open it with
-//!   `LockClient::redlock(urls)`.
-//! - [`ZkBackend`](backend::ZkBackend) (feature `zookeeper`): Curator 5 compatible locks
-//!   (`InterProcessMutex`, `InterProcessReadWriteLock`, `InterProcessSemaphoreV2` layouts, one
-//!   watched node per waiter) on one session per client; a Java service using Curator on the
-//!   same path shares our queue. Open it with `LockClient::zookeeper(connect)`.
-//! - [`PgBackend`](backend::PgBackend) (feature `postgres`; `postgres-deadpool` takes a pool): a
-//!   lease table in PostgreSQL, one function call per operation (works through PgBouncer in
-//!   transaction mode), handoff announced over one LISTEN connection per client. Open it with
-//!   `LockClient::postgres(url)`.
-//!
-//! With feature `macros`, [`#[distributed_lock("orders:{id}")]`](distributed_lock) runs an
-//! `async fn` under a lock named by its arguments.
-//!
-//! # Operating
-//!
-//! - [`LockClient::inspect`] reads who holds a key and who waits ([`Inspection`]);
-//!   [`LockClient::force_release`] is the operator's unlock for a stuck holder ([`ForceReleased`]).
-//! - Feature `metrics` records acquisitions by outcome, wait and hold times, lost locks and
-//!   renewal round trips through the [`metrics`](https://docs.rs/metrics) facade, labelled by
-//!   backend and kind of lock (never by key). Every acquisition runs in a `distlock.acquire`
-//!   tracing span with the key; grants and releases are `debug` events, a lost lock a `warn`
-//!   event.
-//! - Feature `cli` builds the `distlock` command: `distlock run KEY -- CMD` holds a lock while a
-//!   command runs (cron jobs, migrations), `distlock inspect KEY` shows a key, `distlock unlock KEY --force` drops its holders.
-//!
-//! # Examples
+//! [`Mutex`]: one holder at a time.
 //!
 //! ```
 //! use std::time::Duration;
@@ -77,6 +41,148 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! [`RwLock`]: many readers or one writer, fair and write-preferring, with
+//! [`RwLockWriteGuard::downgrade`].
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let client = distlock::LockClient::memory();
+//! let config = client.rw_lock("config");
+//! let (a, b) = (config.read().await?, config.read().await?); // readers share
+//! assert!(config.try_write().await.unwrap_err().is_would_block());
+//! drop((a, b));
+//! let write = config.write().await?;
+//! let read = write.downgrade().await?; // no queued writer gets in between
+//! # drop(read);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`Semaphore`]: counted permits that are leases; every client of a key agrees on the count.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let client = distlock::LockClient::memory();
+//! let exports = client.semaphore("exports", 4);
+//! let three = exports.acquire_many(3).await?; // all or none
+//! assert_eq!(three.count(), 3);
+//! assert!(exports.try_acquire_many(2).await.unwrap_err().is_would_block());
+//! let one = exports.acquire().await?;
+//! # drop((three, one));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`MultiLock`]: several keys in one deadlock-free order, all or nothing.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let client = distlock::LockClient::memory();
+//! let both = client.multi_lock(["stock:oslo", "stock:berlin"]).read("prices").lock().await?;
+//! assert_eq!(both.fencing_tokens().len(), 3);
+//! both.release().await?; // in reverse order
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`Election`]: candidates lead in turn; the leader holds a [`Leadership`] guard whose
+//! [`term`](Leadership::term) increases from one leader to the next (its fencing token).
+//! [`Election::leader`] reads who leads and [`Election::observe`] follows every change.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let client = distlock::LockClient::memory();
+//! let election = client.election("scheduler");
+//! let leading = election.campaign("10.0.0.7:8080").await?;
+//! assert_eq!(election.leader().await?.unwrap().term(), leading.term());
+//! leading.resign().await?;
+//! assert!(election.leader().await?.is_none());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`Election::lead`] is the background-worker shape: it runs the work only while leading,
+//! drops it when leadership is lost and campaigns again. It calls its closure once a term, so
+//! the closure is an `FnMut`: an `async move` block cannot move a captured value out of it
+//! (error E0507). Clone the value into each future, or share it in an [`Arc`](std::sync::Arc):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let client = distlock::LockClient::memory();
+//! let db_url = String::from("postgres://app@db/app"); // state the work needs
+//! let term = client
+//!     .election("scheduler")
+//!     .lead("worker-7", |term| {
+//!         let db_url = db_url.clone(); // a copy for this term's future
+//!         async move { run_scheduler(&db_url, term).await }
+//!     })
+//!     .await?;
+//! assert!(term > 0);
+//! # Ok(())
+//! # }
+//! async fn run_scheduler(db_url: &str, term: u64) -> u64 {
+//!     // ... only the leader gets here; writes carry `term` ...
+//!     # let _ = db_url;
+//!     term
+//! }
+//! ```
+//!
+//! # Backends
+//!
+//! One API over several services, behind the [`Backend`](backend::Backend) trait. Every
+//! backend has every primitive, except Redlock's semaphores.
+//!
+//! - [`MemoryBackend`](backend::MemoryBackend) (feature `memory`, default): in-process, the same
+//!   semantics; for single replicas, tests and the quickstart.
+//! - [`RedisBackend`](backend::RedisBackend) (feature `redis`; `redis-deadpool` and `redis-bb8`
+//!   take a connection pool): a FIFO queue per key in Redis with direct handoff announced over
+//!   one shared pub/sub connection per client. Open it with `LockClient::redis(url)`.
+//!   A Redis Cluster (`redis+cluster://`, feature `redis-cluster`: sharded pub/sub, renewal per
+//!   slot) and a Sentinel-managed primary (`redis+sentinel://`, feature `redis-sentinel`) use
+//!   the same backend.
+//! - [`RedlockBackend`](backend::RedlockBackend) (feature `redlock`): mutexes, read-write
+//!   locks, multi-locks and elections over a majority of independent Redis nodes, with fencing
+//!   tokens that increase across the quorum and FIFO handoff over each node's pub/sub. Open it
+//!   with `LockClient::redlock(urls)`.
+//! - [`ZkBackend`](backend::ZkBackend) (feature `zookeeper`): Curator 5 compatible locks
+//!   (`InterProcessMutex`, `InterProcessReadWriteLock`, `InterProcessSemaphoreV2` and
+//!   `LeaderLatch` layouts, one watched node per waiter) on one session per client; a Java
+//!   service using Curator on the same path shares our queue. Open it with
+//!   `LockClient::zookeeper(connect)`.
+//! - [`PgBackend`](backend::PgBackend) (feature `postgres`; `postgres-deadpool` takes a pool): a
+//!   lease table in PostgreSQL, one function call per operation (works through PgBouncer in
+//!   transaction mode), handoff announced over one LISTEN connection per client. Open it with
+//!   `LockClient::postgres(url)`.
+//!
+//! [`LockClient::connect`] opens the service a URL names (`redis://…`, `zk://…`,
+//! `postgres://…`, `memory:`, ...); [`LockClient::builder_for`] does the same and returns a
+//! builder, to set a namespace or TTL first. A lease lasts [`DEFAULT_TTL`] (30 s) unless set
+//! ([`LockClientBuilder::ttl`]); on ZooKeeper it is the session timeout (10 s by default).
+//!
+//! The crate's README compares the backends' guarantees, failure modes and costs, and lists
+//! the safety caveats of each (a single Redis server restarted without persistence can briefly
+//! give two holders; replication behind Redis Sentinel and Cluster is asynchronous).
+//!
+//! With feature `macros`, [`#[distributed_lock("orders:{id}")]`](distributed_lock) runs an
+//! `async fn` under a lock named by its arguments.
+//!
+//! # Operating
+//!
+//! - [`LockClient::inspect`] reads who holds a key and who waits ([`Inspection`]);
+//!   [`LockClient::force_release`] is the operator's unlock for a stuck holder ([`ForceReleased`]).
+//! - Feature `metrics` records acquisitions by outcome, wait and hold times, lost locks and
+//!   renewal round trips through the [`metrics`](https://docs.rs/metrics) facade, labelled by
+//!   backend and kind of lock (never by key). Every acquisition runs in a `distlock.acquire`
+//!   tracing span with the key; grants and releases are `debug` events, a lost lock a `warn`
+//!   event.
+//! - Feature `cli` builds the `distlock` command: `distlock run KEY -- CMD` holds a lock while a
+//!   command runs (cron jobs, migrations), `distlock inspect KEY` shows a key, `distlock unlock KEY --force` drops its holders.
 #![warn(
     missing_docs,
     missing_debug_implementations,
