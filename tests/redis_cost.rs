@@ -52,11 +52,13 @@ fn fcall_acquire(library: &str, lock: &str, owner: &str, wait: u8) -> redis::Cmd
 }
 
 /// An uncontended lock and release of a key locked before (its fencing counter exists: the
-/// web-service shape, where every key comes back) costs at most six commands on the server, the
-/// two function calls included: the bound (rslock's `SET NX PX` plus its unlock script
-/// is four).
+/// web-service shape, where every key comes back) costs at most seven commands on the server,
+/// the two function calls included (rslock's `SET NX PX` plus its unlock script is four): the
+/// acquire's `SET NX PX`, `INCR`, `EXISTS` and `TIME` (the token is floored at server time, so
+/// a counter restored from an older snapshot does not send tokens back), the release's
+/// `FCALL`, `GET` and `DEL`.
 #[tokio::test]
-async fn an_uncontended_acquisition_costs_at_most_six_commands() {
+async fn an_uncontended_acquisition_costs_at_most_seven_commands() {
     let server = RedisServer::start();
     let ns = test_namespace!();
     let client = client_at(&server.url(), &ns, Duration::from_secs(10), true).await;
@@ -92,8 +94,8 @@ async fn an_uncontended_acquisition_costs_at_most_six_commands() {
     let per_acquisition = total as f64 / keys.len() as f64;
     println!("commands per acquisition {per_acquisition:.2}: {stats:?}");
     assert!(
-        per_acquisition <= 6.0,
-        "{per_acquisition:.2} commands per uncontended acquisition (at most 6): {stats:?}"
+        per_acquisition <= 7.0,
+        "{per_acquisition:.2} commands per uncontended acquisition (at most 7): {stats:?}"
     );
     client.shutdown().await;
 }

@@ -483,6 +483,83 @@ async fn after_a_restart_the_old_holder_is_told_whatever_the_outage() {
     }
 }
 
+/// A crash-restart from a stale RDB snapshot restores the fencing counter as it was when the
+/// snapshot was taken, below the tokens handed out since: a grant after the restart still gets
+/// a token above every token handed out before it (the draw is floored at server time), by the
+/// uncontended mutex's plain commands and by the scripts alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_from_a_stale_snapshot_tokens_still_increase() {
+    let ns = "snapshot";
+    let mut server = support::server::redis::RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let handoff = Duration::from_millis(300);
+    let old = client(&server.url(), ns, ttl, handoff, true).await;
+    for since_snapshot in [0, 50] {
+        for _ in 0..5 {
+            old.mutex("m")
+                .lock()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+            old.rw_lock("rw")
+                .write()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+        }
+        let _: () = redis::cmd("SAVE")
+            .query_async(&mut connection(&server.url()).await)
+            .await
+            .unwrap();
+        for _ in 0..since_snapshot {
+            old.mutex("m")
+                .lock()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+            old.rw_lock("rw")
+                .write()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+        }
+        let m = old.mutex("m").lock().await.unwrap();
+        let rw = old.rw_lock("rw").write().await.unwrap();
+        let before = (m.fencing_token(), rw.fencing_token());
+        server = tokio::task::spawn_blocking(move || {
+            server.restart_after(|| {});
+            server
+        })
+        .await
+        .unwrap();
+        // Another client, as a replica of the service that finds the key free would be.
+        let new = client(&server.url(), ns, ttl, handoff, true).await;
+        let (m2, rw2) = (
+            new.mutex("m").try_lock().await.unwrap(),
+            new.rw_lock("rw").try_write().await.unwrap(),
+        );
+        let after = (m2.fencing_token(), rw2.fencing_token());
+        m2.release().await.unwrap();
+        rw2.release().await.unwrap();
+        assert!(
+            after.0 > before.0 && after.1 > before.1,
+            "{since_snapshot} grants after the snapshot: tokens {before:?} before the restart, \
+             {after:?} after"
+        );
+        drop((m, rw));
+        new.shutdown().await;
+    }
+    old.shutdown().await;
+}
+
 /// A client warm from an earlier lock: the lease it took last is renewed at the reconnect too,
 /// not at its first scheduled renewal (a third of the TTL later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,13 @@
 //! The uncontended mutex acquire as plain commands, without a script (issue 29).
 //!
-//! Most acquisitions of a busy service find their key free. For those, one pipeline of three
+//! Most acquisitions of a busy service find their key free. For those, one pipeline of four
 //! plain commands takes the lock: `SET <lock> <owner> NX PX <ttl>` (the hold: the bare owner
-//! token, expiring with the lease), `INCR <ns>:fence` (the fencing token, from the namespace's
-//! counter: see `scripts/plain.lua`) and `EXISTS <queue>` (whether anyone waits in line). A
+//! token, expiring with the lease), `INCR <ns>:fence` (the namespace's counter: see
+//! `scripts/plain.lua`), `EXISTS <queue>` (whether anyone waits in line) and `TIME`. The
+//! fencing token is the larger of the counter and the server's time in µs, as the scripts'
+//! floor makes it: a counter restored from an older snapshot (or lost with the server's data)
+//! lies below tokens handed out before, the server's clock does not. The counter is not
+//! lifted here; every later draw is floored at a later time, so tokens still increase. A
 //! script call costs the server several times what a plain command does (see
 //! benches/README.md, "Web-service shape"), so this path runs none; the release's script
 //! deletes such a hold at its first comparison.
@@ -23,8 +27,8 @@
 //!   acquire of the namespace restarts it (one key per namespace at most). Nor is it past
 //!   `FENCE_HIGH`, where the script fails the claim (a counter set by hand).
 //! - The reply came within half the TTL of the request. Tokens must increase in the order of
-//!   the grants, and `INCR` runs just after the `SET` that granted, so an earlier holder's
-//!   token could only be the larger if its own `INCR` ran after its hold expired: after its
+//!   the grants, and `INCR` and `TIME` run just after the `SET` that granted, so an earlier
+//!   holder's token could only be the larger if they ran after its hold expired: after its
 //!   whole TTL. Its reply then comes later than that, so it never takes the grant as is. (Other
 //!   locks' draws from the same counter between the two only skip tokens.)
 //!
@@ -85,11 +89,12 @@ impl RedisBackend {
         incr.arg("INCR").arg(fence);
         let mut exists = ::redis::Cmd::with_capacity(2, queue.len() + 6);
         exists.arg("EXISTS").arg(queue);
-        let mut pipe = ::redis::Pipeline::with_capacity(3);
+        let mut pipe = ::redis::Pipeline::with_capacity(4);
         pipe.ignore_errors()
             .add_command(set)
             .add_command(incr)
-            .add_command(exists);
+            .add_command(exists)
+            .add_command(::redis::cmd("TIME"));
         let (reply, _, sent): (Vec<Value>, bool, Instant) = self
             .inner
             .commands
@@ -103,14 +108,36 @@ impl RedisBackend {
 fn read(claim: &Claim, reply: &[Value], sent: Instant, now: Instant) -> Fast {
     match reply {
         [Value::Nil, ..] => Fast::Busy,
-        [Value::Okay | Value::SimpleString(_), Value::Int(fence), Value::Int(0)]
+        [Value::Okay | Value::SimpleString(_), Value::Int(fence), Value::Int(0), time]
             if (FENCE_LOW..FENCE_HIGH).contains(fence)
                 && now.saturating_duration_since(sent) < claim.ttl() / 2 =>
         {
-            granted("redis", claim, *fence, sent).map_or(Fast::Settle, Fast::Granted)
+            match server_us(time) {
+                Some(us) if us < FENCE_HIGH => granted("redis", claim, (*fence).max(us), sent)
+                    .map_or(Fast::Settle, Fast::Granted),
+                _ => Fast::Settle,
+            }
         }
         _ => Fast::Settle,
     }
+}
+
+/// The server's time in µs from `TIME`'s reply (seconds and microseconds, as strings).
+fn server_us(time: &Value) -> Option<i64> {
+    let Value::Array(parts) = time else {
+        return None;
+    };
+    let [secs, micros] = parts.as_slice() else {
+        return None;
+    };
+    let number = |v: &Value| match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse::<i64>().ok(),
+        Value::Int(n) => Some(*n),
+        _ => None,
+    };
+    number(secs)?
+        .checked_mul(1_000_000)?
+        .checked_add(number(micros)?)
 }
 
 #[cfg(test)]
@@ -130,11 +157,18 @@ mod tests {
         )
     }
 
+    /// `TIME`'s reply at `us` µs since 1970.
+    fn time(us: i64) -> Value {
+        let part = |n: i64| Value::BulkString(n.to_string().into_bytes());
+        Value::Array(vec![part(us / 1_000_000), part(us % 1_000_000)])
+    }
+
     #[test]
     fn only_a_prompt_grant_with_a_started_counter_is_taken_as_is() {
         let (claim, sent) = (claim(), Instant::now());
-        let reply = |set: Value, incr: Value| vec![set, incr, Value::Int(0)];
-        let queued = |set: Value, incr: Value| vec![set, incr, Value::Int(1)];
+        let early = time(FENCE_LOW + 3);
+        let reply = |set: Value, incr: Value| vec![set, incr, Value::Int(0), early.clone()];
+        let queued = |set: Value, incr: Value| vec![set, incr, Value::Int(1), early.clone()];
         let started = Value::Int(FENCE_LOW + 7);
         let taken = |reply: &[Value], after: Duration| read(&claim, reply, sent, sent + after);
 
@@ -143,6 +177,16 @@ mod tests {
             Duration::from_millis(2),
         ) {
             Fast::Granted(grant) => assert_eq!(grant.fence, 1 << 40 | 7),
+            _ => panic!("a prompt grant was not taken"),
+        }
+        // A counter behind the server's clock (restored from an older snapshot): the token is
+        // the clock.
+        let later = FENCE_LOW + 1_000_000_007;
+        match taken(
+            &[Value::Okay, started.clone(), Value::Int(0), time(later)],
+            Duration::ZERO,
+        ) {
+            Fast::Granted(grant) => assert_eq!(grant.fence, later as u64),
             _ => panic!("a prompt grant was not taken"),
         }
         assert!(matches!(
@@ -160,13 +204,21 @@ mod tests {
         for (incr, after) in [
             (refused, Duration::ZERO),
             (Value::Int(1), Duration::ZERO),
-            (started, Duration::from_secs(5)),
+            (started.clone(), Duration::from_secs(5)),
         ] {
             assert!(matches!(
                 taken(&reply(Value::Okay, incr), after),
                 Fast::Settle
             ));
         }
+        // No clock to floor the token with: the script settles it.
+        assert!(matches!(
+            taken(
+                &[Value::Okay, started, Value::Int(0), Value::Nil],
+                Duration::ZERO
+            ),
+            Fast::Settle
+        ));
         assert!(matches!(taken(&[], Duration::ZERO), Fast::Settle));
     }
 }

@@ -12,18 +12,15 @@ use crate::backend::Claim;
 /// The library of a single server: one fencing counter per namespace.
 pub(super) static PLAIN: LazyLock<Library> =
     LazyLock::new(|| Library::build(&format!("{COMMON_LUA}\n{PLAIN_LUA}"), &ALL));
-/// The library of a Cluster: tokens above the server's clock, grants on shard channels.
+/// The library of a Cluster: grants on shard channels.
 #[cfg(feature = "redis-cluster")]
 pub(super) static SHARDED: LazyLock<Library> = LazyLock::new(|| {
-    use super::scripts::{FAILOVER_LUA, SHARDED_LUA};
-    Library::build(&format!("{COMMON_LUA}\n{FAILOVER_LUA}{SHARDED_LUA}"), &ALL)
+    use super::scripts::SHARDED_LUA;
+    Library::build(&format!("{COMMON_LUA}\n{SHARDED_LUA}"), &ALL)
 });
-/// The library of a Sentinel-managed primary: tokens above the server's clock.
+/// The library of a Sentinel-managed primary: a fencing counter per lock.
 #[cfg(feature = "redis-sentinel")]
-pub(super) static FAILOVER: LazyLock<Library> = LazyLock::new(|| {
-    use super::scripts::FAILOVER_LUA;
-    Library::build(&format!("{COMMON_LUA}\n{FAILOVER_LUA}"), &ALL)
-});
+pub(super) static FAILOVER: LazyLock<Library> = LazyLock::new(|| Library::build(COMMON_LUA, &ALL));
 
 impl RedisBackend {
     /// A call of the script `args` are for: a function of the library, if the server keeps

@@ -30,10 +30,10 @@
 
 -- How the queue is kept, whether the node may grant, how grants are announced, whether
 -- tokens stay above the server's clock, and what else a call starts afresh. Here: a list in
--- arrival order, always, PUBLISH, no, nothing. Redlock replaces the first two (a zset by
--- priority; a node that lost its data grants nothing for a while) and the last (its rejoin
--- gate), Redis Cluster the publish (sharded.lua), Cluster and Sentinel the fence floor
--- (failover.lua), a single server whether counters are marked and which counter a lock draws
+-- arrival order, always, PUBLISH, yes, nothing. Redlock replaces the first two (a zset by
+-- priority; a node that lost its data grants nothing for a while), the fence floor (its
+-- tokens come from its quorum) and the last (its rejoin gate), Redis Cluster the publish
+-- (sharded.lua), a single server whether counters are marked and which counter a lock draws
 -- from (plain.lua). Looked up when called, so a file included later can replace them.
 local Q = {
   first = function(queue) return redis.call('LINDEX', queue, 0) end,
@@ -44,7 +44,10 @@ local Q = {
   len = function(queue) return redis.call('LLEN', queue) end,
   may_grant = function() return true end,
   publish = function(channel, message) return redis.call('PUBLISH', channel, message) end,
-  fence_floor = false,
+  -- A counter may come back behind the tokens it handed out: restored from a stale
+  -- snapshot, lost with a restart without data, or missing the last increments on a promoted
+  -- replica (replication is asynchronous). So no token is below server time in µs.
+  fence_floor = true,
   hint_always = false,
   -- Whether mutex waiters mark the fence key (see `mark_queued`): Redlock's acquire always
   -- looks at its queue, and a single server's counter serves a whole namespace (see
@@ -163,10 +166,11 @@ end
 -- left alone and nil is returned: the caller looks at the queue instead.
 --
 -- With `Q.fence_floor` no token is below server time in µs, nor below the calling client's
--- clock in µs (`client_clock`), at all: a counter that a failover set back (its last
--- increments never reached the promoted replica) still restarts above every token issued
--- before, unless both clocks read earlier than the clock that issued it did (one node's clock
--- alone, behind by more than the failover took, no longer sends tokens back). A client's clock
+-- clock in µs (`client_clock`), at all: a counter that came back behind (restored from a
+-- snapshot older than the last grants, or set back by a failover whose promoted replica
+-- missed the last increments) still goes on above every token issued before, unless both
+-- clocks read earlier than the clock that issued it did (one server's clock alone, stepped
+-- back by more than the outage took, no longer sends tokens back). A client's clock
 -- lifts a token at most `fence_ttl` / 2 above the server's: a token set there is below server
 -- time by the time its counter expires (it lives `fence_ttl` from that write), so the restart
 -- at server time stays above it; and a wild client clock cannot push tokens out of the range

@@ -28,10 +28,7 @@ pub(crate) const RENEWAL_LUA: &str = include_str!("renewal.lua");
 /// The read-write lock and semaphore operations that the single-node scripts and Redlock's
 /// share (after `SHARED_LUA`).
 pub(crate) const SHARED_OPS_LUA: &str = include_str!("shared_ops.lua");
-/// The prelude's addition for a primary that may fail over (Sentinel, Cluster).
-#[cfg(any(feature = "redis-sentinel", feature = "redis-cluster"))]
-pub(super) const FAILOVER_LUA: &str = include_str!("failover.lua");
-/// The prelude's addition for a Cluster (after `FAILOVER_LUA`).
+/// The prelude's addition for a Cluster.
 #[cfg(feature = "redis-cluster")]
 pub(super) const SHARDED_LUA: &str = include_str!("sharded.lua");
 

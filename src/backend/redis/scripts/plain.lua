@@ -3,7 +3,7 @@
 -- does that: its draws are ordered by the server, and each lock's grants draw in the order
 -- they are made. The counter is one hot key where a counter per lock was one more key per lock
 -- locked in the last hour, and an uncontended acquire needs no PEXPIRE for it (it lives
--- `fence_ttl` from when `next_fence` started it, then starts again at server time). No waiter
+-- `fence_ttl` from the last draw that lifted it to server time, then starts again there). No waiter
 -- marks it (it is every lock's): an acquire looks at its lock's queue instead.
 -- Namespaces hold no ':' (`core/rules.rs`), so the lock's name starts with `<ns>:`.
 Q.marks = false

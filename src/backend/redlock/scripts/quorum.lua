@@ -22,6 +22,9 @@ Q.len = function(queue) return redis.call('ZCARD', queue) end
 Q.hint_always = true
 -- Every acquire here looks at the queue: the fence key carries no mark.
 Q.marks = false
+-- Tokens come from the quorum (the highest of a majority's counters), and a node that lost its
+-- data sits out until its leases could have run out: no node's clock lifts them.
+Q.fence_floor = false
 
 -- How many ms the node must still sit out: a node that lost its data (restarted) may have
 -- forgotten a grant, so it grants nothing until every lease it could have held has run out,
