@@ -318,6 +318,56 @@ fn help_names_every_service_and_errors_say_their_cause_once() {
     );
 }
 
+/// A loopback port whose listener accepts connections and never answers (a hung server, a
+/// balancer with no backend). The listener lives as long as the test process.
+fn silent_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let open: Vec<_> = listener.incoming().collect();
+        drop(open);
+    });
+    port
+}
+
+/// A service that accepts and never answers ends the run: 69 within the URL's
+/// `connect_timeout`, and `--timeout` bounds the whole run, connecting included (124). A
+/// refusal that will not pass (a wrong password) exits 77, not 69, so a wrapper that retries
+/// on 69 does not retry it for ever.
+#[test]
+fn a_silent_service_ends_the_run_and_a_refusal_has_its_own_code() {
+    let port = silent_port();
+    let pg = format!("postgres://u:p@127.0.0.1:{port}/app");
+    let start = Instant::now();
+    let out = output(distlock(
+        &format!("{pg}?connect_timeout=1"),
+        "ns",
+        &["run", "-w", "5s", "k", "--", "true"],
+    ));
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    let start = Instant::now();
+    let out = output(distlock(
+        &format!("{pg}?connect_timeout=30"),
+        "ns",
+        &["run", "-w", "1s", "k", "--", "true"],
+    ));
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+
+    let wrong = redis_url().replace("redis://", "redis://nobody:wrong@");
+    let out = output(distlock(&wrong, "ns", &["run", "-n", "k", "--", "true"]));
+    assert_eq!(out.status.code(), Some(77), "{out:?}");
+}
+
 /// `distlock unlock KEY` (issue 30): without `--force` it shows what it would remove and
 /// changes nothing (status 75 while held); `inspect` says the same; `--force` drops the holder,
 /// whose `run` then stops its command as lost (125); an unheld key has nothing to remove.

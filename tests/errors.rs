@@ -86,6 +86,99 @@ async fn an_unreachable_server_is_transient_on_every_backend() {
     assert!(via_url.is_transient(), "{via_url:?}");
 }
 
+/// A loopback port whose listener accepts every connection and never says a word: a hung
+/// server, or a balancer with no backend behind it.
+async fn silent_port() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    port
+}
+
+/// How long `connect` took to fail, and its error, which must be an unreachable server's.
+async fn fails_within<T>(
+    service: &str,
+    limit: Duration,
+    connect: impl std::future::Future<Output = distlock::Result<T>>,
+) -> Duration {
+    let start = tokio::time::Instant::now();
+    let result = tokio::time::timeout(limit, connect).await;
+    let took = start.elapsed();
+    match result {
+        Ok(Err(err)) => assert_unreachable(service, &err),
+        Ok(Ok(_)) => panic!("{service}: connected to a silent listener"),
+        Err(_) => panic!("{service}: still connecting to a silent listener after {limit:?}"),
+    }
+    println!("{service}: gave up on a silent listener after {took:?}");
+    took
+}
+
+/// A server that accepts connections and never answers: every backend gives up within its
+/// connect timeout with a transient error, and PostgreSQL's honours the URL's
+/// `connect_timeout` (tokio-postgres bounds only the TCP connect by it, not the startup).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_is_transient_on_every_backend() {
+    let port = silent_port().await;
+    let secs = Duration::from_secs;
+    let pg = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let took = fails_within(
+        "postgres",
+        secs(10),
+        PgBackend::connect(&format!("{pg}?connect_timeout=1")),
+    )
+    .await;
+    assert!(
+        took < secs(2),
+        "postgres took {took:?} against connect_timeout=1"
+    );
+    fails_within(
+        "postgres (default timeout)",
+        secs(10),
+        PgBackend::connect(&pg),
+    )
+    .await;
+    fails_within(
+        "postgres (through LockClient::connect)",
+        secs(10),
+        LockClient::connect(&format!("{pg}?connect_timeout=1")),
+    )
+    .await;
+    let took = fails_within(
+        "redis",
+        secs(20),
+        RedisBackend::connect(&format!("redis://127.0.0.1:{port}")),
+    )
+    .await;
+    assert!(
+        took < secs(7),
+        "redis took {took:?} against a 5 s connect timeout"
+    );
+    fails_within(
+        "zookeeper",
+        secs(10),
+        ZkBackend::builder(format!("127.0.0.1:{port}"))
+            .connect_timeout(secs(1))
+            .build(),
+    )
+    .await;
+    let silent = [
+        silent_port().await,
+        silent_port().await,
+        silent_port().await,
+    ];
+    fails_within(
+        "redlock",
+        secs(20),
+        RedlockBackend::connect(silent.map(|p| format!("redis://127.0.0.1:{p}"))),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_refusal_that_will_not_pass_is_not_transient() {
     // Wrong credentials on a live Redis.

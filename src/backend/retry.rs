@@ -95,10 +95,12 @@ impl<E> Failure<E> {
         match self {
             Self::Call(e) => describe(what, e),
             Self::Pool(e) => e,
+            // Not answered: the crate's rule (`Error::is_transient`) calls that transient.
             Self::Timeout => Error::new(
                 ErrorKind::Backend,
-                format!("{service} {what} timed out after {limit:?}"),
-            ),
+                format!("{service} {what} got no answer within {limit:?}"),
+            )
+            .transient(),
         }
     }
 }

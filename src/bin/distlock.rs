@@ -26,8 +26,13 @@ use tokio::signal::unix::{signal, SignalKind};
 mod exit {
     /// Bad arguments (clap's own code).
     pub const USAGE: u8 = 2;
-    /// The lock service cannot be reached or failed (`EX_UNAVAILABLE`).
+    /// The lock service cannot be reached or failed, and may do better later
+    /// (`EX_UNAVAILABLE`).
     pub const BACKEND: u8 = 69;
+    /// The lock service refused, and will refuse again until someone changes something: the
+    /// credentials, a permission, a certificate, a missing database or schema (`EX_NOPERM`).
+    /// Not worth retrying as it is.
+    pub const REFUSED: u8 = 77;
     /// `--no-wait` and the lock is held elsewhere (`EX_TEMPFAIL`).
     pub const BUSY: u8 = 75;
     /// `--timeout` passed before the lock was granted (as `timeout(1)`).
@@ -46,7 +51,8 @@ mod exit {
     version,
     about = "Hold a distributed lock while a command runs, or inspect one",
     after_help = "Exit status of `run`: the command's (128+N if signal N ended it); 2 bad \
-                  arguments, 69 lock service unavailable, 75 busy (--no-wait), 124 timed out, \
+                  arguments, 69 lock service unavailable, 75 busy (--no-wait), 77 refused by \
+                  the lock service (credentials, permissions, certificate), 124 timed out, \
                   125 lock lost (command terminated), 127 command not started, 130 interrupted."
 )]
 struct Cli {
@@ -147,15 +153,32 @@ async fn run_cli(cli: Cli) -> u8 {
         );
         return exit::USAGE;
     };
-    let client = match connect(&url, &cli.namespace).await {
+    // `--timeout` bounds the whole wait, connecting included: a silent server costs no more.
+    let started = tokio::time::Instant::now();
+    let within = match &cli.command {
+        Cmd::Run {
+            timeout: Some(t),
+            no_wait: false,
+            ..
+        } => Some(*t),
+        _ => None,
+    };
+    let connecting = connect(&url, &cli.namespace);
+    let connected = match within {
+        Some(t) => match tokio::time::timeout(t, connecting).await {
+            Ok(connected) => connected,
+            Err(_) => {
+                eprintln!("distlock: the lock service did not answer within {t:?}");
+                return exit::TIMEOUT;
+            }
+        },
+        None => connecting.await,
+    };
+    let client = match connected {
         Ok(client) => client,
         Err(e) => {
             eprintln!("distlock: {}", report(&e));
-            return if e.is_invalid_config() || e.is_invalid_key() {
-                exit::USAGE
-            } else {
-                exit::BACKEND
-            };
+            return failed(&e);
         }
     };
     let code = match cli.command {
@@ -169,7 +192,7 @@ async fn run_cli(cli: Cli) -> u8 {
             cmd,
         } => {
             let opts = RunOptions {
-                timeout,
+                timeout: timeout.map(|t| t.saturating_sub(started.elapsed())),
                 ttl,
                 no_wait,
                 grace,
@@ -199,6 +222,18 @@ async fn connect(url: &str, namespace: &str) -> distlock::Result<LockClient> {
         .await?
         .namespace(namespace)
         .build()
+}
+
+/// The exit code for a failure before the command ran: bad input, an outage that may pass,
+/// or a refusal that will not.
+fn failed(e: &distlock::Error) -> u8 {
+    if e.is_invalid_config() || e.is_invalid_key() {
+        exit::USAGE
+    } else if e.is_transient() {
+        exit::BACKEND
+    } else {
+        exit::REFUSED
+    }
 }
 
 /// An error and its causes on one line, each said once: `redis connect failed: the server
@@ -284,11 +319,7 @@ async fn run(client: &LockClient, key: &str, opts: &RunOptions, cmd: &[String]) 
         }
         Err(e) => {
             eprintln!("distlock: {}", report(&e));
-            return if e.is_invalid_key() || e.is_invalid_config() {
-                exit::USAGE
-            } else {
-                exit::BACKEND
-            };
+            return failed(&e);
         }
     };
 
@@ -396,11 +427,7 @@ async fn inspect(client: &LockClient, key: &str, json: bool) -> u8 {
         Ok(seen) => seen,
         Err(e) => {
             eprintln!("distlock: {}", report(&e));
-            return if e.is_invalid_key() {
-                exit::USAGE
-            } else {
-                exit::BACKEND
-            };
+            return failed(&e);
         }
     };
     if json {
@@ -416,11 +443,7 @@ async fn inspect(client: &LockClient, key: &str, json: bool) -> u8 {
 async fn unlock(client: &LockClient, key: &str, force: bool, json: bool) -> u8 {
     let failed = |e: distlock::Error| {
         eprintln!("distlock: {}", report(&e));
-        if e.is_invalid_key() {
-            exit::USAGE
-        } else {
-            exit::BACKEND
-        }
+        failed(&e)
     };
     if !force {
         let seen = match client.inspect(key).await {

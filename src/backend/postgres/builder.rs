@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use tokio_postgres::types::Type;
 
-use super::commands::{self, route_of, Commands, Own, Params};
+use super::commands::{self, pg_error, route_of, Commands, Own, Params};
 use super::listen::Hub;
 use super::tls::{self, Endpoint};
 use super::{schema, Inner, PgBackend, NOTIFY};
 use crate::backend::handoff::{check_handoff_ttl, DEFAULT_HANDOFF_TTL};
-use crate::backend::require_runtime;
 use crate::backend::wire;
+use crate::backend::{require_runtime, retry};
 use crate::error::{Error, ErrorKind, Result};
 
 /// How many connections of its own a backend opens for statements, by default.
@@ -196,20 +196,23 @@ impl PgBackendBuilder {
 
         let commands = match self.source {
             Source::Own => {
-                let checked = commands::connect(&config)
-                    .await
-                    .map_err(|e| commands::pg_error("connect", e))?;
-                schema::ensure(&checked, self.create_schema).await?;
+                let checked = commands::connect(&config).await.map_err(|failure| {
+                    failure.describe("postgres", "connect", config.connect_timeout(), pg_error)
+                })?;
+                ensure_schema(&checked, self.create_schema).await?;
                 // The checked connection serves as the first of our own.
                 Commands::Own(Box::new(Own::new(config, self.connections, checked)))
             }
             #[cfg(feature = "postgres-deadpool")]
             Source::Deadpool(pool) => {
-                let client = pool.get().await.map_err(|e| {
-                    Error::new(ErrorKind::Backend, "no connection from the deadpool pool")
-                        .with_source(e)
-                })?;
-                schema::ensure(&client, self.create_schema).await?;
+                let client = tokio::time::timeout(commands::CALL_TIMEOUT, pool.get())
+                    .await
+                    .map_err(|_| retry::Failure::<tokio_postgres::Error>::Timeout)
+                    .and_then(|got| got.map_err(|e| retry::Failure::pool("deadpool", e)))
+                    .map_err(|failure| {
+                        failure.describe("postgres", "connect", commands::CALL_TIMEOUT, pg_error)
+                    })?;
+                ensure_schema(&client, self.create_schema).await?;
                 Commands::Deadpool(pool)
             }
         };
@@ -235,6 +238,21 @@ impl PgBackendBuilder {
             }),
         })
     }
+}
+
+/// Checks the server and the schema (see [`schema::ensure`]) within a call's deadline: a
+/// server that answered the startup may still go silent.
+async fn ensure_schema(client: &tokio_postgres::Client, create: bool) -> Result<()> {
+    tokio::time::timeout(commands::CALL_TIMEOUT, schema::ensure(client, create))
+        .await
+        .unwrap_or_else(|_| {
+            Err(retry::Failure::<tokio_postgres::Error>::Timeout.describe(
+                "postgres",
+                "schema check",
+                commands::CALL_TIMEOUT,
+                pg_error,
+            ))
+        })
 }
 
 /// Checks that the LISTEN connection hears what is sent on another connection: a `NOTIFY` on

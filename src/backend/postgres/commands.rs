@@ -69,16 +69,15 @@ impl Own {
             return Ok(client.clone());
         }
         *slot = None;
-        let client = Arc::new(connect(&self.endpoint).await.map_err(Failure::Call)?);
+        let client = Arc::new(connect(&self.endpoint).await?);
         *slot = Some(client.clone());
         Ok(client)
     }
 }
 
-/// Opens a connection and drives it in a task of its own until it closes.
-pub(crate) async fn connect(
-    endpoint: &Endpoint,
-) -> std::result::Result<Client, tokio_postgres::Error> {
+/// Opens a connection (within the endpoint's connect timeout) and drives it in a task of its
+/// own until it closes.
+pub(crate) async fn connect(endpoint: &Endpoint) -> std::result::Result<Client, Failure> {
     let (client, connection) = endpoint.connect().await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {

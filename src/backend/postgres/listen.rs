@@ -27,6 +27,7 @@ use super::tls::Endpoint;
 use crate::backend::hub::{
     self, keepalive, Alive, Common, Elections, Link, Mailboxes, Served, Shared, CONNECT_WAIT,
 };
+use crate::backend::retry;
 use crate::sync::LockExt;
 
 /// The state the hub's handles share with its task.
@@ -166,7 +167,7 @@ struct Open {
 
 /// Why a connection is not listening.
 enum Failure {
-    /// Connecting failed, or took longer than [`CONNECT_WAIT`].
+    /// Connecting failed, or took longer than the connect timeout.
     Connect,
     /// The LISTEN failed, or took longer than [`CONNECT_WAIT`].
     Listen,
@@ -184,16 +185,15 @@ impl Link for Listen {
     }
 
     async fn open(&mut self) -> Result<Open, Failure> {
-        let (client, mut connection) =
-            match tokio::time::timeout(CONNECT_WAIT, self.endpoint.connect()).await {
-                Ok(Ok(pair)) => pair,
-                failed => {
-                    if let Ok(Err(e)) = failed {
-                        tracing::debug!(error = %e, "postgres listen connect failed; retrying");
-                    }
-                    return Err(Failure::Connect);
+        let (client, mut connection) = match self.endpoint.connect().await {
+            Ok(pair) => pair,
+            Err(failed) => {
+                if let retry::Failure::Call(e) = failed {
+                    tracing::debug!(error = %e, "postgres listen connect failed; retrying");
                 }
-            };
+                return Err(Failure::Connect);
+            }
+        };
         let client = Arc::new(client);
         let mut messages: Messages = Box::pin(futures::stream::poll_fn(move |cx| {
             connection.poll_message(cx)

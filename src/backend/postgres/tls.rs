@@ -18,6 +18,9 @@
 
 use tokio_postgres::config::SslMode;
 
+use std::time::Duration;
+
+use crate::backend::retry::Failure;
 use crate::error::{Error, Result};
 
 /// libpq's `sslmode`.
@@ -229,13 +232,29 @@ pub(crate) type Connection = tokio_postgres::Connection<
 >;
 
 impl Endpoint {
+    /// Opens a connection: the TCP connect, TLS, the startup and authentication exchange, all
+    /// within the connect timeout (the URL's `connect_timeout`, else the default set when the
+    /// URL was read). tokio-postgres bounds only the TCP connect by it, so a server that
+    /// accepts and never answers (hung, or a balancer with no backend) would hang it for ever.
     pub(crate) async fn connect(
         &self,
-    ) -> std::result::Result<(tokio_postgres::Client, Connection), tokio_postgres::Error> {
+    ) -> std::result::Result<(tokio_postgres::Client, Connection), Failure<tokio_postgres::Error>>
+    {
         // `NoTls` is `Copy` in a build without TLS; the rustls connector is not.
         #[allow(clippy::clone_on_copy)]
         let tls = self.tls.clone();
-        self.config.connect(tls).await
+        match tokio::time::timeout(self.connect_timeout(), self.config.connect(tls)).await {
+            Ok(connected) => connected.map_err(Failure::Call),
+            Err(_) => Err(Failure::Timeout),
+        }
+    }
+
+    /// How long [`connect`](Self::connect) may take.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(super::commands::CALL_TIMEOUT)
     }
 }
 

@@ -29,6 +29,7 @@ use super::sentinel;
 use super::{Inner, RedisBackend};
 use crate::backend::handoff::{check_handoff_ttl, DEFAULT_HANDOFF_TTL};
 use crate::backend::require_runtime;
+use crate::backend::retry::Failure;
 use crate::backend::wire;
 use crate::error::{Error, Result};
 
@@ -351,9 +352,13 @@ impl RedisBackendBuilder {
                     .set_connection_timeout(Some(CALL_TIMEOUT))
                     .set_response_timeout(Some(CALL_TIMEOUT))
                     .set_number_of_retries(2);
-                let own = Own::connect(client.clone(), config)
+                // redis-rs bounds each attempt by the connection timeout, and makes three: a
+                // server that accepts and never answers is given one timeout in all.
+                let own = tokio::time::timeout(CALL_TIMEOUT, Own::connect(client.clone(), config))
                     .await
-                    .map_err(|e| redis_error("connect", e))?;
+                    .map_err(|_| Failure::Timeout)
+                    .and_then(|connected| connected.map_err(Failure::Call))
+                    .map_err(|f| f.describe("redis", "connect", CALL_TIMEOUT, redis_error))?;
                 Commands::Own(std::sync::Arc::new(own))
             }
             #[cfg(feature = "redis-deadpool")]
