@@ -230,7 +230,7 @@ pub use client::{LockClient, LockClientBuilder, DEFAULT_NAMESPACE, DEFAULT_TTL};
 pub fn describe_metrics() {
     core::metrics::describe();
 }
-pub use core::rules::{MAX_KEY_LEN, MAX_NAMESPACE_LEN, MIN_TTL};
+pub use core::rules::{MAX_KEY_LEN, MAX_NAMESPACE_LEN, MAX_TTL, MIN_TTL};
 pub use election::{Election, Leadership};
 pub use error::{Error, ErrorKind, Result};
 pub use inspect::{ForceReleased, Holder, Inspection, Waiter};

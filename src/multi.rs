@@ -313,7 +313,7 @@ impl MultiLock {
         &self,
         timeout: Duration,
     ) -> impl Future<Output = Result<MultiGuard>> + Send + 'static {
-        self.take(Mode::Wait, Some(Instant::now() + timeout))
+        self.take(Mode::Wait, crate::core::rules::deadline_after(timeout))
     }
 }
 
@@ -441,6 +441,11 @@ impl MultiGuard {
     /// Turns background renewal of every key's lease off or on (see
     /// [`MutexGuard::set_auto_renew`](crate::MutexGuard::set_auto_renew)).
     ///
+    /// # Errors
+    ///
+    /// [`Unsupported`](crate::ErrorKind::Unsupported) for `false` on a backend whose lease is
+    /// its session's (ZooKeeper); no key's renewal is changed then.
+    ///
     /// # Examples
     ///
     /// ```
@@ -448,14 +453,13 @@ impl MultiGuard {
     /// # async fn main() -> Result<(), distlock::Error> {
     /// let client = distlock::LockClient::memory();
     /// let guard = client.multi_lock(["a", "b"]).lock().await?;
-    /// guard.set_auto_renew(false);
+    /// guard.set_auto_renew(false)?;
     /// # Ok(())
     /// # }
     /// ```
-    pub fn set_auto_renew(&self, on: bool) {
-        for h in &self.held {
-            h.set_auto_renew(on);
-        }
+    pub fn set_auto_renew(&self, on: bool) -> Result<()> {
+        // Refused for one key, refused for all (the backend is the same).
+        self.held.iter().try_for_each(|h| h.set_auto_renew(on))
     }
 
     /// Releases every key now, in reverse order, and reports the outcome.

@@ -253,6 +253,56 @@ async fn bad_input_is_a_clear_error_before_any_io() {
     assert_eq!(backend.stats().keys, 0);
 }
 
+/// A TTL past [`distlock::MAX_TTL`] is refused before any I/O, wherever it is given (the
+/// client, a primitive, an election, a guard's `extend`), never a panic on a deadline past the
+/// clock, and the guard asked to extend still holds; a timeout past the clock is no deadline.
+#[tokio::test]
+async fn a_ttl_or_timeout_past_the_clock_is_an_error_or_no_deadline_never_a_panic() {
+    let backend = MemoryBackend::new();
+    let c = client(&backend);
+    let too_long = [distlock::MAX_TTL + Duration::from_secs(1), Duration::MAX];
+    for ttl in too_long {
+        let err = LockClient::builder(backend.clone())
+            .ttl(ttl)
+            .build()
+            .unwrap_err();
+        assert!(err.is_invalid_config(), "{ttl:?}: {err:?}");
+        let err = c.mutex("k").with_ttl(ttl).lock().await.unwrap_err();
+        assert!(err.is_invalid_config(), "{ttl:?}: {err:?}");
+        let err = c
+            .election("e")
+            .with_ttl(ttl)
+            .campaign("v")
+            .await
+            .unwrap_err();
+        assert!(err.is_invalid_config(), "{ttl:?}: {err:?}");
+    }
+    assert_eq!(backend.stats().keys, 0);
+    let guard = c.mutex("k").lock().await.unwrap();
+    let multi = c.multi_lock(["m1", "m2"]).lock().await.unwrap();
+    for ttl in too_long {
+        let err = guard.extend(ttl).await.unwrap_err();
+        assert!(err.is_invalid_config(), "{ttl:?}: {err:?}");
+        assert!(multi.extend(ttl).await.unwrap_err().is_invalid_config());
+    }
+    assert!(!guard.is_lost());
+    guard.extend(distlock::MAX_TTL).await.unwrap();
+    assert!(!guard.is_lost());
+    drop((guard, multi));
+    let waited = c.mutex("free").lock_timeout(Duration::MAX).await.unwrap();
+    let leading = c
+        .election("free-election")
+        .campaign_timeout("v", Duration::MAX)
+        .await
+        .unwrap();
+    let both = c
+        .multi_lock(["f1", "f2"])
+        .lock_timeout(Duration::MAX)
+        .await
+        .unwrap();
+    drop((waited, leading, both));
+}
+
 /// An unset `DISTLOCK_URL` read as "" must not give in-process locks that exclude nothing
 /// across replicas: in-process locks are asked for by name.
 #[tokio::test]
@@ -422,6 +472,15 @@ async fn a_blocking_call_inside_a_current_thread_runtime_is_an_error() {
         std::thread::spawn(move || c2.mutex("other").blocking_lock().map(|g| g.fencing_token()));
     let err = job.join().unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NoRuntime, "{err}");
+    // From its `spawn_blocking` threads as well, which tokio cannot tell from its async
+    // thread: the error says so, naming what to do instead.
+    let c3 = c.clone();
+    let err = tokio::task::spawn_blocking(move || c3.mutex("third").blocking_lock().map(drop))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InAsyncContext, "{err}");
+    assert!(err.to_string().contains("spawn_blocking"), "{err}");
 }
 
 /// A client whose runtime has shut down answers a blocking call with an error, not a panic

@@ -780,7 +780,7 @@ async fn an_extension_lost_on_the_way_does_not_stretch_the_lease() {
     let c = client(&via(&proxy), &ns, ttl, Duration::from_millis(300), true).await;
     let sent = Instant::now();
     let g = c.mutex("k").lock().await.unwrap();
-    g.set_auto_renew(false);
+    g.set_auto_renew(false).unwrap();
     proxy.blackhole();
     let (extended, lost_after) = tokio::join!(
         timeout(Duration::from_secs(3), g.extend(Duration::from_secs(10))),

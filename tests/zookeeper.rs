@@ -40,6 +40,20 @@ async fn assert_clean(ns: &str) {
     assert_no_znodes(&raw(&connect()).await, ns).await;
 }
 
+/// A lock lives as long as the session: a client that would not renew is refused when it is
+/// built (a guard's `set_auto_renew(false)` is refused too: the matrix's `skipped::lease`),
+/// since its guards would report lost while their nodes still held the locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_would_not_renew_is_refused() {
+    let backend = support::zk::backend(&connect(), SESSION).await;
+    let err = LockClient::builder(backend)
+        .auto_renew(false)
+        .build()
+        .unwrap_err();
+    assert!(err.is_unsupported(), "{err:?}");
+    assert!(err.to_string().contains("session"), "{err}");
+}
+
 /// A waiter third in line also watches the node two ahead of it. When that node goes without
 /// ever holding (a waiter cancelled while the holder holds), and then the waiter just ahead
 /// goes the same way, nobody is promoted beside the holder; the waiter is served once the

@@ -42,6 +42,8 @@ impl LockClientBuilder {
     /// lock is held for one TTL and its guard reports lost when the TTL runs out, like a lease
     /// time in other libraries. (A lock handed over by a releasing holder arrives with a short
     /// provisional lease on some backends; it is confirmed once, so it too lasts one TTL.)
+    /// Refused by [`build`](Self::build) on a backend whose lease is its session's
+    /// (ZooKeeper), where a lock lives as long as the session.
     pub fn auto_renew(mut self, auto_renew: bool) -> Self {
         self.auto_renew = auto_renew;
         self
@@ -52,7 +54,10 @@ impl LockClientBuilder {
     /// # Errors
     ///
     /// An [`InvalidConfig`](crate::ErrorKind::InvalidConfig) error if the namespace breaks its
-    /// rules or the TTL is below [`MIN_TTL`](crate::MIN_TTL) (10 ms).
+    /// rules or the TTL is below [`MIN_TTL`](crate::MIN_TTL) (10 ms) or above
+    /// [`MAX_TTL`](crate::MAX_TTL) (24 days); an
+    /// [`Unsupported`](crate::ErrorKind::Unsupported) error for `auto_renew(false)` on a backend
+    /// whose lease is its session's (ZooKeeper).
     ///
     /// # Examples
     ///
@@ -65,6 +70,9 @@ impl LockClientBuilder {
     pub fn build(self) -> Result<LockClient> {
         validate_namespace(&self.namespace)?;
         validate_ttl(self.ttl)?;
+        if !self.auto_renew {
+            crate::core::held::session_lease(&*self.backend, "auto_renew(false)")?;
+        }
         Ok(LockClient::from_parts(
             self.backend,
             Config {

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use super::held::Held;
 use super::lease::Lease;
-use super::rules::{validate_key, validate_kind, validate_ttl};
+use super::rules::{deadline_after, validate_key, validate_kind, validate_ttl};
 use super::Core;
 use crate::backend::{Attempt, Claim, DynBackend, Grant, LockKind};
 use crate::error::{Error, Result};
@@ -66,11 +66,7 @@ impl Target {
         kind: LockKind,
         timeout: Duration,
     ) -> impl Future<Output = Result<Held>> + Send + 'static {
-        self.acquire_until(
-            kind,
-            Mode::Wait,
-            Some(tokio::time::Instant::now() + timeout),
-        )
+        self.acquire_until(kind, Mode::Wait, deadline_after(timeout))
     }
 
     /// Acquires the lock as `kind`, as `mode` says, giving up with a timeout error at

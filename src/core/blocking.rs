@@ -73,9 +73,11 @@ impl Blocking {
             Ok(_) => Err(Error::new(
                 ErrorKind::InAsyncContext,
                 format!(
-                    "{what} would block the one thread of a current-thread tokio runtime, which \
-                     runs its async tasks: use the async form with `.await`, or call it from a \
-                     thread of your own (`std::thread::spawn`) or a multi-thread runtime"
+                    "{what} is refused on every thread of a current-thread tokio runtime, its \
+                     `spawn_blocking` threads included: tokio cannot tell them from the one \
+                     thread that runs its async tasks, which blocking would stall. Use the async \
+                     form with `.await`, or call it from a thread of your own \
+                     (`std::thread::spawn`) or on a multi-thread runtime"
                 ),
             )),
         }

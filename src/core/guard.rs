@@ -130,7 +130,7 @@ macro_rules! guard_methods {
             /// # async fn main() -> Result<(), distlock::Error> {
             /// let client = distlock::LockClient::memory();
             #[doc = $setup]
-            /// guard.set_auto_renew(false);
+            /// guard.set_auto_renew(false)?;
             /// guard.extend(Duration::from_secs(120)).await?;
             /// assert!(guard.lease_left() > Duration::from_secs(60));
             /// # Ok(())
@@ -146,6 +146,13 @@ macro_rules! guard_methods {
             /// [`auto_renew`](crate::LockClientBuilder::auto_renew) says. A provisional grant
             /// (a handoff some backends confirm with one renewal) is still confirmed.
             ///
+            /// # Errors
+            ///
+            /// [`Unsupported`](crate::ErrorKind::Unsupported) for `false` on a backend whose
+            /// lease is its session's (ZooKeeper): the lock lives with the session, so a guard
+            /// that stopped renewing would report lost while the server still held it. Turning
+            /// renewal on always succeeds.
+            ///
             /// # Examples
             ///
             /// ```
@@ -156,13 +163,13 @@ macro_rules! guard_methods {
             ///     .ttl(Duration::from_millis(50))
             ///     .build()?;
             #[doc = $setup]
-            /// guard.set_auto_renew(false);
+            /// guard.set_auto_renew(false)?;
             /// guard.lost().await; // one TTL after the grant
             /// # Ok(())
             /// # }
             /// ```
-            pub fn set_auto_renew(&self, on: bool) {
-                self.held.set_auto_renew(on);
+            pub fn set_auto_renew(&self, on: bool) -> $crate::Result<()> {
+                self.held.set_auto_renew(on)
             }
 
             /// Releases it now and reports the outcome, handing the lock on to the waiters next

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::lease::{Lease, Verdict};
 use super::Core;
-use crate::backend::Renewal;
+use crate::backend::{DynBackend, Renewal};
 use crate::error::{Error, Result};
 use crate::sync::LockExt;
 
@@ -74,25 +74,29 @@ impl Held {
         self.lease.valid_until()
     }
 
-    /// Turns background renewal of this lease on or off.
-    pub(crate) fn set_auto_renew(&self, on: bool) {
+    /// Turns background renewal of this lease on or off; off is refused where the lease is the
+    /// session's (see [`session_lease`]).
+    pub(crate) fn set_auto_renew(&self, on: bool) -> Result<()> {
+        if !on {
+            session_lease(&*self.client.backend, format_args!("`{}`", self.key()))?;
+        }
         self.lease.set_renews(on);
         // The engine times the lease again: a renewal timer added, or dropped.
         self.client.retrack(&self.lease);
+        Ok(())
     }
 
     /// One renewal now, asking the server for a lease of `ttl` (later renewals ask for it
     /// too).
     pub(crate) async fn extend(&self, ttl: Duration) -> Result<()> {
         super::rules::validate_ttl(ttl)?;
-        if let Some(lease) = self.client.backend.lease() {
-            if lease != ttl {
-                return Err(Error::unsupported(format_args!(
-                    "`{}`: this backend's lease is its session's ({lease:?}), the same for every \
-                     lock; a guard cannot ask for another",
-                    self.key()
-                )));
-            }
+        if self
+            .client
+            .backend
+            .lease()
+            .is_some_and(|lease| lease != ttl)
+        {
+            session_lease(&*self.client.backend, format_args!("`{}`", self.key()))?;
         }
         let sent = Instant::now();
         let Some(generation) = self.lease.begin_extend(ttl, sent) else {
@@ -240,5 +244,19 @@ impl Drop for PendingToken {
         if *count == 0 {
             self.0.idle.notify_waiters();
         }
+    }
+}
+
+/// Refuses lease control for `key` on a backend whose lease is its session's (ZooKeeper): every
+/// lock lives as long as the session, which the client keeps alive while it can reach the
+/// ensemble. A lease of another length, or one not renewed, would end for the guard while the
+/// server still held the lock, and nobody else would get it.
+pub(crate) fn session_lease(backend: &dyn DynBackend, what: impl std::fmt::Display) -> Result<()> {
+    match backend.lease() {
+        Some(lease) => Err(Error::unsupported(format_args!(
+            "{what}: this backend's lease is its session's ({lease:?}), the same for every lock \
+             and renewed with the session; a lock cannot ask for another or stop renewing"
+        ))),
+        None => Ok(()),
     }
 }

@@ -8,6 +8,11 @@ use crate::error::{Error, Result};
 /// The shortest TTL accepted. Shorter leases cannot be renewed reliably over a network.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
 
+/// The longest TTL accepted: 24 days. Every backend holds a lease this long as asked
+/// (PostgreSQL counts a lease in 32-bit milliseconds, at most 24.8 days), so no guard believes
+/// in a longer lease than its server granted, and no deadline overflows the clock.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 24 * 60 * 60);
+
 pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
     if ttl.is_zero() {
         return Err(Error::invalid_config("ttl is zero"));
@@ -17,7 +22,18 @@ pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
             "ttl of {ttl:?} is below the minimum of {MIN_TTL:?}"
         )));
     }
+    if ttl > MAX_TTL {
+        return Err(Error::invalid_config(format_args!(
+            "ttl of {ttl:?} is above the maximum of {MAX_TTL:?} (24 days)"
+        )));
+    }
     Ok(())
+}
+
+/// The moment `timeout` from now, or `None` (no deadline) for a timeout longer than the clock
+/// can count: waiting that long is waiting for ever.
+pub(crate) fn deadline_after(timeout: Duration) -> Option<tokio::time::Instant> {
+    tokio::time::Instant::now().checked_add(timeout)
 }
 
 /// The longest key accepted, in bytes (UTF-8). Longer keys are rejected with
@@ -115,5 +131,25 @@ mod tests {
             );
         }
         assert!(validate_namespace(&"n".repeat(MAX_NAMESPACE_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn ttls() {
+        for good in [MIN_TTL, Duration::from_secs(30), MAX_TTL] {
+            assert!(validate_ttl(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(9),
+            MAX_TTL + Duration::from_millis(1),
+            Duration::MAX,
+        ] {
+            assert!(
+                validate_ttl(bad).unwrap_err().is_invalid_config(),
+                "{bad:?}"
+            );
+        }
+        assert!(deadline_after(Duration::from_secs(1)).is_some());
+        assert!(deadline_after(Duration::MAX).is_none());
     }
 }

@@ -241,7 +241,7 @@ impl Election {
         self.claim(
             value,
             Mode::Wait,
-            Some(tokio::time::Instant::now() + timeout),
+            crate::core::rules::deadline_after(timeout),
         )
     }
 

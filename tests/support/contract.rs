@@ -378,7 +378,7 @@ pub async fn lease_control(a: &LockClient, b: &LockClient, ttl: Duration) {
     // both about one TTL after the grant.
     let g = a.mutex("fixed").lock().await.unwrap();
     let granted = tokio::time::Instant::now();
-    g.set_auto_renew(false);
+    g.set_auto_renew(false).unwrap();
     timeout(ttl + slack, g.lost())
         .await
         .expect("a fixed lease never ended");
@@ -399,7 +399,7 @@ pub async fn lease_control(a: &LockClient, b: &LockClient, ttl: Duration) {
     // 3. A fixed lease extended to three TTLs: still held (here and on the server) past its
     // first TTL, then it ends.
     let g = a.mutex("extended").lock().await.unwrap();
-    g.set_auto_renew(false);
+    g.set_auto_renew(false).unwrap();
     g.extend(ttl * 3).await.unwrap();
     assert!(g.lease_left() > ttl * 2, "left {:?}", g.lease_left());
     sleep(ttl + ttl / 2).await;
@@ -432,7 +432,7 @@ pub async fn lease_control(a: &LockClient, b: &LockClient, ttl: Duration) {
     assert!(!g.is_lost(), "a renewed shorter lease was lost");
     let err = b.mutex("shorter").try_lock().await.unwrap_err();
     assert!(err.is_would_block(), "{err}");
-    g.set_auto_renew(false);
+    g.set_auto_renew(false).unwrap();
     let off = tokio::time::Instant::now();
     timeout(short + slack, b.mutex("shorter").lock())
         .await

@@ -324,9 +324,15 @@ pub async fn skipped(env: &Env, primitive: &str, case: &str) {
             );
             c.election("skipped").try_campaign("x").await.map(drop)
         }
-        // A lease that is the session's (ZooKeeper): a guard may not ask for another.
+        // A lease that is the session's (ZooKeeper): a guard may not ask for another, nor stop
+        // renewing (it would report lost while the session kept the lock).
         "lease" => {
             let g = c.mutex("skipped").lock().await.unwrap();
+            let stop = g
+                .set_auto_renew(false)
+                .expect_err("renewal turned off on a session");
+            assert_eq!(stop.kind(), ErrorKind::Unsupported, "{stop}");
+            assert!(!g.is_lost());
             let asked = g.extend(c.ttl() * 2).await;
             g.release().await.unwrap();
             asked

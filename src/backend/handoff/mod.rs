@@ -42,5 +42,11 @@ pub(crate) fn check_handoff_ttl(ttl: Duration) -> Result<()> {
             crate::MIN_TTL
         )));
     }
+    if ttl > crate::MAX_TTL {
+        return Err(Error::invalid_config(format_args!(
+            "handoff ttl of {ttl:?} is above the maximum of {:?}",
+            crate::MAX_TTL
+        )));
+    }
     Ok(())
 }
