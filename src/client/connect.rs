@@ -210,7 +210,11 @@ impl LockClient {
             #[cfg(feature = "memory")]
             "memory" => Ok(Self::builder(crate::backend::MemoryBackend::new())),
             #[cfg(feature = "redis")]
-            "redis" | "rediss" | "redis+unix" | "unix" => Ok(Self::builder(
+            "redis" | "redis+unix" | "unix" => Ok(Self::builder(
+                Box::pin(crate::backend::RedisBackend::connect(url)).await?,
+            )),
+            #[cfg(feature = "redis-tls")]
+            "rediss" => Ok(Self::builder(
                 Box::pin(crate::backend::RedisBackend::connect(url)).await?,
             )),
             #[cfg(feature = "redis-cluster")]
@@ -238,9 +242,75 @@ impl LockClient {
                 let backend = Box::pin(crate::backend::ZkBackend::connect(rest)).await?;
                 Ok(Self::builder(backend))
             }
-            other => Err(Error::invalid_config(format_args!(
-                "no backend for `{other}` URLs in this build (memory:, redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://, zk://, postgres:// with features memory, redis, redis-tls, redis-cluster, redis-sentinel, redlock, zookeeper, postgres)"
-            ))),
+            other => Err(unbuilt(other)),
         }
+    }
+}
+
+/// Each URL scheme [`LockClient::builder_for`] knows, and the cargo feature that builds its
+/// backend.
+const SCHEMES: [(&str, &str); 12] = [
+    ("memory", "memory"),
+    ("redis", "redis"),
+    ("redis+unix", "redis"),
+    ("unix", "redis"),
+    ("rediss", "redis-tls"),
+    ("redis+cluster", "redis-cluster"),
+    ("redis+sentinel", "redis-sentinel"),
+    ("redlock", "redlock"),
+    ("zk", "zookeeper"),
+    ("zookeeper", "zookeeper"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
+];
+
+/// The error for a URL whose scheme this build has no backend for: the feature that would
+/// build one, or, for a scheme distlock does not know, the ones it does.
+fn unbuilt(scheme: &str) -> Error {
+    let url = if scheme == "memory" {
+        "memory:".to_owned()
+    } else {
+        format!("{scheme}://")
+    };
+    match SCHEMES.iter().find(|(s, _)| *s == scheme) {
+        Some((_, feature)) => Error::invalid_config(format_args!(
+            "`{url}` URLs need distlock's `{feature}` feature, which this build lacks: build distlock with the `{feature}` feature (`features = [\"{feature}\"]` in Cargo.toml, or `--features {feature}`)"
+        )),
+        None => Error::invalid_config(format_args!(
+            "no lock service has `{url}` URLs: distlock takes memory:, redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://, zk:// and postgres:// URLs"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A user who built without a backend's feature is told which feature to turn on.
+    #[test]
+    fn a_scheme_without_its_feature_names_the_feature() {
+        for (scheme, feature) in SCHEMES {
+            let text = unbuilt(scheme).to_string();
+            assert!(
+                text.contains(&format!("with the `{feature}` feature")),
+                "{scheme}: {text}"
+            );
+        }
+        let text = unbuilt("etcd").to_string();
+        assert!(
+            text.contains("no lock service has `etcd://` URLs"),
+            "{text}"
+        );
+        assert!(unbuilt("etcd").is_invalid_config());
+    }
+
+    /// What a build with only the in-process backend says of a Redis URL.
+    #[cfg(not(feature = "redis"))]
+    #[tokio::test]
+    async fn connecting_without_the_feature_says_which_to_enable() {
+        let err = LockClient::connect("redis://127.0.0.1:6379")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("the `redis` feature"), "{err}");
     }
 }
