@@ -187,6 +187,9 @@ async fn a_refusal_that_will_not_pass_is_not_transient() {
     let err = RedisBackend::connect(&url).await.unwrap_err();
     assert!(err.is_backend() && !err.is_transient(), "{:?}", chain(&err));
     assert!(err.to_string().contains("authentication"), "{err}");
+    // Said once, in our words: redis-rs's "Password authentication failed -
+    // AuthenticationFailed" adds nothing to it.
+    assert_eq!(chain(&err).len(), 1, "{:?}", chain(&err));
 
     // A database that does not exist on a live PostgreSQL.
     let pg = support::server::postgres::shared_postgres().url();
@@ -235,4 +238,62 @@ async fn a_refused_certificate_or_a_poolers_refusal_is_not_transient() {
         .await
         .unwrap_err();
     assert!(err.is_backend() && !err.is_transient(), "{:?}", chain(&err));
+}
+
+/// A loopback port whose listener answers every connection as a web server answers a request it
+/// cannot read, and hangs up: a `redis://` URL pointed at an HTTP port. On 127.0.0.2, so that
+/// it never takes the port another test here found closed on 127.0.0.1.
+async fn http_port() -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = [0u8; 1024];
+                let _ = socket.read(&mut request).await;
+                let _ = socket.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+            });
+        }
+    });
+    port
+}
+
+/// Errors a user meets on the first day, said once in our words, each on one line: a server
+/// that speaks another protocol, and URLs redis-rs cannot read (whose own text,
+/// `Missing hostname - InvalidClientConfig`, names its error kind).
+#[tokio::test]
+async fn a_foreign_server_or_a_malformed_url_is_said_in_our_words_once() {
+    let port = http_port().await;
+    let err = RedisBackend::connect(&format!("redis://127.0.0.2:{port}"))
+        .await
+        .unwrap_err();
+    let said = chain(&err);
+    assert!(
+        said[0].contains("did not speak the Redis protocol"),
+        "{said:?}"
+    );
+    assert!(
+        err.is_backend() && !err.is_transient(),
+        "a wrong port stays wrong: {said:?}"
+    );
+    assert!(said.iter().all(|c| !c.contains('\n')), "{said:?}");
+    assert!(said.iter().all(|c| !c.contains("Unexpected")), "{said:?}");
+
+    for (url, why) in [
+        ("redis://", "names no host"),
+        ("redis://:6379", "not a URL of the form"),
+        ("redis://127.0.0.1:6379/db", "not a number"),
+        (
+            "redlock://127.0.0.1:1,127.0.0.1:2,:3/0",
+            "malformed redis url in redlock",
+        ),
+    ] {
+        let err = LockClient::connect(url).await.unwrap_err();
+        let said = chain(&err);
+        assert!(err.is_invalid_config(), "{url}: {said:?}");
+        assert_eq!(said.len(), 1, "{url}: {said:?}");
+        assert!(said[0].contains(why), "{url}: {said:?}");
+        assert!(!said[0].contains("InvalidClientConfig"), "{url}: {said:?}");
+    }
 }

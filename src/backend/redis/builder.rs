@@ -344,7 +344,7 @@ impl RedisBackendBuilder {
         }
         let client = self
             .client()
-            .map_err(|e| Error::invalid_config("malformed redis url").with_source(e))?;
+            .map_err(|e| super::malformed_url("redis url", &e))?;
         require_runtime()?;
         let commands = match std::mem::replace(&mut self.source, Source::Own) {
             Source::Own => {

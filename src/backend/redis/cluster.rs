@@ -23,7 +23,7 @@ use ::redis::{RedisError, RedisResult};
 use tokio::sync::watch;
 
 use super::commands::{redis_error, CALL_TIMEOUT};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sync::LockExt;
 
 /// The scheme of a Cluster URL.
@@ -54,7 +54,7 @@ impl OwnCluster {
             .response_timeout(CALL_TIMEOUT)
             .retries(3)
             .build()
-            .map_err(|e| Error::invalid_config("malformed redis cluster url").with_source(e))?;
+            .map_err(|e| super::malformed_url("redis cluster url", &e))?;
         let conn = client
             .get_async_connection()
             .await

@@ -379,15 +379,32 @@ fn describe(what: &str, failure: Failure) -> Error {
     failure.describe("redis", what, CALL_TIMEOUT, redis_error)
 }
 
-/// Names the failures users must tell apart, and keeps the cause as the source.
+/// Names the failures users must tell apart, and keeps the cause as the source, unless the
+/// message already says all it says (redis-rs's text for those is its own wording of the same
+/// thing, or a parser's multi-line dump).
 pub(crate) fn redis_error(what: &str, e: RedisError) -> Error {
     let code = e.code().unwrap_or_default();
     let text = e.to_string();
+    if matches!(e.kind(), ::redis::ErrorKind::AuthenticationFailed) {
+        return Error::new(
+            ErrorKind::Backend,
+            format!("redis {what} failed: the server refused authentication (the user name or password)"),
+        );
+    }
+    // The reply parser's complaint: what came back is not RESP (an HTTP server, a TLS port
+    // spoken to in plain text, another protocol on the port). A reply of an unexpected type
+    // is a `Parse` error too, but not the parser's.
+    if matches!(e.kind(), ::redis::ErrorKind::Parse)
+        && e.detail().is_some_and(|d| d.starts_with("Parse error at"))
+    {
+        return Error::new(
+            ErrorKind::Backend,
+            format!("redis {what} failed: the server did not speak the Redis protocol (is this a Redis server's port?)"),
+        );
+    }
     let message = if code == "WRONGTYPE" || text.contains("WRONGTYPE") {
         format!("redis {what} failed: a lock key holds a value of another Redis type (WRONGTYPE)")
-    } else if matches!(e.kind(), ::redis::ErrorKind::AuthenticationFailed)
-        || matches!(code, "NOAUTH" | "WRONGPASS" | "NOPERM")
-    {
+    } else if matches!(code, "NOAUTH" | "WRONGPASS" | "NOPERM") {
         format!("redis {what} failed: authentication or permission refused")
     } else if tls_refused(&e) {
         format!("redis {what} failed: the TLS handshake failed (the server's certificate, or the CA given)")

@@ -83,6 +83,7 @@ pub(crate) use self::lock::FENCE_TTL;
 pub use self::ticket::RedisTicket;
 #[cfg(any(feature = "redis-cluster", feature = "redlock"))]
 pub(crate) use self::url::hosts_of;
+pub(crate) use self::url::malformed_url;
 
 /// Locks on a Redis server (or Valkey, KeyDB, Tair: the same scripts run there).
 ///

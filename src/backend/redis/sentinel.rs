@@ -68,7 +68,7 @@ impl Sentinel {
             .iter()
             .map(|h| format!("redis://{h}/").into_connection_info())
             .collect::<RedisResult<_>>()
-            .map_err(|e| bad("malformed sentinel address").with_source(e))?;
+            .map_err(|e| super::malformed_url("sentinel address in the redis sentinel url", &e))?;
         if sentinels.is_empty() {
             return Err(bad("names no sentinel"));
         }

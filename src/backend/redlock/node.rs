@@ -186,7 +186,7 @@ impl Node {
     /// A node for `node`; no I/O until the first call (the hub connects in the background).
     pub(super) fn new(node: RedlockNode, timeout: Duration, set: Arc<Downs>) -> Result<Self> {
         let client = ::redis::Client::open(node.url.as_str())
-            .map_err(|e| Error::invalid_config("malformed redis url in redlock").with_source(e))?;
+            .map_err(|e| crate::backend::redis::malformed_url("redis url in redlock", &e))?;
         let info = client.get_connection_info();
         let name = match info.addr() {
             ::redis::ConnectionAddr::Tcp(host, port)
