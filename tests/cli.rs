@@ -301,6 +301,50 @@ fn help_names_every_service_and_errors_say_their_cause_once() {
     ] {
         assert!(text.contains(needle), "--help lacks {needle:?}:\n{text}");
     }
+    // Each command's summary is one line; the details are in its own --help, and the forms
+    // of --url only where they are spelled out (run's long help), not under every command.
+    let top = output(distlock("redis://unused", "ns", &["--help"]));
+    let top = String::from_utf8_lossy(&top.stdout);
+    let commands: Vec<&str> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    for name in ["run", "inspect", "schema", "unlock", "help"] {
+        let line = commands
+            .iter()
+            .position(|l| l.trim_start().starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{top}"));
+        // A continued summary would be a line that names no command.
+        let next = commands.get(line + 1).map_or("", |l| l.trim_start());
+        assert!(
+            next.is_empty()
+                || ["run ", "inspect ", "schema ", "unlock ", "help "]
+                    .iter()
+                    .any(|n| next.starts_with(n)),
+            "the summary of {name} runs over one line:\n{top}"
+        );
+    }
+    for args in [
+        &["--help"][..],
+        &["inspect", "--help"],
+        &["unlock", "--help"],
+    ] {
+        let help = output(distlock("redis://unused", "ns", args));
+        let help = String::from_utf8_lossy(&help.stdout);
+        assert!(
+            !help.contains("redis+sentinel://"),
+            "{args:?} repeats the URL forms:\n{help}"
+        );
+        assert!(help.contains("distlock run --help"), "{args:?}:\n{help}");
+    }
+    let unlock = output(distlock("redis://unused", "ns", &["unlock", "--help"]));
+    let unlock = String::from_utf8_lossy(&unlock.stdout);
+    assert!(
+        unlock.contains("next renewal") && unlock.contains("fencing"),
+        "{unlock}"
+    );
     let port = support::free_port();
     let down = output(distlock(
         &format!("redis://127.0.0.1:{port}"),
@@ -310,12 +354,36 @@ fn help_names_every_service_and_errors_say_their_cause_once() {
     assert_eq!(down.status.code(), Some(69), "{down:?}");
     let err = String::from_utf8_lossy(&down.stderr);
     assert_eq!(err.matches("Connection refused").count(), 1, "{err}");
+    // A web server's port: one line, in our words, not the reply parser's dump.
+    let http = output(distlock(
+        &format!("redis://127.0.0.1:{}", http_port()),
+        "ns",
+        &["inspect", "k"],
+    ));
+    let err = String::from_utf8_lossy(&http.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("did not speak the Redis protocol"), "{err}");
     let memory = output(distlock("memory:", "ns", &["inspect", "k"]));
     assert_eq!(memory.status.code(), Some(2), "{memory:?}");
     assert!(
         String::from_utf8_lossy(&memory.stderr).contains("postgres://"),
         "{memory:?}"
     );
+}
+
+/// A loopback port whose listener answers every connection with an HTTP error and hangs up. The
+/// listener lives as long as the test process.
+fn http_port() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut socket in listener.incoming().flatten() {
+            let _ = socket.read(&mut [0u8; 1024]);
+            let _ = socket.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    port
 }
 
 /// A loopback port whose listener accepts connections and never answers (a hung server, a
@@ -404,6 +472,31 @@ fn unlock_refuses_without_force_and_force_drops_the_holder() {
         assert_eq!(json["removed"].as_array().map(Vec::len), Some(1), "{json}");
         assert_eq!(json["removed"][0]["fencing_token"], token, "{json}");
         // The holder's next renewal (a third of its 3 s lease) is refused: lost.
+        assert_eq!(wait_exit(holder, Duration::from_secs(5)), LOST, "{url}");
+
+        // For people: the removed holder's token, and that it may act until its next
+        // renewal, so fencing is what keeps its writes out.
+        let holder = start_holder(&url, &ns, "3s");
+        let json = output(distlock(&url, &ns, &["inspect", "--json", "k"]));
+        let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        let token = match json["holders"][0]["fencing_token"].as_u64() {
+            Some(token) => token.to_string(),
+            None => "unknown".to_owned(),
+        };
+        let forced = output(distlock(&url, &ns, &["unlock", "--force", "k"]));
+        assert!(forced.status.success(), "{forced:?}");
+        let text = String::from_utf8_lossy(&forced.stdout);
+        assert!(text.contains("removed 1 holder(s)"), "{text}");
+        assert!(
+            text.contains(&format!(
+                "The removed holder (token {token}) may still act until its next renewal"
+            )),
+            "{url}: {text}"
+        );
+        assert!(
+            text.contains("a third of its TTL") && text.contains("fencing"),
+            "{text}"
+        );
         assert_eq!(wait_exit(holder, Duration::from_secs(5)), LOST, "{url}");
 
         let free = output(distlock(&url, &ns, &["unlock", "k"]));

@@ -17,10 +17,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use distlock::backend::{Family, LockKind};
-use distlock::{Holder, Inspection, LockClient};
+use distlock::{Inspection, LockClient};
 use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
+
+mod show;
 
 /// Exit codes, in the spirit of `flock(1)` and `timeout(1)`.
 mod exit {
@@ -56,11 +57,8 @@ mod exit {
                   125 lock lost (command terminated), 127 command not started, 130 interrupted."
 )]
 struct Cli {
-    /// The lock service: redis://[user:password@]host:port[/db], rediss://... (TLS),
-    /// redis+cluster://[user:password@]host:port,host:port (seed nodes),
-    /// redis+sentinel://[user:password@]host:port,host:port/<master>[/db],
-    /// redlock://[user:password@]host:port,host:port,host:port[/db],
-    /// zk://host:port[,host:port][/chroot], postgres://user[:password]@host:port/database.
+    /// The lock service's URL: redis://host:port, zk://host:port, postgres://user@host/db, …
+    /// (every form: `distlock run --help`)
     #[arg(long, env = "DISTLOCK_URL", global = true)]
     url: Option<String>,
     /// The namespace keys live under (shared by every client of a key).
@@ -70,10 +68,23 @@ struct Cli {
     command: Cmd,
 }
 
+/// Every form of `--url`, in the long help of the commands that need it.
+const URL_FORMS: &str = "Lock service URLs (--url or DISTLOCK_URL):
+  redis://[user:password@]host:port[/db]          one Redis server (rediss:// for TLS)
+  redis+cluster://[user:password@]host:port,host:port    a Redis Cluster, by seed nodes
+  redis+sentinel://[user:password@]host:port,host:port/<master>[/db]
+  redlock://[user:password@]host:port,host:port,host:port[/db]   independent Redis nodes
+  zk://host:port[,host:port][/chroot]             a ZooKeeper ensemble
+  postgres://user[:password]@host:port/database   PostgreSQL";
+
 #[derive(Subcommand)]
 enum Cmd {
-    /// Runs CMD while holding KEY; the command gets the fencing token in
-    /// DISTLOCK_FENCING_TOKEN.
+    /// Run a command while holding a lock
+    ///
+    /// Runs CMD while holding KEY, renewing the lease while it runs; the command gets the
+    /// fencing token in DISTLOCK_FENCING_TOKEN. If the lock is lost, the command gets SIGTERM
+    /// (SIGKILL after --grace) and `run` exits 125.
+    #[command(after_long_help = URL_FORMS)]
     Run {
         /// The lock's name, e.g. `migrations` or `orders:42`: every process that runs with the
         /// same KEY, namespace and service excludes the others (1 to 512 bytes, no NUL).
@@ -98,7 +109,7 @@ enum Cmd {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
-    /// Shows who holds KEY and who waits.
+    /// Show who holds a lock and who waits
     Inspect {
         /// The lock's name, as given to `run` (or to the library).
         key: String,
@@ -106,14 +117,21 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Print the SQL of distlock's PostgreSQL schema
+    ///
     /// Prints the SQL that creates distlock's PostgreSQL schema, for a migration tool or a DBA
     /// (no service needed).
     Schema,
+    /// Drop a stuck lock's holders (with --force)
+    ///
     /// The operator's unlock: drops whoever holds KEY (every reader or permit holder too), so
-    /// the first waiter is granted at once. The dropped holders' guards report the lock lost at
-    /// their next renewal (memory and ZooKeeper holders at once) and their fencing tokens are below every later grant's, so their
-    /// fenced writes are refused. Without --force it only shows what would be removed (and
-    /// exits 75 if anyone holds KEY).
+    /// the first waiter is granted at once. Without --force it only shows what would be
+    /// removed (and exits 75 if anyone holds KEY).
+    ///
+    /// A dropped holder learns it lost the lock at its next renewal (a third of its TTL; memory
+    /// and ZooKeeper holders at once), and may act until then. Every later grant's fencing
+    /// token is above the dropped holders', so storage that checks the token refuses their
+    /// late writes: fencing, not the unlock, keeps them out.
     Unlock {
         /// The lock's name, as given to `run` (or to the library).
         key: String,
@@ -237,13 +255,16 @@ fn failed(e: &distlock::Error) -> u8 {
 }
 
 /// An error and its causes on one line, each said once: `redis connect failed: the server
-/// refused the connection: Connection refused (os error 111)`.
+/// refused the connection: Connection refused (os error 111)`. A cause that spans lines (a
+/// client library's dump) is folded onto this one; one whose text is already there is left
+/// out (client libraries often wrap an error and print it again).
 fn report(e: &distlock::Error) -> String {
     let mut line = e.to_string();
     let mut cause = std::error::Error::source(e);
     while let Some(c) = cause {
         let text = c.to_string();
-        if !line.ends_with(&text) {
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        if !text.is_empty() && !line.contains(&text) {
             line.push_str(": ");
             line.push_str(&text);
         }
@@ -431,15 +452,15 @@ async fn inspect(client: &LockClient, key: &str, json: bool) -> u8 {
         }
     };
     if json {
-        println!("{}", to_json(&seen));
+        println!("{}", show::to_json(&seen));
     } else {
-        print!("{}", to_table(&seen));
+        print!("{}", show::to_table(&seen));
     }
     0
 }
 
 /// `unlock`: without `force`, what would be removed (status 75 if anyone holds the key);
-/// with it, the holders dropped.
+/// with it, the holders dropped, their tokens, and what they may still do.
 async fn unlock(client: &LockClient, key: &str, force: bool, json: bool) -> u8 {
     let failed = |e: distlock::Error| {
         eprintln!("distlock: {}", report(&e));
@@ -450,19 +471,13 @@ async fn unlock(client: &LockClient, key: &str, force: bool, json: bool) -> u8 {
             Ok(seen) => seen,
             Err(e) => return failed(e),
         };
-        let (family, _) = family_name(seen.family);
         if json {
             println!(
                 "{}",
-                serde_json::json!({
-                    "key": seen.key,
-                    "family": family,
-                    "forced": false,
-                    "removed": holders_json(&seen.holders),
-                })
+                show::unlock_json(&seen.key, seen.family, &seen.holders, false)
             );
         } else {
-            print!("{}", removal_table(key, &seen.holders, false));
+            print!("{}", show::removal_table(key, &seen.holders, false));
         }
         if seen.holders.is_empty() {
             return 0;
@@ -477,142 +492,11 @@ async fn unlock(client: &LockClient, key: &str, force: bool, json: bool) -> u8 {
         Err(e) => return failed(e),
     };
     if json {
-        let (family, _) = family_name(removed.family);
-        println!(
-            "{}",
-            serde_json::json!({
-                "key": removed.key,
-                "family": family,
-                "forced": true,
-                "removed": holders_json(&removed.removed),
-            })
-        );
+        let (key, holders) = (&removed.key, &removed.removed);
+        println!("{}", show::unlock_json(key, removed.family, holders, true));
     } else {
-        print!("{}", removal_table(key, &removed.removed, true));
+        print!("{}", show::removal_table(key, &removed.removed, true));
+        print!("{}", show::still_acting(&removed.removed));
     }
     0
-}
-
-/// What `unlock` removed (or, not `done`, would remove).
-fn removal_table(key: &str, holders: &[Holder], done: bool) -> String {
-    let verb = if done { "removed" } else { "would remove" };
-    if holders.is_empty() {
-        return format!("`{key}` is not held: nothing to remove\n");
-    }
-    let mut out = format!("unlock {verb} {} holder(s) of `{key}`:\n", holders.len());
-    for h in holders {
-        out.push_str(&holder_line(h));
-    }
-    out
-}
-
-fn holder_line(h: &Holder) -> String {
-    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
-    let (name, n) = kind_name(h.kind);
-    let kind = n.map_or(name.to_owned(), |n| format!("{name}×{n}"));
-    format!(
-        "  {:<12} token {:<20} lease left {}\n",
-        kind,
-        or_dash(h.fencing_token.map(|t| t.to_string())),
-        or_dash(h.lease_left.map(|d| format!("{:.1}s", d.as_secs_f64())))
-    )
-}
-
-fn holders_json(holders: &[Holder]) -> Vec<serde_json::Value> {
-    holders
-        .iter()
-        .map(|h| {
-            let (kind, permits) = kind_name(h.kind);
-            serde_json::json!({
-                "kind": kind,
-                "permits": permits,
-                "fencing_token": h.fencing_token,
-                "lease_left_ms": millis(h.lease_left),
-            })
-        })
-        .collect()
-}
-
-fn family_name(family: Option<Family>) -> (&'static str, Option<u32>) {
-    match family {
-        None => ("free", None),
-        Some(Family::Mutex) => ("mutex", None),
-        Some(Family::RwLock) => ("rwlock", None),
-        Some(Family::Semaphore { max }) => ("semaphore", (max > 0).then_some(max)),
-        Some(Family::Election) => ("election", None),
-        Some(_) => ("other", None),
-    }
-}
-
-fn kind_name(kind: LockKind) -> (&'static str, Option<u32>) {
-    match kind {
-        LockKind::Exclusive => ("exclusive", None),
-        LockKind::Read => ("read", None),
-        LockKind::Write => ("write", None),
-        LockKind::Permits { count, .. } => ("permits", (count > 0).then_some(count)),
-        LockKind::Leader => ("leader", None),
-        _ => ("other", None),
-    }
-}
-
-fn millis(d: Option<Duration>) -> serde_json::Value {
-    d.map_or(serde_json::Value::Null, |d| (d.as_millis() as u64).into())
-}
-
-fn to_json(seen: &Inspection) -> serde_json::Value {
-    let (family, max) = family_name(seen.family);
-    let holders = holders_json(&seen.holders);
-    let waiters: Vec<_> = seen
-        .waiters
-        .iter()
-        .map(|w| {
-            let (kind, permits) = kind_name(w.kind);
-            serde_json::json!({ "kind": kind, "permits": permits, "waited_ms": millis(w.waited) })
-        })
-        .collect();
-    serde_json::json!({
-        "key": seen.key,
-        "family": family,
-        "max_permits": max,
-        "holders": holders,
-        "waiters": waiters,
-        // What `distlock unlock KEY --force` would drop: every holder above.
-        "unlock_removes": seen.holders.len(),
-    })
-}
-
-fn to_table(seen: &Inspection) -> String {
-    let (family, max) = family_name(seen.family);
-    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
-    let secs = |d: Option<Duration>| or_dash(d.map(|d| format!("{:.1}s", d.as_secs_f64())));
-    let kind = |k: LockKind| {
-        let (name, n) = kind_name(k);
-        n.map_or(name.to_owned(), |n| format!("{name}×{n}"))
-    };
-    let mut out = format!(
-        "key       {}\nfamily    {family}{}\n",
-        seen.key,
-        max.map_or(String::new(), |m| format!(" of {m}"))
-    );
-    out.push_str(&format!("holders   {}\n", seen.holders.len()));
-    for h in &seen.holders {
-        out.push_str(&holder_line(h));
-    }
-    out.push_str(&format!("waiters   {}\n", seen.waiters.len()));
-    for (i, w) in seen.waiters.iter().enumerate() {
-        out.push_str(&format!(
-            "  {:<3} {:<12} waited {}\n",
-            i + 1,
-            kind(w.kind),
-            secs(w.waited)
-        ));
-    }
-    if !seen.holders.is_empty() {
-        out.push_str(&format!(
-            "unlock    `distlock unlock {} --force` would remove the {} holder(s) above\n",
-            seen.key,
-            seen.holders.len()
-        ));
-    }
-    out
 }
