@@ -4,9 +4,13 @@
 //! DISTLOCK_URL=memory: cargo run --example axum_handler --features macros   # in-process locks
 //! DISTLOCK_URL=redis://127.0.0.1:6379 cargo run --example axum_handler --all-features
 //! DISTLOCK_URL=zk://127.0.0.1:2181 cargo run --example axum_handler --all-features
+//! ADDR=127.0.0.1:3001 DISTLOCK_URL=redis://127.0.0.1:6379 cargo run --example axum_handler --all-features
 //! curl -X POST localhost:3000/orders/42/settle   # 200, or 409 while another replica settles 42
 //! curl -X POST localhost:3000/orders/42/refund   # 200, or 503 after waiting 100 ms in vain
 //! ```
+//!
+//! `ADDR` is the address it listens on (default `127.0.0.1:3000`): give each replica on one
+//! host its own, as the second Redis line does.
 
 use std::time::Duration;
 
@@ -64,6 +68,15 @@ async fn refund(State(state): State<AppState>, Path(id): Path<u64>) -> Result<St
     Ok(format!("order {id} refunded\n"))
 }
 
+/// Where the service listens when `ADDR` is unset.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:3000";
+
+/// The address to listen on: `ADDR` (the value of the variable, if set), or [`DEFAULT_ADDR`].
+pub fn listen_addr(addr: Option<String>) -> String {
+    addr.filter(|a| !a.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_ADDR.to_owned())
+}
+
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/orders/{id}/settle", post(settle))
@@ -85,7 +98,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         locks: locks.clone(),
         work: Duration::from_millis(500),
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    let addr = listen_addr(std::env::var("ADDR").ok());
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr} (set ADDR to another address): {e}"))?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app(state))
         .with_graceful_shutdown(async {

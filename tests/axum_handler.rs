@@ -9,7 +9,7 @@ mod example;
 use std::time::Duration;
 
 use distlock::LockClient;
-use example::{app, AppState};
+use example::{app, listen_addr, AppState, DEFAULT_ADDR};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// POSTs to `path` and returns the status code.
@@ -75,4 +75,18 @@ async fn a_busy_order_is_409_and_a_slow_one_503() {
     assert_eq!(first.await.unwrap(), 200);
     // Released when the handler returned.
     assert_eq!(post(b, "/orders/42/refund").await, 200);
+}
+
+/// Two copies on one host: each listens where its `ADDR` says, the default without one.
+#[tokio::test]
+async fn replicas_on_one_host_listen_where_addr_says() {
+    assert_eq!(listen_addr(None), DEFAULT_ADDR);
+    assert_eq!(listen_addr(Some(String::new())), DEFAULT_ADDR);
+    let (a, b) = (
+        listen_addr(Some("127.0.0.1:0".to_owned())),
+        listen_addr(Some("127.0.0.2:0".to_owned())),
+    );
+    let a = tokio::net::TcpListener::bind(&a).await.unwrap();
+    let b = tokio::net::TcpListener::bind(&b).await.unwrap();
+    assert_ne!(a.local_addr().unwrap(), b.local_addr().unwrap());
 }
