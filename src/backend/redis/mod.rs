@@ -53,11 +53,6 @@ pub(crate) mod scripts;
 mod sentinel;
 mod strings;
 mod ticket;
-#[cfg(any(
-    feature = "redis-cluster",
-    feature = "redis-sentinel",
-    feature = "redlock"
-))]
 mod url;
 
 use std::future::Future;

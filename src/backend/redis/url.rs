@@ -1,12 +1,17 @@
-//! Multi-node URLs (`redis+cluster://`, `redis+sentinel://`, `redlock://`):
+//! Redis URLs: multi-node ones (`redis+cluster://`, `redis+sentinel://`, `redlock://`),
 //! `<scheme>[user:password@]host:port,host:port[/path]`, read the same way by the Cluster and
-//! Sentinel builders and by Redlock.
+//! Sentinel builders and by Redlock; and a malformed one of any kind, said in our words.
 
 use crate::error::Error;
 #[cfg(any(feature = "redis-cluster", feature = "redlock"))]
 use crate::error::Result;
 
 /// The parts of a multi-node URL.
+#[cfg(any(
+    feature = "redis-cluster",
+    feature = "redis-sentinel",
+    feature = "redlock"
+))]
 pub(crate) struct MultiNode<'a> {
     /// `user:password`, or only a password.
     pub(crate) auth: Option<&'a str>,
@@ -17,6 +22,11 @@ pub(crate) struct MultiNode<'a> {
 }
 
 /// Splits `url` into its credentials, hosts and path; `None` unless it starts with `scheme`.
+#[cfg(any(
+    feature = "redis-cluster",
+    feature = "redis-sentinel",
+    feature = "redlock"
+))]
 pub(crate) fn multi_node<'a>(url: &'a str, scheme: &str) -> Option<MultiNode<'a>> {
     let rest = url.strip_prefix(scheme)?;
     let (auth, rest) = match rest.rsplit_once('@') {
@@ -88,6 +98,11 @@ pub(crate) fn malformed_url(what: &str, e: &::redis::RedisError) -> Error {
 mod tests {
     use super::*;
 
+    #[cfg(any(
+        feature = "redis-cluster",
+        feature = "redis-sentinel",
+        feature = "redlock"
+    ))]
     #[test]
     fn splits_credentials_hosts_and_path() {
         let n = multi_node(
