@@ -240,3 +240,80 @@ async fn a_hold_ended_by_shutdown_is_recorded_once() {
     let reads = samples(&snap, "distlock_hold_seconds", &[("kind", "read")]);
     assert_eq!(reads.len(), 1, "{reads:?}");
 }
+
+/// The sum of the gauge `name`'s values whose labels include every `labels` pair.
+fn gauge(snap: &Seen, name: &str, labels: &[(&str, &str)]) -> f64 {
+    find(snap, MetricKind::Gauge, name, labels)
+        .into_iter()
+        .map(|v| match v {
+            DebugValue::Gauge(g) => g.into_inner(),
+            other => panic!("{name} is not a gauge: {other:?}"),
+        })
+        .sum()
+}
+
+/// `distlock_locks_held` counts the guards that hold now, by kind: up at the grant, moved by a
+/// downgrade, down at the release and at the loss (before the lost guard is dropped);
+/// `distlock_leading` is 1 for the election this process leads and 0 once it resigned.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_held_and_leading_gauges_follow_grants_releases_and_losses() {
+    global();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let backend = MemoryBackend::new();
+    let client = LockClient::builder(backend.clone()).build().unwrap();
+    // A snapshot drains each gauge to zero: the sum of the snapshots is the gauge.
+    let seen = std::cell::RefCell::new(Vec::new());
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        seen.borrow_mut().extend(snapshotter.snapshot().into_vec());
+        gauge(&seen.borrow(), name, labels)
+    };
+    let held = |kind| {
+        value(
+            "distlock_locks_held",
+            &[("backend", "memory"), ("kind", kind)],
+        )
+    };
+    let leading = |name| value("distlock_leading", &[("election", name)]);
+
+    let m = client.mutex("g").lock().await.unwrap();
+    let r = client.rw_lock("g-rw").read().await.unwrap();
+    assert_eq!((held("mutex"), held("read")), (1.0, 1.0));
+    let w = client.rw_lock("g-w").write().await.unwrap();
+    assert_eq!(held("write"), 1.0);
+    let downgraded = w.downgrade().await.unwrap();
+    assert_eq!((held("write"), held("read")), (0.0, 2.0));
+    m.release().await.unwrap();
+    drop((r, downgraded));
+    tokio::task::yield_now().await;
+    assert_eq!((held("mutex"), held("read")), (0.0, 0.0));
+
+    // A lease nobody renews runs out: it stops counting when it is lost, not when its guard goes.
+    let stale = LockClient::builder(backend.clone())
+        .ttl(Duration::from_millis(300))
+        .auto_renew(false)
+        .build()
+        .unwrap();
+    let lost = stale.mutex("g-lost").lock().await.unwrap();
+    assert_eq!(held("mutex"), 1.0);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(lost.is_lost());
+    assert_eq!(held("mutex"), 0.0);
+    drop(lost);
+    tokio::task::yield_now().await;
+    assert_eq!(
+        held("mutex"),
+        0.0,
+        "a lost guard dropped is not taken out twice"
+    );
+
+    let leadership = client.election("scheduler").campaign("me").await.unwrap();
+    assert_eq!((leading("scheduler"), held("leader")), (1.0, 1.0));
+    leadership.resign().await.unwrap();
+    assert_eq!((leading("scheduler"), held("leader")), (0.0, 0.0));
+    drop(_local);
+    for c in [client, stale] {
+        c.shutdown().await;
+    }
+}

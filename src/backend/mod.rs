@@ -19,7 +19,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -162,7 +162,6 @@ impl fmt::Display for Family {
 #[derive(Clone)]
 pub struct Claim {
     namespace: Arc<str>,
-    key: Arc<str>,
     kind: LockKind,
     /// The lost signal, and with it what the claim's clones share ([`ClaimState`]): one
     /// allocation per claim (a busy service makes many).
@@ -184,6 +183,13 @@ struct ClaimState {
     lost: AtomicBool,
     /// Woken once, when `lost` is set.
     lost_set: tokio::sync::Notify,
+    /// Where the claim counts in the locks-held gauge: 0 while it does not (not granted yet,
+    /// or no longer held), else 1 + the index of the kind it counts under
+    /// ([`crate::core::metrics`]). Swapped, so that a release and a loss take it out once.
+    gauged: AtomicU8,
+    /// The key: here, not in the claim, so that a loss can name it (an election's lead gauge
+    /// is labelled by its name).
+    key: Arc<str>,
 }
 
 impl Claim {
@@ -195,19 +201,21 @@ impl Claim {
         backend: &'static str,
         owner: Owner,
     ) -> Self {
+        let state = ClaimState {
+            owner,
+            ttl: AtomicU64::new(nanos(ttl)),
+            downgraded: AtomicBool::new(false),
+            value: StdMutex::new(None),
+            lost: AtomicBool::new(false),
+            lost_set: tokio::sync::Notify::new(),
+            gauged: AtomicU8::new(0),
+            key,
+        };
         Self {
             namespace,
-            key,
             kind,
             lost: LostSignal {
-                shared: Arc::new(ClaimState {
-                    owner,
-                    ttl: AtomicU64::new(nanos(ttl)),
-                    downgraded: AtomicBool::new(false),
-                    value: StdMutex::new(None),
-                    lost: AtomicBool::new(false),
-                    lost_set: tokio::sync::Notify::new(),
-                }),
+                shared: Arc::new(state),
                 backend,
                 kind,
             },
@@ -234,7 +242,7 @@ impl Claim {
     /// The user's key, already checked against the shared rules and
     /// [`Backend::validate_key`].
     pub fn key(&self) -> &str {
-        &self.key
+        &self.state().key
     }
 
     /// The owner token: a v4 UUID in lowercase hyphenated form, unique to this claim. Its bits
@@ -282,6 +290,12 @@ impl Claim {
         })
     }
 
+    /// Where the claim counts in the locks-held gauge (see [`ClaimState::gauged`]).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn gauged(&self) -> &AtomicU8 {
+        &self.state().gauged
+    }
+
     /// Sets what the claim proclaims.
     pub(crate) fn set_value(&self, value: Arc<[u8]>) {
         *(self.state().value.lock()).unwrap_or_else(std::sync::PoisonError::into_inner) =
@@ -315,7 +329,7 @@ impl fmt::Debug for Claim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Claim")
             .field("namespace", &self.namespace)
-            .field("key", &self.key)
+            .field("key", &self.key())
             .field("owner", &self.owner())
             .field("ttl", &self.ttl())
             .field("kind", &self.kind)
@@ -333,7 +347,7 @@ fn nanos(d: Duration) -> u64 {
 ///
 /// A flag and one [`Notify`](tokio::sync::Notify) in one small allocation: every claim makes
 /// one, and a `watch` channel (eight wake-up lists, a lock around its value) cost a busy
-/// service a large allocation per lock and eight wake-up passes per release (issue 29).
+/// service a large allocation per lock and eight wake-up passes per release.
 #[derive(Clone)]
 pub(crate) struct LostSignal {
     /// The claim's shared state, which holds the flag.
@@ -350,8 +364,16 @@ impl LostSignal {
         if first {
             self.shared.lost_set.notify_waiters();
             crate::core::metrics::lost(self.backend, self.kind);
+            // A lost lock is held no more, whenever its guard goes.
+            self.unheld();
         }
         first
+    }
+
+    /// Takes the claim out of the locks-held gauges, if it still counts there.
+    pub(crate) fn unheld(&self) {
+        let state = &self.shared;
+        crate::core::metrics::unheld(self.backend, &state.gauged, &state.key);
     }
 
     pub(crate) fn is_set(&self) -> bool {

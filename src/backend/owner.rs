@@ -1,7 +1,7 @@
 //! Owner tokens for claims, made without a system call each.
 //!
 //! A claim's owner token is a v4 UUID. Drawing each one from the operating system (`getrandom`)
-//! cost a system call per lock, about 4 % of a busy client's CPU (issue 29). A client now asks
+//! cost a system call per lock, about 4 % of a busy client's CPU. A client now asks
 //! the system once, for a 128-bit key, and makes each token from that key and a counter.
 //!
 //! - **Unique within a client.** The low 62 bits of a token are `key.1 + n` for the `n`-th token,

@@ -79,7 +79,9 @@ impl Target {
     ) -> impl Future<Output = Result<Held>> + Send + 'static {
         let (core, key) = (self.core.clone(), self.key.clone());
         let (ttl, value) = (self.ttl(), self.value.clone());
-        let span = tracing::debug_span!("distlock.acquire", key = %key, ?kind);
+        // The kind in the metrics' words (`mutex`, `read`, …), not LockKind's Debug.
+        let label = super::metrics::kind_label(kind);
+        let span = tracing::debug_span!("distlock.acquire", key = %key, kind = label);
         async move {
             let started = std::time::Instant::now();
             // Made here, not captured: a future captured, then awaited, is stored twice.

@@ -29,6 +29,7 @@ impl Held {
     pub(crate) fn new(client: Arc<Core>, lease: Arc<Lease>, handle: Handle) -> Self {
         let fence = lease.fence();
         let accepted = StdMutex::new(lease.claim.value());
+        super::metrics::held(&client.metrics, &lease.claim);
         Self {
             client,
             lease,
@@ -151,6 +152,7 @@ impl Held {
             super::metrics::released(&self.client.metrics, self.lease.claim.kind(), held);
         }
         self.lease.claim.set_downgraded();
+        super::metrics::downgraded(&self.client.metrics, &self.lease.claim);
         // A downgrade that also refreshed the lease moves it, by the usual rule.
         let _ = self.lease.extend(generation, sent, grant.valid_until);
         Ok(self)

@@ -1,7 +1,9 @@
 //! Metrics through the `metrics` crate facade (feature `metrics`; without it every call here
 //! compiles to nothing). Labels are the backend (`memory`, `redis`, `zookeeper`, ...) and the
 //! kind of hold (`mutex`, `read`, `write`, `leader`, `permits`), never the key: keys are
-//! unbounded.
+//! unbounded. The one exception is `distlock_leading`, labelled by the election's name:
+//! elections are few and named by the operator, and "who leads `scheduler`" is what operators
+//! alert on. Tracing events name the kind with the same words ([`kind_label`]).
 //!
 //! | name | type | labels | what |
 //! |---|---|---|---|
@@ -11,10 +13,15 @@
 //! | `distlock_lost_total` | counter | backend, kind | claims marked lost (the server said so, the lease ran out, the session ended) |
 //! | `distlock_renewal_seconds` | histogram | backend | one renewal call (a batch of leases) |
 //! | `distlock_renewal_failures_total` | counter | backend | leases whose renewal call failed (retried until the lease runs out) |
+//! | `distlock_locks_held` | gauge | backend, kind | guards that hold their lock now: up at the grant, down at the release or the loss |
+//! | `distlock_leading` | gauge | backend, election | 1 while this process leads the election, 0 once it resigned or lost the lead |
 
+use std::sync::atomic::AtomicU8;
+#[cfg(feature = "metrics")]
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::backend::LockKind;
+use crate::backend::{Claim, LockKind};
 use crate::error::Error;
 
 /// Each metric's name, type, unit and description: the `# HELP` and unit an exporter shows.
@@ -51,6 +58,16 @@ pub(crate) fn describe() {
         Unit::Count,
         "Leases whose renewal call failed (retried until the lease runs out)."
     );
+    metrics::describe_gauge!(
+        "distlock_locks_held",
+        Unit::Count,
+        "Locks held now by this process's guards, by backend and kind; a lost lock no longer counts."
+    );
+    metrics::describe_gauge!(
+        "distlock_leading",
+        Unit::Count,
+        "1 while this process leads the election (labelled by its name), 0 once it resigned or lost the lead."
+    );
 }
 
 /// [`describe`] once per process, when the first client is made.
@@ -82,9 +99,8 @@ fn kind_index(kind: LockKind) -> usize {
     }
 }
 
-/// The `kind` label.
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-fn kind_label(kind: LockKind) -> &'static str {
+/// The `kind` label, and how tracing events name a kind of hold.
+pub(crate) fn kind_label(kind: LockKind) -> &'static str {
     KINDS.get(kind_index(kind)).copied().unwrap_or("permits")
 }
 
@@ -106,16 +122,21 @@ static METADATA: metrics::Metadata<'static> =
     metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
 
 /// One client's keys of the metrics recorded at every lock, made once: building a key (its
-/// labels and their hash) at each call cost about 1,100 instructions a lock (issue 29). They
+/// labels and their hash) at each call cost about 1,100 instructions a lock. They
 /// are registered with the recorder in use at each call, as the macros do, so a recorder
 /// installed after the client was built (or one set for a scope) still gets every value.
 pub(crate) struct Keys {
+    #[cfg(feature = "metrics")]
+    backend: &'static str,
     #[cfg(feature = "metrics")]
     acquisitions: Vec<metrics::Key>,
     #[cfg(feature = "metrics")]
     waits: Vec<metrics::Key>,
     #[cfg(feature = "metrics")]
     holds: Vec<metrics::Key>,
+    /// `distlock_locks_held`, by kind.
+    #[cfg(feature = "metrics")]
+    held: Vec<metrics::Key>,
 }
 
 impl Keys {
@@ -140,9 +161,11 @@ impl Keys {
                     .collect()
             };
             Self {
+                backend,
                 acquisitions,
                 waits: each_kind("distlock_wait_seconds"),
                 holds: each_kind("distlock_hold_seconds"),
+                held: each_kind("distlock_locks_held"),
             }
         }
         #[cfg(not(feature = "metrics"))]
@@ -214,4 +237,93 @@ pub(crate) fn renewed(backend: &'static str, took: Duration, failed: usize) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (backend, took, failed);
+}
+
+/// `claim`'s guard exists: it counts in `distlock_locks_held` (and, a leader's, in
+/// `distlock_leading`) until its release or its loss, whichever comes first.
+pub(crate) fn held(keys: &Keys, claim: &Claim) {
+    #[cfg(feature = "metrics")]
+    {
+        let kind = kind_index(claim.kind());
+        let counted = u8::try_from(kind + 1).unwrap_or(u8::MAX);
+        let gauged = claim.gauged();
+        if gauged
+            .compare_exchange(0, counted, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        if let Some(key) = keys.held.get(kind) {
+            metrics::with_recorder(|recorder| {
+                recorder.register_gauge(key, &METADATA).increment(1.0);
+            });
+        }
+        if claim.kind() == LockKind::Leader {
+            leading(keys.backend, claim.key(), 1.0);
+        }
+        // Lost before it was counted: the loss found nothing to take out.
+        if claim.is_lost() {
+            unheld(keys.backend, gauged, claim.key());
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (keys, claim);
+}
+
+/// `claim` holds no more (released, or lost): out of the gauges, if it still counted there.
+pub(crate) fn unheld(backend: &'static str, gauged: &AtomicU8, key: &str) {
+    #[cfg(feature = "metrics")]
+    {
+        let Some(kind) = gauged.swap(0, Ordering::AcqRel).checked_sub(1) else {
+            return;
+        };
+        let kind = KINDS.get(usize::from(kind)).copied().unwrap_or("permits");
+        metrics::gauge!("distlock_locks_held", "backend" => backend, "kind" => kind).decrement(1.0);
+        if kind == "leader" {
+            leading(backend, key, -1.0);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, gauged, key);
+}
+
+/// `claim`, a write hold, became a read hold: it counts as one from now.
+pub(crate) fn downgraded(keys: &Keys, claim: &Claim) {
+    #[cfg(feature = "metrics")]
+    {
+        let index = |kind| u8::try_from(kind_index(kind) + 1).unwrap_or(u8::MAX);
+        let (write, read) = (index(LockKind::Write), index(LockKind::Read));
+        let moved =
+            claim
+                .gauged()
+                .compare_exchange(write, read, Ordering::AcqRel, Ordering::Acquire);
+        if moved.is_err() {
+            return;
+        }
+        let (write, read) = (kind_index(LockKind::Write), kind_index(LockKind::Read));
+        if let (Some(write), Some(read)) = (keys.held.get(write), keys.held.get(read)) {
+            metrics::with_recorder(|recorder| {
+                recorder.register_gauge(write, &METADATA).decrement(1.0);
+                recorder.register_gauge(read, &METADATA).increment(1.0);
+            });
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (keys, claim);
+}
+
+/// This process leads `election` (`delta` 1) or no longer does (-1). Counted up and down, not
+/// set, so that two clients of one process taking turns at one election add up.
+#[cfg(feature = "metrics")]
+fn leading(backend: &'static str, election: &str, delta: f64) {
+    let gauge = metrics::gauge!(
+        "distlock_leading",
+        "backend" => backend,
+        "election" => election.to_owned()
+    );
+    if delta > 0.0 {
+        gauge.increment(delta);
+    } else {
+        gauge.decrement(-delta);
+    }
 }

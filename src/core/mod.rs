@@ -173,7 +173,8 @@ impl Core {
     }
 
     /// Records the end of `lease`'s hold, if it held (its hold time, the "lock released"
-    /// event): once, by whoever finished it.
+    /// event, or "lost lock cleaned up" after the loss was reported): once, by whoever
+    /// finished it.
     fn ended(&self, lease: &Lease) {
         // Read under the schedule's lock, then let it go: the event's fields lock it again.
         let (held_since, fence) = {
@@ -182,8 +183,14 @@ impl Core {
         };
         if let Some(since) = held_since {
             metrics::released(&self.metrics, lease.claim.kind(), since.elapsed());
-            tracing::debug!(key = lease.claim.key(), fence, "lock released");
+            if lease.claim.is_lost() {
+                // The WARN "lock lost" came first: this is its guard going, not a release.
+                tracing::debug!(key = lease.claim.key(), fence, "lost lock cleaned up");
+            } else {
+                tracing::debug!(key = lease.claim.key(), fence, "lock released");
+            }
         }
+        lease.claim.lost_signal().unheld();
     }
 
     /// Stops renewal of `lease` and releases it in a task on `handle`.

@@ -115,7 +115,7 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended(distlock.channel(owner), 0)
 -- Tells waiters in line, from the head, when the provisional leases just handed out end
 -- ('<owner> <server ms> <px>'): a waiter told re-checks then, in case the new holders died
 -- before confirming, hands the lock on and is told the next lease's end in turn. So dead
--- waiters in a row cost a provisional lease each, not a TTL (issue 27). Waiters are told until
+-- waiters in a row cost a provisional lease each, not a TTL. Waiters are told until
 -- three whose clients look there to hear it were (a LISTEN connection holds its client's
 -- `listener` lock; `p_quiet`, the caller, hears its reply), at most 32: a host that crashed
 -- leaves its LISTEN connection open, and so looks alive until TCP keepalive gives up on it, so

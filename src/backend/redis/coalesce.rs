@@ -1,5 +1,5 @@
 //! Coalescing: the acquire (and release) calls one backend has in flight at the same moment go
-//! to the server as ONE function call, with a reply per claim (issue 29). A busy service whose
+//! to the server as ONE function call, with a reply per claim. A busy service whose
 //! tasks lock many keys through one client pays one script call, and one request, for many
 //! locks: the per-call cost (reading the request, starting the function, writing the reply) is
 //! what dominates the server's CPU per lock once the scripts are lean.

@@ -1,4 +1,4 @@
-//! The uncontended mutex acquire as plain commands, without a script (issue 29).
+//! The uncontended mutex acquire as plain commands, without a script.
 //!
 //! Most acquisitions of a busy service find their key free. For those, one pipeline of four
 //! plain commands takes the lock: `SET <lock> <owner> NX PX <ttl>` (the hold: the bare owner

@@ -2,7 +2,7 @@
 //!
 //! A call is built for every acquire and release, so what it is made of is paid for at every
 //! lock of a busy service: one buffer for the bytes and one for where each string ends, not an
-//! allocation per key and per number (issue 29).
+//! allocation per key and per number.
 
 use std::io;
 
