@@ -90,15 +90,30 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
             }
             "restart" => {
                 // With a hold in progress that outlasts the outage (its lease extended past
-                // it). A Redis server comes back without its data after 3 s: long enough for
-                // clients' reconnect back-off to grow.
+                // it). A Redis server comes back after 3 s (long enough for clients' reconnect
+                // back-off to grow), by turns without its data and from a snapshot taken
+                // half a second before the crash, whose fencing counter is behind the grants
+                // since (the holders are warm: each has taken and released locks before).
                 // A queued waiter's process goes down with the server and starts again as it
                 // returns (a worker restarted alongside it, a new replica): a fresh client
                 // that asks at once, where the other waiters' pub/sub reconnects on its own
                 // back-off. A server that forgot its locks grants it at once, so the old
                 // holder must be told it lost the lock by then.
-                let held = crate::waiters::extend_hold(&mut fleet);
                 let forgets = args.backend == "redis";
+                if forgets {
+                    let restarts = fleet
+                        .log
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .restarts
+                        .len();
+                    let stale = restarts % 2 == 1;
+                    server.snapshot_before_restart(stale);
+                    if stale {
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                }
+                let held = crate::waiters::extend_hold(&mut fleet);
                 let outage = Duration::from_millis(if forgets { 3000 } else { 100 });
                 let restarted = if args.strict_restart {
                     crate::waiters::kill_queued_but(&mut fleet, held)

@@ -52,7 +52,8 @@
 //! connection (from the first hold to end after the kill, and the last before it unless a
 //! victim was granted since, the next grant must come within a handoff lease a dead waiter in
 //! line, on ZooKeeper their sessions' expiry, plus 0.5 s); restart the lock server (Redis
-//! without its data, after 3 s, ZooKeeper and PostgreSQL on their data, PostgreSQL after a
+//! after 3 s, by turns without its data and from a snapshot half a second stale, ZooKeeper
+//! and PostgreSQL on their data, PostgreSQL after a
 //! crash; with `--strict-restart`, a queued waiter's process killed with it and started
 //! again, on Redis during the outage, its connections waiting in its proxy, so it asks the
 //! moment the server is back: a fresh client, where the others reconnect on their own

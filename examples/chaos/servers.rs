@@ -89,6 +89,19 @@ impl Server {
         }
     }
 
+    /// A single Redis server's next restart: from a snapshot taken now (`stale`: it comes back
+    /// with older data than it had, its fencing counter behind the tokens handed out since), or
+    /// without data.
+    pub(crate) fn snapshot_before_restart(&self, stale: bool) {
+        if let Server::Redis(s) = self {
+            if stale {
+                s.snapshot();
+            } else {
+                s.forget_snapshot();
+            }
+        }
+    }
+
     /// Redlock: two nodes of five (a minority) down past the lease, then back, by turns
     /// SIGKILLed (they come back without their data) and SIGSTOPped (they come back with it,
     /// every lease in it run out).

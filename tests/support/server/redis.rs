@@ -121,6 +121,21 @@ impl RedisServer {
         assert!(ok, "kill -{signal} {pid} failed");
     }
 
+    /// Writes a snapshot (`SAVE`): a restart from now on comes back with the data of this
+    /// moment, older than what was written since (see [`forget_snapshot`](Self::forget_snapshot)).
+    #[cfg(feature = "redis")]
+    pub fn snapshot(&self) {
+        let _: () = crate::support::query_port(self.port, &mut ::redis::cmd("SAVE")).expect("SAVE");
+    }
+
+    /// Deletes the snapshot, if any: the next restart comes back without data.
+    pub fn forget_snapshot(&self) {
+        match std::fs::remove_file(self.dir.path().join("dump.rdb")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => panic!("dump.rdb: {e}"),
+            _ => {}
+        }
+    }
+
     /// SIGKILLs the server (every key it held is gone with it); it stays down.
     pub fn kill(&mut self) {
         self.process.stop();
