@@ -1,10 +1,10 @@
 //! An axum service whose handlers hold a distributed lock per order.
 //!
 //! ```sh
-//! DISTLOCK_URL=memory: cargo run --example axum_handler --features macros   # in-process locks
-//! DISTLOCK_URL=redis://127.0.0.1:6379 cargo run --example axum_handler --all-features
-//! DISTLOCK_URL=zk://127.0.0.1:2181 cargo run --example axum_handler --all-features
-//! ADDR=127.0.0.1:3001 DISTLOCK_URL=redis://127.0.0.1:6379 cargo run --example axum_handler --all-features
+//! DISTLOCK_URL=memory: cargo run --example axum_handler --features axum   # in-process locks
+//! DISTLOCK_URL=redis://127.0.0.1:6379 cargo run --example axum_handler --features axum,redis
+//! DISTLOCK_URL=zk://127.0.0.1:2181 cargo run --example axum_handler --features axum,zookeeper
+//! ADDR=127.0.0.1:3001 DISTLOCK_URL=redis://127.0.0.1:6379 cargo run --example axum_handler --features axum,redis
 //! curl -X POST localhost:3000/orders/42/settle   # 200, or 409 while another replica settles 42
 //! curl -X POST localhost:3000/orders/42/refund   # 200, or 503 after waiting 100 ms in vain
 //! ```

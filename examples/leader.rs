@@ -4,11 +4,11 @@
 //!
 //! ```sh
 //! DISTLOCK_URL=memory: cargo run --example leader      # replicas as tasks of one process
-//! DISTLOCK_URL=postgres://postgres@127.0.0.1/postgres cargo run --example leader --all-features
+//! DISTLOCK_URL=postgres://postgres@127.0.0.1/postgres cargo run --example leader --features postgres
 //! ```
 //!
 //! Elections are on memory, Redis (single server, Cluster, Sentinel), PostgreSQL and ZooKeeper;
-//! Redlock refuses them with an `Unsupported` error until it has them (issue 30).
+//! Redlock refuses them with an `Unsupported` error until it has them.
 
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 //!
 //! ```sh
 //! DISTLOCK_URL=memory: cargo run --example worker --features macros   # in-process locks
-//! DISTLOCK_URL=redis://127.0.0.1:6379 cargo run --example worker --all-features
-//! DISTLOCK_URL=zk://127.0.0.1:2181 cargo run --example worker --all-features
+//! DISTLOCK_URL=redis://127.0.0.1:6379 cargo run --example worker --features macros,redis
+//! DISTLOCK_URL=zk://127.0.0.1:2181 cargo run --example worker --features macros,zookeeper
 //! ```
 //!
 //! Run it twice against the same server: the two processes never work on one account at the

@@ -16,7 +16,7 @@ for f in "${features[@]}"; do
   sets+=("--no-default-features --features $f" "--features $f")
 done
 sets+=("--no-default-features")
-# The README's feature lines.
+# The feature lines of the README's install section.
 sets+=("--no-default-features --features redis-cluster,redis-sentinel"
        "--no-default-features --features redis-deadpool,redis-bb8,redis-tls"
        "--features macros,metrics")
@@ -34,8 +34,12 @@ for set in "${sets[@]}"; do
   n=$((n + 1))
   echo "== features [$n/${#sets[@]}]: $set"
   # shellcheck disable=SC2086
-  cargo clippy --locked -q --lib --bins --examples $set -- -D warnings || failed+=("$set")
+  cargo clippy --locked -q -p distlock --lib --bins --examples $set -- -D warnings || failed+=("$set")
 done
+# The examples' package with none of its features: the quickstart and the leader as a user first
+# runs them.
+echo "== features: the examples' package, no features"
+cargo clippy --locked -q -p distlock-examples --examples -- -D warnings || failed+=("-p distlock-examples")
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'features: `cargo clippy %s` failed\n' "${failed[@]}" >&2
   exit 1

@@ -1,8 +1,7 @@
 //! The axum example end to end over HTTP: a busy lock is 409 with `wait = false`, and 503 after
 //! a timeout; the default-client rule of `#[distributed_lock]`.
-#![cfg(all(feature = "macros", feature = "memory"))]
 
-#[path = "../examples/axum_handler.rs"]
+#[path = "../axum_handler.rs"]
 #[allow(dead_code)]
 mod example;
 
