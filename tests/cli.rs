@@ -260,6 +260,12 @@ fn inspect_shows_holders_and_waiters() {
             text.contains("holders   1") && text.contains("waiters   1"),
             "{text}"
         );
+        // Redis records no time a waiter queued, ZooKeeper no lease: the table says why `-`.
+        assert!(
+            text.contains(" - ") || text.contains(" -\n"),
+            "a value this service does not record: {text}"
+        );
+        assert!(text.contains("not recorded by this service"), "{text}");
         let pid = nix::unistd::Pid::from_raw(holder.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
         assert_eq!(wait_exit(holder, Duration::from_secs(5)), INTERRUPTED);

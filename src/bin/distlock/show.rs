@@ -133,6 +133,9 @@ pub(crate) fn to_json(seen: &Inspection) -> serde_json::Value {
     })
 }
 
+/// Said under a table with a `-` in it, where the operator reads it.
+const NOT_RECORDED: &str = "-         not recorded by this service: on one Redis server a mutex taken uncontended records no token, Redis and PostgreSQL no time a waiter queued, ZooKeeper no lease (it is the holder's session)\n";
+
 pub(crate) fn to_table(seen: &Inspection) -> String {
     let (family, max) = family_name(seen.family);
     let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
@@ -158,6 +161,14 @@ pub(crate) fn to_table(seen: &Inspection) -> String {
             kind(w.kind),
             secs(w.waited)
         ));
+    }
+    let unknown = seen
+        .holders
+        .iter()
+        .any(|h| h.fencing_token.is_none() || h.lease_left.is_none())
+        || seen.waiters.iter().any(|w| w.waited.is_none());
+    if unknown {
+        out.push_str(NOT_RECORDED);
     }
     if !seen.holders.is_empty() {
         out.push_str(&format!(
