@@ -433,7 +433,7 @@ pub async fn dead_waiters_in_line_cost_a_handoff_lease_each(
     next.shutdown().await;
 }
 
-/// Issue 27, item 8: `pooled` sends its statements through a pool whose connections reach the
+/// `pooled` sends its statements through a pool whose connections reach the
 /// server through `proxy`, which holds back every request containing `pattern` (the acquire
 /// call's name) by 300 ms. Its `lock_timeout(50 ms)` gives up while the acquire is on its way;
 /// the release that follows must not overtake it on another pooled connection (finding
@@ -472,7 +472,7 @@ pub async fn a_timed_out_pooled_lock_leaves_no_holder(
     blocked
 }
 
-/// Issue 27, item 7: `holder` holds `k` (with a long lease); a client on `waiter` (whose
+/// `holder` holds `k` (with a long lease); a client on `waiter` (whose
 /// renewals `renews` counts, and whose message connection goes through `proxy`) queues behind
 /// it, renewing its queue entry every 0.8 s (a third of its TTL). The proxy then drops every
 /// byte, of that connection and of any new one, and `holder` releases: the handoff's message

@@ -13,7 +13,7 @@ pub async fn report_and_hold(fence: u64) -> ! {
     unreachable!()
 }
 
-/// Re-runs test `test` of this binary with `env=spec` (the child branch of the test), waits
+/// Re-runs test `test` of this binary (its path there: `module::name`) with `env=spec` (the child branch of the test), waits
 /// until it holds the lock, and returns it with its fencing token.
 pub async fn spawn(test: &str, env: &str, spec: String) -> (Child, u64) {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))

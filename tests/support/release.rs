@@ -1,5 +1,5 @@
-//! What the attacks on the coalesced Redis release share (`tests/redis_release_attacks.rs`,
-//! `tests/redis_release_faults.rs`): key names that stress a claim's one-string layout, many
+//! What the attacks on the coalesced Redis release share (`tests/redis/release.rs`,
+//! `tests/redis/release_faults.rs`): key names that stress a claim's one-string layout, many
 //! locks taken and released at once by one client, waiters queued and served, and what a
 //! namespace leaves behind.
 

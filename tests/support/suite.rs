@@ -1,7 +1,7 @@
 //! The behaviour suite: every check that holds on every backend (the mutex contract and its
 //! cancellation tortures, the read-write lock, semaphore and multi-lock checks, lease control
 //! and the operator's unlock), each a case run on one fixture's [`Env`] with that backend's
-//! [`Sizes`]. `tests/matrix.rs` instantiates it for every backend and topology; a backend's
+//! [`Sizes`]. `tests/contract/matrix.rs` instantiates it for every backend and topology; a backend's
 //! own file keeps what only it has (faults, failover, Curator interop, TLS, its layout on the
 //! server).
 //!

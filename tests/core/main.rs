@@ -1,0 +1,18 @@
+//! The client's core, whatever the backend: the in-process backend's own tests, cleanup of
+//! cancelled or panicking acquisitions, the renewal engines, clients outliving their runtime,
+//! errors, and elections under faults.
+//!
+//! One binary, one server of each kind shared by its tests (a namespace each); the modules
+//! are named for what they test.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cleanup;
+mod elections;
+mod errors;
+mod memory;
+mod panics;
+mod renewal_engine;
+mod runtime_end;
