@@ -23,16 +23,33 @@ fn multi_thread(workers: usize) -> Runtime {
         .unwrap()
 }
 
-/// Threads of this process.
+/// What the churn test's runtimes name their threads: [`threads`] counts them alone, whatever
+/// the other tests of the binary run meanwhile (the library starts no thread of its own).
+const THREAD_NAME: &str = "engine-churn";
+
+/// A runtime of the churn test: current-thread, or multi-thread with one worker.
+fn churn_runtime(multi: bool) -> Runtime {
+    let mut builder = if multi {
+        let mut b = Builder::new_multi_thread();
+        b.worker_threads(1);
+        b
+    } else {
+        Builder::new_current_thread()
+    };
+    builder
+        .thread_name(THREAD_NAME)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Threads of this process started by the churn test's runtimes (workers and blocking threads).
 fn threads() -> usize {
-    std::fs::read_to_string("/proc/self/status")
+    std::fs::read_dir("/proc/self/task")
         .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == THREAD_NAME)
+        .count()
 }
 
 /// A Redis client of `url` (leases of `ttl`, renewed) whose first lock is taken (and released)
@@ -203,11 +220,7 @@ fn redis_leases_and_waiters_of_live_runtimes_outlive_a_churn_of_runtimes() {
         let c = c.clone();
         let released = released.clone();
         std::thread::spawn(move || {
-            let rt = if flavor == 0 {
-                current_thread()
-            } else {
-                multi_thread(1)
-            };
+            let rt = churn_runtime(flavor != 0);
             rt.block_on(async move {
                 let held = c.mutex(format!("hold-{flavor}")).lock().await.unwrap();
                 let m = c.mutex("busy");
@@ -251,11 +264,7 @@ fn redis_leases_and_waiters_of_live_runtimes_outlive_a_churn_of_runtimes() {
             let mut stale = Vec::new();
             let mut i = 0u32;
             while began.elapsed() < Duration::from_millis(3000) {
-                let rt = if i.is_multiple_of(2) {
-                    current_thread()
-                } else {
-                    multi_thread(1)
-                };
+                let rt = churn_runtime(!i.is_multiple_of(2));
                 let key = format!("churn-{i}");
                 let g = rt.block_on(c.mutex(key.clone()).lock()).unwrap();
                 match i % 3 {
