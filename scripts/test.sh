@@ -59,7 +59,7 @@ cargo build --locked --workspace --all-features --example chaos
 target_dir=$(cargo metadata --locked --no-deps --format-version 1 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 chaos() { "$target_dir/debug/examples/chaos" "$@"; }
-secs="${DISTLOCK_CHAOS_SECS:-20}"
+secs="${DISTLOCK_CHAOS_SECS:-16}"
 seed="${DISTLOCK_CHAOS_SEED:-$(date +%s)}"
 phase "chaos seed $seed (DISTLOCK_CHAOS_SEED=$seed replays the picks below)"
 for backend in memory redis redlock zookeeper postgres; do
