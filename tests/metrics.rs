@@ -317,3 +317,35 @@ async fn the_held_and_leading_gauges_follow_grants_releases_and_losses() {
         c.shutdown().await;
     }
 }
+
+/// A hold's gauge goes down in the recorder that counted it up, whichever thread learns of the
+/// loss: with a recorder set for the test's thread only, a lease that runs out on a worker
+/// thread of the runtime still brings `distlock_locks_held` back to 0 there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_seen_on_another_thread_leaves_the_gauge_where_it_was_counted() {
+    global();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let client = LockClient::builder(MemoryBackend::new())
+        .ttl(Duration::from_millis(200))
+        .auto_renew(false)
+        .build()
+        .unwrap();
+    let guard = client.mutex("elsewhere").lock().await.unwrap();
+    let counted = snapshotter.snapshot().into_vec();
+    let mutex = [("backend", "memory"), ("kind", "mutex")];
+    assert_eq!(gauge(&counted, "distlock_locks_held", &mutex), 1.0);
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the lease never ran out");
+    drop(guard);
+    client.shutdown().await;
+    // A snapshot drains each gauge: this one holds what changed since the last.
+    let taken_out = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        gauge(&taken_out, "distlock_locks_held", &mutex),
+        -1.0,
+        "the loss went to another recorder than the grant"
+    );
+}

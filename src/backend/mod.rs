@@ -19,7 +19,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -162,6 +162,7 @@ impl fmt::Display for Family {
 #[derive(Clone)]
 pub struct Claim {
     namespace: Arc<str>,
+    key: Arc<str>,
     kind: LockKind,
     /// The lost signal, and with it what the claim's clones share ([`ClaimState`]): one
     /// allocation per claim (a busy service makes many).
@@ -183,13 +184,11 @@ struct ClaimState {
     lost: AtomicBool,
     /// Woken once, when `lost` is set.
     lost_set: tokio::sync::Notify,
-    /// Where the claim counts in the locks-held gauge: 0 while it does not (not granted yet,
-    /// or no longer held), else 1 + the index of the kind it counts under
-    /// ([`crate::core::metrics`]). Swapped, so that a release and a loss take it out once.
-    gauged: AtomicU8,
-    /// The key: here, not in the claim, so that a loss can name it (an election's lead gauge
-    /// is labelled by its name).
-    key: Arc<str>,
+    /// The gauges the claim counts in while its guard holds ([`crate::core::metrics::held`]):
+    /// taken out once, by its release or its loss, whichever comes first, and decremented on
+    /// the very handles that were incremented (so a recorder set for one thread gets both).
+    #[cfg(feature = "metrics")]
+    gauges: StdMutex<Option<crate::core::metrics::Counted>>,
 }
 
 impl Claim {
@@ -208,11 +207,12 @@ impl Claim {
             value: StdMutex::new(None),
             lost: AtomicBool::new(false),
             lost_set: tokio::sync::Notify::new(),
-            gauged: AtomicU8::new(0),
-            key,
+            #[cfg(feature = "metrics")]
+            gauges: StdMutex::new(None),
         };
         Self {
             namespace,
+            key,
             kind,
             lost: LostSignal {
                 shared: Arc::new(state),
@@ -242,7 +242,7 @@ impl Claim {
     /// The user's key, already checked against the shared rules and
     /// [`Backend::validate_key`].
     pub fn key(&self) -> &str {
-        &self.state().key
+        &self.key
     }
 
     /// The owner token: a v4 UUID in lowercase hyphenated form, unique to this claim. Its bits
@@ -290,10 +290,10 @@ impl Claim {
         })
     }
 
-    /// Where the claim counts in the locks-held gauge (see [`ClaimState::gauged`]).
+    /// The gauges the claim counts in (see [`ClaimState::gauges`]).
     #[cfg(feature = "metrics")]
-    pub(crate) fn gauged(&self) -> &AtomicU8 {
-        &self.state().gauged
+    pub(crate) fn gauges(&self) -> &StdMutex<Option<crate::core::metrics::Counted>> {
+        &self.state().gauges
     }
 
     /// Sets what the claim proclaims.
@@ -329,7 +329,7 @@ impl fmt::Debug for Claim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Claim")
             .field("namespace", &self.namespace)
-            .field("key", &self.key())
+            .field("key", &self.key)
             .field("owner", &self.owner())
             .field("ttl", &self.ttl())
             .field("kind", &self.kind)
@@ -372,8 +372,8 @@ impl LostSignal {
 
     /// Takes the claim out of the locks-held gauges, if it still counts there.
     pub(crate) fn unheld(&self) {
-        let state = &self.shared;
-        crate::core::metrics::unheld(self.backend, &state.gauged, &state.key);
+        #[cfg(feature = "metrics")]
+        crate::core::metrics::unheld(&self.shared.gauges);
     }
 
     pub(crate) fn is_set(&self) -> bool {

@@ -16,9 +16,6 @@
 //! | `distlock_locks_held` | gauge | backend, kind | guards that hold their lock now: up at the grant, down at the release or the loss |
 //! | `distlock_leading` | gauge | backend, election | 1 while this process leads the election, 0 once it resigned or lost the lead |
 
-use std::sync::atomic::AtomicU8;
-#[cfg(feature = "metrics")]
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::backend::{Claim, LockKind};
@@ -239,91 +236,94 @@ pub(crate) fn renewed(backend: &'static str, took: Duration, failed: usize) {
     let _ = (backend, took, failed);
 }
 
+/// The gauges one held claim counts in: the handles its grant incremented, which its release
+/// or loss decrements (from whichever thread, into the recorder that got the increment).
+#[cfg(feature = "metrics")]
+pub(crate) struct Counted {
+    /// `distlock_locks_held` of its kind, and which kind ([`kind_index`]).
+    held: metrics::Gauge,
+    kind: usize,
+    /// `distlock_leading` of its election, a leader's.
+    leading: Option<metrics::Gauge>,
+}
+
 /// `claim`'s guard exists: it counts in `distlock_locks_held` (and, a leader's, in
 /// `distlock_leading`) until its release or its loss, whichever comes first.
 pub(crate) fn held(keys: &Keys, claim: &Claim) {
     #[cfg(feature = "metrics")]
     {
         let kind = kind_index(claim.kind());
-        let counted = u8::try_from(kind + 1).unwrap_or(u8::MAX);
-        let gauged = claim.gauged();
-        if gauged
-            .compare_exchange(0, counted, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        let Some(key) = keys.held.get(kind) else {
             return;
-        }
-        if let Some(key) = keys.held.get(kind) {
-            metrics::with_recorder(|recorder| {
-                recorder.register_gauge(key, &METADATA).increment(1.0);
+        };
+        let held = metrics::with_recorder(|r| r.register_gauge(key, &METADATA));
+        // Labelled by the election's name: elections are few and named by the operator.
+        let leading = (claim.kind() == LockKind::Leader).then(|| {
+            metrics::gauge!(
+                "distlock_leading",
+                "backend" => keys.backend,
+                "election" => claim.key().to_owned()
+            )
+        });
+        {
+            let mut counted = lock(claim.gauges());
+            if counted.is_some() {
+                return;
+            }
+            held.increment(1.0);
+            if let Some(leading) = &leading {
+                leading.increment(1.0);
+            }
+            *counted = Some(Counted {
+                held,
+                kind,
+                leading,
             });
-        }
-        if claim.kind() == LockKind::Leader {
-            leading(keys.backend, claim.key(), 1.0);
         }
         // Lost before it was counted: the loss found nothing to take out.
         if claim.is_lost() {
-            unheld(keys.backend, gauged, claim.key());
+            unheld(claim.gauges());
         }
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (keys, claim);
 }
 
-/// `claim` holds no more (released, or lost): out of the gauges, if it still counted there.
-pub(crate) fn unheld(backend: &'static str, gauged: &AtomicU8, key: &str) {
-    #[cfg(feature = "metrics")]
-    {
-        let Some(kind) = gauged.swap(0, Ordering::AcqRel).checked_sub(1) else {
-            return;
-        };
-        let kind = KINDS.get(usize::from(kind)).copied().unwrap_or("permits");
-        metrics::gauge!("distlock_locks_held", "backend" => backend, "kind" => kind).decrement(1.0);
-        if kind == "leader" {
-            leading(backend, key, -1.0);
+/// A claim holds no more (released, or lost): out of the gauges, if it still counted there.
+#[cfg(feature = "metrics")]
+pub(crate) fn unheld(gauges: &std::sync::Mutex<Option<Counted>>) {
+    let taken = lock(gauges).take();
+    if let Some(counted) = taken {
+        counted.held.decrement(1.0);
+        if let Some(leading) = counted.leading {
+            leading.decrement(1.0);
         }
     }
-    #[cfg(not(feature = "metrics"))]
-    let _ = (backend, gauged, key);
 }
 
-/// `claim`, a write hold, became a read hold: it counts as one from now.
+/// `claim`, a write hold, became a read hold: it counts as one from now. Under the claim's
+/// lock, so that a loss meanwhile takes out one or the other, never a read not yet counted.
 pub(crate) fn downgraded(keys: &Keys, claim: &Claim) {
     #[cfg(feature = "metrics")]
     {
-        let index = |kind| u8::try_from(kind_index(kind) + 1).unwrap_or(u8::MAX);
-        let (write, read) = (index(LockKind::Write), index(LockKind::Read));
-        let moved =
-            claim
-                .gauged()
-                .compare_exchange(write, read, Ordering::AcqRel, Ordering::Acquire);
-        if moved.is_err() {
-            return;
-        }
         let (write, read) = (kind_index(LockKind::Write), kind_index(LockKind::Read));
-        if let (Some(write), Some(read)) = (keys.held.get(write), keys.held.get(read)) {
-            metrics::with_recorder(|recorder| {
-                recorder.register_gauge(write, &METADATA).decrement(1.0);
-                recorder.register_gauge(read, &METADATA).increment(1.0);
-            });
+        let Some(key) = keys.held.get(read) else {
+            return;
+        };
+        let mut counted = lock(claim.gauges());
+        if let Some(c) = counted.as_mut().filter(|c| c.kind == write) {
+            let now = metrics::with_recorder(|r| r.register_gauge(key, &METADATA));
+            now.increment(1.0);
+            c.held.decrement(1.0);
+            (c.held, c.kind) = (now, read);
         }
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (keys, claim);
 }
 
-/// This process leads `election` (`delta` 1) or no longer does (-1). Counted up and down, not
-/// set, so that two clients of one process taking turns at one election add up.
+/// The gauges' lock, whatever a panic elsewhere left in it (a count, nothing more).
 #[cfg(feature = "metrics")]
-fn leading(backend: &'static str, election: &str, delta: f64) {
-    let gauge = metrics::gauge!(
-        "distlock_leading",
-        "backend" => backend,
-        "election" => election.to_owned()
-    );
-    if delta > 0.0 {
-        gauge.increment(delta);
-    } else {
-        gauge.decrement(-delta);
-    }
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
