@@ -200,22 +200,21 @@ impl Claim {
         backend: &'static str,
         owner: Owner,
     ) -> Self {
-        let state = ClaimState {
-            owner,
-            ttl: AtomicU64::new(nanos(ttl)),
-            downgraded: AtomicBool::new(false),
-            value: StdMutex::new(None),
-            lost: AtomicBool::new(false),
-            lost_set: tokio::sync::Notify::new(),
-            #[cfg(feature = "metrics")]
-            gauges: StdMutex::new(None),
-        };
         Self {
             namespace,
             key,
             kind,
             lost: LostSignal {
-                shared: Arc::new(state),
+                shared: Arc::new(ClaimState {
+                    owner,
+                    ttl: AtomicU64::new(nanos(ttl)),
+                    downgraded: AtomicBool::new(false),
+                    value: StdMutex::new(None),
+                    lost: AtomicBool::new(false),
+                    lost_set: tokio::sync::Notify::new(),
+                    #[cfg(feature = "metrics")]
+                    gauges: StdMutex::new(None),
+                }),
                 backend,
                 kind,
             },

@@ -240,9 +240,8 @@ pub(crate) fn renewed(backend: &'static str, took: Duration, failed: usize) {
 /// or loss decrements (from whichever thread, into the recorder that got the increment).
 #[cfg(feature = "metrics")]
 pub(crate) struct Counted {
-    /// `distlock_locks_held` of its kind, and which kind ([`kind_index`]).
+    /// `distlock_locks_held` of its kind.
     held: metrics::Gauge,
-    kind: usize,
     /// `distlock_leading` of its election, a leader's.
     leading: Option<metrics::Gauge>,
 }
@@ -252,8 +251,7 @@ pub(crate) struct Counted {
 pub(crate) fn held(keys: &Keys, claim: &Claim) {
     #[cfg(feature = "metrics")]
     {
-        let kind = kind_index(claim.kind());
-        let Some(key) = keys.held.get(kind) else {
+        let Some(key) = keys.held.get(kind_index(claim.kind())) else {
             return;
         };
         let held = metrics::with_recorder(|r| r.register_gauge(key, &METADATA));
@@ -265,21 +263,11 @@ pub(crate) fn held(keys: &Keys, claim: &Claim) {
                 "election" => claim.key().to_owned()
             )
         });
-        {
-            let mut counted = lock(claim.gauges());
-            if counted.is_some() {
-                return;
-            }
-            held.increment(1.0);
-            if let Some(leading) = &leading {
-                leading.increment(1.0);
-            }
-            *counted = Some(Counted {
-                held,
-                kind,
-                leading,
-            });
+        held.increment(1.0);
+        if let Some(leading) = &leading {
+            leading.increment(1.0);
         }
+        *lock(claim.gauges()) = Some(Counted { held, leading });
         // Lost before it was counted: the loss found nothing to take out.
         if claim.is_lost() {
             unheld(claim.gauges());
@@ -306,16 +294,15 @@ pub(crate) fn unheld(gauges: &std::sync::Mutex<Option<Counted>>) {
 pub(crate) fn downgraded(keys: &Keys, claim: &Claim) {
     #[cfg(feature = "metrics")]
     {
-        let (write, read) = (kind_index(LockKind::Write), kind_index(LockKind::Read));
-        let Some(key) = keys.held.get(read) else {
+        let Some(key) = keys.held.get(kind_index(LockKind::Read)) else {
             return;
         };
-        let mut counted = lock(claim.gauges());
-        if let Some(c) = counted.as_mut().filter(|c| c.kind == write) {
-            let now = metrics::with_recorder(|r| r.register_gauge(key, &METADATA));
-            now.increment(1.0);
+        // Still counted (not lost meanwhile): as a read hold from now.
+        if let Some(c) = lock(claim.gauges()).as_mut() {
+            let read = metrics::with_recorder(|r| r.register_gauge(key, &METADATA));
+            read.increment(1.0);
             c.held.decrement(1.0);
-            (c.held, c.kind) = (now, read);
+            c.held = read;
         }
     }
     #[cfg(not(feature = "metrics"))]
