@@ -8,6 +8,7 @@
 
 pub(crate) mod acquire;
 pub(crate) mod blocking;
+pub(crate) mod follow;
 pub(crate) mod guard;
 pub(crate) mod held;
 pub(crate) mod lease;
@@ -64,6 +65,8 @@ pub(crate) struct Core {
     /// Leases whose release task went, unrun, with its runtime, where no other runtime was at
     /// hand to run it: released at shutdown (or their leases end).
     unreleased: StdMutex<Vec<Arc<Lease>>>,
+    /// The elections observed through this client, each read once for all its observers.
+    pub(crate) followed: follow::Followed,
 }
 
 /// A renewal engine and the runtime it runs on.
@@ -87,6 +90,7 @@ impl Core {
             metrics,
             blocking: blocking::Blocking::capture(),
             unreleased: StdMutex::default(),
+            followed: follow::Followed::default(),
         }
     }
 
