@@ -134,12 +134,11 @@ struct Scene {
 
 impl Scene {
     /// 18 tasks of the busy client and 6 of the other, `rounds` locks each, the busy client's
-    /// replies `late`.
-    async fn start(ns: String, late: Duration, rounds: usize) -> Self {
+    /// replies `late`, leases of `ttl`.
+    async fn start(ns: String, late: Duration, rounds: usize, ttl: Duration) -> Self {
         let server = RedisServer::start();
         let url = server.url();
         let proxy = Proxy::start(server.port());
-        let ttl = Duration::from_secs(20);
         let busy = client(&via(&proxy), &ns, ttl, Duration::from_millis(300), true).await;
         let other = client(&url, &ns, ttl, Duration::from_millis(300), true).await;
         let book = Arc::new(Book::new(key_names(6)));
@@ -205,7 +204,8 @@ impl Scene {
 /// [`Scene::finish`] for what is checked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_and_release_batches_overlapping_around_the_hold_grant_one_holder_at_a_time() {
-    let scene = Scene::start(test_namespace!(), Duration::from_millis(150), 4).await;
+    let ttl = Duration::from_secs(20);
+    let scene = Scene::start(test_namespace!(), Duration::from_millis(150), 4, ttl).await;
     for (n, ms) in [400, 250, 300, 180, 400, 260].into_iter().enumerate() {
         sleep(Duration::from_millis(450)).await;
         if n == 3 {
@@ -223,11 +223,12 @@ async fn acquire_and_release_batches_overlapping_around_the_hold_grant_one_holde
 
 /// The busy client's replies 300 ms late (batches of both lanes out at once, past the hold),
 /// while the server restarts without its data under the batches out (see [`Scene::finish`]
-/// for what is checked; a holder that held across the restart may overlap the next one, the
-/// data that said so gone: the workers hold 2 ms).
+/// for what is checked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lane_batches_out_across_a_restart_without_data_still_grant_every_lock() {
-    let mut scene = Scene::start(test_namespace!(), Duration::from_millis(300), 10).await;
+    // A 4 s lease: both clients saw the restart, so they grant nothing until a lease after it.
+    let ttl = Duration::from_secs(4);
+    let mut scene = Scene::start(test_namespace!(), Duration::from_millis(300), 10, ttl).await;
     sleep(Duration::from_millis(500)).await;
     tokio::task::block_in_place(|| {
         (scene.server).restart_after(|| std::thread::sleep(Duration::from_millis(100)));

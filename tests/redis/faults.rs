@@ -243,12 +243,13 @@ async fn a_release_whose_reply_was_lost_is_not_reported_lost() {
     .await;
 }
 
-/// redis-server restarted without its data under a holder. A waiter is granted at
-/// once on the new server; the old holder must not go on believing it holds until its next
-/// scheduled renewal (a third of a 3 s TTL here): the reconnect itself triggers a renewal, so
-/// it is told within 50 ms of the new grant.
+/// redis-server restarted without its data under a holder, with a waiter queued from before.
+/// The old holder must not go on believing it holds until its next scheduled renewal (a third
+/// of a 3 s TTL here): the reconnect itself triggers a renewal. The waiter's client saw the
+/// restart, so it is granted only a lease after the server started, after the holder was told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_restart_without_data_the_old_holder_is_told_at_once() {
+async fn after_a_restart_without_data_the_old_holder_is_told_before_a_waiter_from_before_is_granted(
+) {
     let ns = "restart";
     let mut server = crate::support::server::redis::RedisServer::start();
     let ttl = Duration::from_secs(3);
@@ -261,6 +262,7 @@ async fn after_a_restart_without_data_the_old_holder_is_told_at_once() {
     sleep(ttl / 3 + Duration::from_millis(100)).await;
 
     tokio::task::block_in_place(|| server.restart_after(|| {}));
+    let back = Instant::now();
     let lost_at = async {
         held.lost().await;
         Instant::now()
@@ -269,14 +271,62 @@ async fn after_a_restart_without_data_the_old_holder_is_told_at_once() {
     let (granted_at, guard) = granted.expect("the waiter was never granted").unwrap();
     let guard = guard.unwrap();
     assert!(guard.fencing_token() > held.fencing_token());
-    let late = lost_at.saturating_duration_since(granted_at);
-    let early = granted_at.saturating_duration_since(lost_at);
-    println!("old holder told {late:?} after / {early:?} before the new grant");
+    println!(
+        "old holder told {:?} after the restart, waiter granted {:?} after",
+        lost_at - back,
+        granted_at - back
+    );
     assert!(
-        late <= TOLD_WITHIN,
-        "the old holder believed it held {late:?} past the new grant"
+        lost_at <= granted_at,
+        "the old holder believed it held {:?} past the new grant",
+        lost_at - granted_at
+    );
+    assert!(
+        granted_at - back <= ttl + Duration::from_secs(1),
+        "the waiter waited {:?} past the restart, more than a lease",
+        granted_at - back
     );
     drop(guard);
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}
+
+/// As above, with the old holder cut off from the restarted server (its connections through
+/// the proxy go silent just before the crash): only its lease ends its belief, and a waiter
+/// queued from before, whose client saw the restart, is not granted while it lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_without_data_a_waiter_from_before_waits_out_a_cut_off_holders_lease() {
+    let ns = "restart-cut-off";
+    let mut server = crate::support::server::redis::RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let ttl = Duration::from_secs(2);
+    let holder = client(&via(&proxy), ns, ttl, Duration::from_millis(300), true).await;
+    let waiter = client(&server.url(), ns, ttl, Duration::from_millis(300), true).await;
+    let held = holder.mutex("k").lock().await.unwrap();
+    let wait = crate::support::contract::spawn_timed(waiter.mutex("k").lock());
+    until_queued(&server.url(), ns, "k", 1).await;
+
+    proxy.blackhole();
+    tokio::task::block_in_place(|| server.restart_after(|| {}));
+    let back = Instant::now();
+    let (granted_at, guard) = timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("the waiter was never granted")
+        .unwrap();
+    let guard = guard.unwrap();
+    assert!(
+        held.is_lost(),
+        "granted {:?} after the restart while the old holder believed it held for {:?} more",
+        granted_at - back,
+        held.lease_left()
+    );
+    assert!(
+        granted_at - back <= ttl + Duration::from_secs(1),
+        "the waiter waited {:?} past the restart, more than a lease",
+        granted_at - back
+    );
+    drop(guard);
+    proxy.heal();
     holder.shutdown().await;
     waiter.shutdown().await;
 }

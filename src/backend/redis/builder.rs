@@ -370,8 +370,13 @@ impl RedisBackendBuilder {
                 "a deadpool cluster pool needs a redis+cluster:// url (its seeds serve pub/sub)",
             )),
         };
-        self.finish(commands, &PLAIN, false, Hub::start(client))
-            .await
+        self.finish(
+            commands,
+            &PLAIN,
+            false,
+            Hub::start_on(notify::Source::Single(Box::new(client))),
+        )
+        .await
     }
 
     /// Proves the server answers with these credentials (one round trip) and makes the

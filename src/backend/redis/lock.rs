@@ -28,6 +28,15 @@ impl RedisBackend {
         ticket: &RedisTicket,
         wait: bool,
     ) -> Result<Attempt> {
+        if let Some(until) = self.inner.hub.restart_gate(claim.ttl()) {
+            tracing::debug!(
+                key = claim.key(),
+                "the server restarted: no grant until a lease after"
+            );
+            return Ok(Attempt::Queued {
+                recheck_at: wait.then_some(until),
+            });
+        }
         let attempt = self.acquire_here(claim, ticket, wait).await?;
         if matches!(attempt, Attempt::Granted(_)) {
             ticket.set_holding(Some(self.inner.hub.holding()));

@@ -47,6 +47,7 @@ pub(crate) mod notify;
 pub(crate) mod own;
 mod renewal;
 mod replicas;
+mod restart;
 pub(crate) mod script;
 pub(crate) mod scripts;
 #[cfg(feature = "redis-sentinel")]

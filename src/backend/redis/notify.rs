@@ -29,6 +29,7 @@ use ::redis::aio::PubSubSink;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
+use super::restart::{Restarts, Server};
 use crate::backend::hub::{
     self, keepalive, Alive, Common, Elections, Link, Mailboxes, Registration, Served, Shared,
     CONNECT_WAIT, RECONNECT_MIN,
@@ -152,6 +153,35 @@ async fn connect(source: &Source) -> ::redis::RedisResult<(Sink, Events)> {
     }
 }
 
+impl Source {
+    /// Who a connect reached: one server, or a Sentinel's primary (`None` for a Cluster, whose
+    /// primaries each restart on their own).
+    async fn identify(&self) -> Option<::redis::RedisResult<Server>> {
+        let conn = match self {
+            Source::Single(client) => client.get_multiplexed_async_connection().await,
+            #[cfg(feature = "redis-sentinel")]
+            Source::Sentinel(sentinel) => sentinel.connection().await,
+            #[cfg(feature = "redis-cluster")]
+            Source::Cluster(_) => return None,
+        };
+        let info = match conn {
+            Ok(mut conn) => {
+                ::redis::cmd("INFO")
+                    .arg("server")
+                    .query_async::<::redis::InfoDict>(&mut conn)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let now = tokio::time::Instant::now();
+        Some(match info {
+            Ok(info) => Ok(Server::from_info(&info, now)),
+            Err(e) if e.code().is_some() => Ok(Server::unknown(now)),
+            Err(e) => Err(e),
+        })
+    }
+}
+
 /// The messages of a one-server pub/sub connection; they end when it drops.
 fn single_events(
     stream: impl Stream<Item = ::redis::Msg> + Send + 'static,
@@ -196,6 +226,8 @@ pub(crate) struct HubInner {
     elections: Elections,
     /// Numbers the observers' registrations (each is a mailbox of its own on the channel).
     observers: AtomicUsize,
+    /// The server's restarts seen by this connection.
+    restarts: Restarts,
 }
 
 impl Shared for HubInner {
@@ -257,13 +289,19 @@ pub(crate) struct Hub {
 pub(crate) type Subscription = Registration<HubInner>;
 
 impl Hub {
-    /// Starts the hub task on the current runtime. The connection is made in the background.
+    /// Starts the hub task for a Redlock node on the current runtime, connecting in the
+    /// background. Its restarts are not watched: a node keeps its own rejoin gate.
     pub(crate) fn start(client: ::redis::Client) -> Self {
-        Self::start_on(Source::Single(Box::new(client)))
+        Self::start_with(Source::Single(Box::new(client)), false)
     }
 
-    /// Starts the hub task for `source` on the current runtime, connecting in the background.
+    /// Starts the hub task for `source` on the current runtime, connecting in the background,
+    /// and watches the server's restarts (see [`Hub::restart_gate`]).
     pub(crate) fn start_on(source: Source) -> Self {
+        Self::start_with(source, true)
+    }
+
+    fn start_with(source: Source, identify: bool) -> Self {
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(HubInner {
             channels: StdMutex::new(HashMap::new()),
@@ -272,8 +310,10 @@ impl Hub {
             holding: AtomicUsize::new(0),
             elections: Elections::default(),
             observers: AtomicUsize::new(0),
+            restarts: Restarts::default(),
         });
         let link = PubSub {
+            identify,
             switched: switches(&source),
             source,
             hub: Arc::downgrade(&inner),
@@ -289,6 +329,12 @@ impl Hub {
         Holding {
             hub: Arc::downgrade(&self.inner),
         }
+    }
+
+    /// Until when a claim of lease `ttl` must not be granted, if the server restarted (see
+    /// `restart.rs`).
+    pub(crate) fn restart_gate(&self, ttl: Duration) -> Option<tokio::time::Instant> {
+        self.inner.restarts.gate(ttl)
     }
 
     /// A counter that moves every time the hub's connection comes back after a drop.
@@ -396,6 +442,8 @@ struct PubSub {
     source: Source,
     hub: Weak<HubInner>,
     cmd: mpsc::UnboundedReceiver<Arc<str>>,
+    /// Whether each connect asks who it reached, to see the server's restarts.
+    identify: bool,
     /// For a Sentinel source, moves when the sentinels name a new primary; `None` once the
     /// sentinel listener is gone.
     switched: Option<watch::Receiver<u64>>,
@@ -475,6 +523,22 @@ impl Link for PubSub {
                 return Err(err);
             }
         }
+        // Before the hub lets waiters ask again: a restarted server must be known as such
+        // first.
+        if self.identify {
+            let server = tokio::time::timeout(CONNECT_WAIT, self.source.identify()).await;
+            match server {
+                Ok(Some(Ok(server))) => inner.restarts.identified(server),
+                Ok(None) => {}
+                Ok(Some(Err(err))) => return Err(err),
+                Err(_) => {
+                    return Err(::redis::RedisError::from((
+                        ::redis::ErrorKind::Io,
+                        "redis INFO timed out",
+                    )))
+                }
+            }
+        }
         Ok(Open {
             sink,
             events,
@@ -515,6 +579,19 @@ impl Link for PubSub {
     }
 
     async fn serve(&mut self, conn: Open) -> Served {
+        let served = self.serve_open(conn).await;
+        if let Some(inner) = self.hub.upgrade().filter(|_| self.identify) {
+            if served == Served::Lost {
+                inner.restarts.dropped();
+            }
+        }
+        served
+    }
+}
+
+impl PubSub {
+    /// Serves `conn` until it is lost or the hub is gone.
+    async fn serve_open(&mut self, conn: Open) -> Served {
         let Open {
             mut sink,
             mut events,
