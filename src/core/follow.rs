@@ -2,12 +2,15 @@
 //! the leader at every change the service announces and at every lease end, and shares each
 //! new reading with every observer of that election in the client
 //! ([`Election::observe`](crate::Election::observe)). The cost to the service is that of one
-//! observer, whether there are one or two hundred.
+//! observer, whether there are one or two hundred. One task per runtime that observes: a
+//! current-thread runtime runs its tasks only while a thread drives it, and the observers of
+//! another runtime must not wait for that.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
+use tokio::runtime::{Handle, Id as RuntimeId};
 use tokio::sync::watch;
 use tokio::time::{sleep, sleep_until, Instant};
 
@@ -20,6 +23,9 @@ use crate::sync::LockExt;
 /// The first and the longest pause before a follow reads again after an error.
 const MIN_PAUSE: Duration = Duration::from_millis(50);
 const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+/// How long reads may fail with a transient error before observers are told.
+const QUIET_FAILURES: Duration = Duration::from_secs(1);
 
 /// The least a follow waits for a leader's lease to end before it reads again, so that a lease
 /// the service reports as ending now is not read again in a tight loop.
@@ -35,33 +41,37 @@ pub(crate) struct Published {
     pub(crate) reading: Option<Reading>,
 }
 
-/// The elections followed in one client, by key. Each follow's task holds its sender; the map
-/// only points at it, so a follow whose task ended (its runtime shut down) starts again at the
-/// next subscription.
+/// What a follow is kept under: the election's key and the runtime its task runs on.
+type FollowKey = (Arc<str>, RuntimeId);
+
+/// The elections followed in one client. Each follow's task holds its sender; the map only
+/// points at it, so a follow whose task ended (its runtime shut down) starts again at the next
+/// subscription.
 #[derive(Default)]
 pub(crate) struct Followed {
-    by_key: StdMutex<HashMap<Arc<str>, Weak<watch::Sender<Published>>>>,
+    by_key: StdMutex<HashMap<FollowKey, Weak<watch::Sender<Published>>>>,
 }
 
 impl Followed {
-    /// The readings of `target`'s election, from a follow started on the current runtime if
-    /// none runs.
+    /// The readings of `target`'s election, from the follow on the current runtime, started
+    /// if none runs there.
     pub(crate) fn subscribe(&self, target: &Target) -> watch::Receiver<Published> {
+        let key = (target.key.clone(), Handle::current().id());
         let mut by_key = self.by_key.locked();
-        if let Some(tx) = by_key.get(&target.key).and_then(Weak::upgrade) {
+        if let Some(tx) = by_key.get(&key).and_then(Weak::upgrade) {
             return tx.subscribe();
         }
         by_key.retain(|_, tx| tx.strong_count() > 0);
         let (tx, rx) = watch::channel(Published::default());
         let tx = Arc::new(tx);
-        by_key.insert(target.key.clone(), Arc::downgrade(&tx));
+        by_key.insert(key.clone(), Arc::downgrade(&tx));
         drop(by_key);
-        tokio::spawn(drive(Follow::new(target.clone()), tx));
+        tokio::spawn(drive(Follow::new(target.clone()), key, tx));
         rx
     }
 
     /// Ends `tx`'s follow if nobody subscribed to it meanwhile.
-    fn retire(&self, key: &str, tx: &Arc<watch::Sender<Published>>) -> bool {
+    fn retire(&self, key: &FollowKey, tx: &Arc<watch::Sender<Published>>) -> bool {
         let mut by_key = self.by_key.locked();
         if tx.receiver_count() > 0 {
             return false;
@@ -78,7 +88,7 @@ impl Followed {
 
 /// A follow's task: publishes every new reading until nobody subscribes any more, the client
 /// shuts down, or an error cannot pass.
-async fn drive(mut follow: Follow, tx: Arc<watch::Sender<Published>>) {
+async fn drive(mut follow: Follow, key: FollowKey, tx: Arc<watch::Sender<Published>>) {
     loop {
         tokio::select! {
             next = follow.next() => {
@@ -93,7 +103,7 @@ async fn drive(mut follow: Follow, tx: Arc<watch::Sender<Published>>) {
             }
             () = tx.closed() => {
                 let core = follow.target.core.clone();
-                if core.followed.retire(&follow.target.key, &tx) {
+                if core.followed.retire(&key, &tx) {
                     return;
                 }
             }
@@ -111,6 +121,8 @@ struct Follow {
     last: Option<Option<Leader>>,
     /// How long to wait before the next try, after an error.
     pause: Duration,
+    /// Since when every read failed.
+    failing_since: Option<Instant>,
 }
 
 impl Follow {
@@ -121,6 +133,7 @@ impl Follow {
             watch: None,
             last: None,
             pause: Duration::ZERO,
+            failing_since: None,
         }
     }
 
@@ -141,6 +154,12 @@ impl Follow {
                 Ok(now) => now,
                 Err(e) => {
                     self.pause = (self.pause * 2).clamp(MIN_PAUSE, MAX_PAUSE);
+                    // A change read while under way (a Redlock lead settled on one node of
+                    // two) fails for a moment: read again before telling every observer.
+                    let failing = *self.failing_since.get_or_insert_with(Instant::now);
+                    if e.is_transient() && failing.elapsed() < QUIET_FAILURES {
+                        continue;
+                    }
                     // An outage passes, and so does a lock held on the key (it is released);
                     // a backend without elections, or a key it refuses, stays so.
                     let go_on = e.is_transient() || e.kind() == ErrorKind::KindMismatch;
@@ -148,6 +167,7 @@ impl Follow {
                 }
             };
             self.pause = Duration::ZERO;
+            self.failing_since = None;
             let same = self.last.as_ref().is_some_and(|last| match (last, &now) {
                 (Some(a), Some(b)) => a.same(b),
                 (None, None) => true,

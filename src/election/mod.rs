@@ -281,9 +281,12 @@ impl Election {
     /// leader or its value changes. Changes that come faster than they are read are folded
     /// into the latest, which is never missed. Woken by the service (or at the leader's lease
     /// end, when a dead leader's lease runs out), never by a polling loop. An error (the
-    /// service unreachable, or the key held as a lock for now) is yielded and the stream goes
-    /// on trying, with a growing pause (at most 2 s); it ends when the client shuts down, or
-    /// after an error that cannot pass (a backend without elections, a key it refuses).
+    /// service unreachable for a second, or the key held as a lock for now) is yielded and the
+    /// stream goes on trying, with a growing pause (at most 2 s); it ends when the client shuts down, or
+    /// after an error that cannot pass (a backend without elections, a key it refuses). The
+    /// streams of one election on one client (and its clones) share one reading per change:
+    /// they cost the service what one stream does, and a new stream starts from the shared
+    /// reading of the leader.
     ///
     /// # Errors
     ///

@@ -1320,7 +1320,11 @@ async fn postgres_cancelled_call_cut_mid_flight_is_released_after_its_retry() {
         Duration::from_millis(1500),
     );
     let cancelled = timeout(Duration::from_millis(50), a.mutex("k").lock()).await;
-    assert!(cancelled.is_err(), "the acquire statement is held up");
+    assert!(
+        cancelled.is_err(),
+        "the acquire statement was not held up: the lock returned {:?}",
+        cancelled.map(|r| r.map(|g| g.fencing_token()))
+    );
     sleep(Duration::from_millis(300)).await;
     proxy.cut();
     sleep(Duration::from_millis(100)).await;

@@ -503,3 +503,41 @@ async fn postgres_a_dead_candidate_is_never_reported_as_leader() {
     )
     .await;
 }
+
+/// The first observer of an election polled on a current-thread runtime that then stays alive
+/// but idle (kept, not driven): an observer on another runtime still sees the next leader at
+/// once (it is not served by a reading task that only that idle runtime would run).
+#[test]
+fn an_observer_is_not_held_up_by_another_runtime_left_idle() {
+    use futures::StreamExt;
+    let client = distlock::LockClient::memory();
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut first = Box::pin(client.election("e").observe());
+    let nobody = idle.block_on(async { timeout(Duration::from_secs(3), first.next()).await });
+    assert!(matches!(nobody, Ok(Some(Ok(None)))), "{nobody:?}");
+    let other = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    other.block_on(async {
+        let mut changes = Box::pin(client.election("e").observe());
+        let _ = timeout(Duration::from_secs(3), changes.next()).await;
+        let leading = client.election("e").campaign("x").await.unwrap();
+        let seen = timeout(Duration::from_secs(3), async {
+            while let Some(item) = changes.next().await {
+                if item.unwrap().is_some_and(|l| l.value_str() == Some("x")) {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(seen.is_ok(), "the observer never saw the new leader");
+        leading.resign().await.unwrap();
+    });
+    drop(first);
+    drop(idle);
+}

@@ -38,6 +38,16 @@ impl RedisBackend {
             });
         }
         let attempt = self.acquire_here(claim, ticket, wait).await?;
+        if let (Attempt::Granted(_), Some(until)) =
+            (&attempt, self.inner.hub.restart_gate(claim.ttl()))
+        {
+            // Sent before the restart was seen (a call retried across it), and perhaps granted
+            // by the restarted server: given back, asked again once the gate opens.
+            self.release_claim(claim, ticket).await?;
+            return Ok(Attempt::Queued {
+                recheck_at: wait.then_some(until),
+            });
+        }
         if matches!(attempt, Attempt::Granted(_)) {
             ticket.set_holding(Some(self.inner.hub.holding()));
         }

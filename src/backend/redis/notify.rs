@@ -334,6 +334,8 @@ impl Hub {
     /// Until when a claim of lease `ttl` must not be granted, if the server restarted (see
     /// `restart.rs`).
     pub(crate) fn restart_gate(&self, ttl: Duration) -> Option<tokio::time::Instant> {
+        // A task gone with its runtime comes back here to identify the server.
+        self.inner.common.revive();
         self.inner.restarts.gate(ttl)
     }
 
@@ -579,13 +581,16 @@ impl Link for PubSub {
     }
 
     async fn serve(&mut self, conn: Open) -> Served {
-        let served = self.serve_open(conn).await;
-        if let Some(inner) = self.hub.upgrade().filter(|_| self.identify) {
-            if served == Served::Lost {
+        // However the connection ends (lost, or gone with its runtime: this future dropped),
+        // the server is unknown until a connect identifies it.
+        let hub = self.hub.clone();
+        let identify = self.identify;
+        let _unknown = scopeguard::guard((), move |()| {
+            if let Some(inner) = hub.upgrade().filter(|_| identify) {
                 inner.restarts.dropped();
             }
-        }
-        served
+        });
+        self.serve_open(conn).await
     }
 }
 
