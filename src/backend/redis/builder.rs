@@ -17,9 +17,7 @@ use super::library::FAILOVER;
 use super::library::PLAIN;
 #[cfg(feature = "redis-cluster")]
 use super::library::SHARDED;
-#[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
-use super::notify;
-use super::notify::Hub;
+use super::notify::{self, Hub};
 use super::own::Own;
 use super::replicas::Ack;
 use super::script::{Functions, Library};

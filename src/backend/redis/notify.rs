@@ -29,7 +29,7 @@ use ::redis::aio::PubSubSink;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
-use super::restart::{Restarts, Server};
+use super::restart::Restarts;
 use crate::backend::hub::{
     self, keepalive, Alive, Common, Elections, Link, Mailboxes, Registration, Served, Shared,
     CONNECT_WAIT, RECONNECT_MIN,
@@ -153,35 +153,6 @@ async fn connect(source: &Source) -> ::redis::RedisResult<(Sink, Events)> {
     }
 }
 
-impl Source {
-    /// Who a connect reached: one server, or a Sentinel's primary (`None` for a Cluster, whose
-    /// primaries each restart on their own).
-    async fn identify(&self) -> Option<::redis::RedisResult<Server>> {
-        let conn = match self {
-            Source::Single(client) => client.get_multiplexed_async_connection().await,
-            #[cfg(feature = "redis-sentinel")]
-            Source::Sentinel(sentinel) => sentinel.connection().await,
-            #[cfg(feature = "redis-cluster")]
-            Source::Cluster(_) => return None,
-        };
-        let info = match conn {
-            Ok(mut conn) => {
-                ::redis::cmd("INFO")
-                    .arg("server")
-                    .query_async::<::redis::InfoDict>(&mut conn)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let now = tokio::time::Instant::now();
-        Some(match info {
-            Ok(info) => Ok(Server::from_info(&info, now)),
-            Err(e) if e.code().is_some() => Ok(Server::unknown(now)),
-            Err(e) => Err(e),
-        })
-    }
-}
-
 /// The messages of a one-server pub/sub connection; they end when it drops.
 fn single_events(
     stream: impl Stream<Item = ::redis::Msg> + Send + 'static,
@@ -291,6 +262,7 @@ pub(crate) type Subscription = Registration<HubInner>;
 impl Hub {
     /// Starts the hub task for a Redlock node on the current runtime, connecting in the
     /// background. Its restarts are not watched: a node keeps its own rejoin gate.
+    #[cfg(feature = "redlock")]
     pub(crate) fn start(client: ::redis::Client) -> Self {
         Self::start_with(Source::Single(Box::new(client)), false)
     }
@@ -528,18 +500,7 @@ impl Link for PubSub {
         // Before the hub lets waiters ask again: a restarted server must be known as such
         // first.
         if self.identify {
-            let server = tokio::time::timeout(CONNECT_WAIT, self.source.identify()).await;
-            match server {
-                Ok(Some(Ok(server))) => inner.restarts.identified(server),
-                Ok(None) => {}
-                Ok(Some(Err(err))) => return Err(err),
-                Err(_) => {
-                    return Err(::redis::RedisError::from((
-                        ::redis::ErrorKind::Io,
-                        "redis INFO timed out",
-                    )))
-                }
-            }
+            inner.restarts.identify(&self.source, CONNECT_WAIT).await?;
         }
         Ok(Open {
             sink,

@@ -15,8 +15,11 @@
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
+use ::redis::{RedisError, RedisResult};
+
 use tokio::time::Instant;
 
+use super::notify::Source;
 use crate::sync::LockExt;
 
 /// How soon a claim asks again while the server is not identified since the connection
@@ -93,6 +96,37 @@ impl Restarts {
         }
         state.last = Some((server, Instant::now()));
         state.unidentified = false;
+    }
+
+    /// Asks who a connect of `source` reached, within `limit`, and records it: one server, or
+    /// a Sentinel's primary (a Cluster's primaries each restart on their own: not asked). An
+    /// ask that fails or goes unanswered fails the connect.
+    pub(crate) async fn identify(&self, source: &Source, limit: Duration) -> RedisResult<()> {
+        let ask = async {
+            let mut conn = match source {
+                Source::Single(client) => client.get_multiplexed_async_connection().await?,
+                #[cfg(feature = "redis-sentinel")]
+                Source::Sentinel(sentinel) => sentinel.connection().await?,
+                #[cfg(feature = "redis-cluster")]
+                Source::Cluster(_) => return Ok(None),
+            };
+            let info = ::redis::cmd("INFO")
+                .arg("server")
+                .query_async::<::redis::InfoDict>(&mut conn)
+                .await;
+            match info {
+                Ok(info) => Ok(Some(Server::from_info(&info, Instant::now()))),
+                Err(e) if e.code().is_some() => Ok(Some(Server::unknown(Instant::now()))),
+                Err(e) => Err(e),
+            }
+        };
+        let asked = tokio::time::timeout(limit, ask)
+            .await
+            .map_err(|_| RedisError::from((::redis::ErrorKind::Io, "redis INFO timed out")))?;
+        if let Some(server) = asked? {
+            self.identified(server);
+        }
+        Ok(())
     }
 
     /// Until when a claim of lease `ttl` must not be granted, if it must wait: one lease after
