@@ -1050,3 +1050,47 @@ async fn only_the_admission_head_watches_the_leases() {
     }
     assert_no_znodes(&zk, &ns).await;
 }
+
+/// A semaphore ask refused on a mutex or a read-write key leaves the semaphore's containers
+/// behind, empty: the key is still the other family's to inspect, to unlock and to wait on
+/// (it read as a free semaphore, or its containers as two more readers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_semaphore_ask_leaves_the_key_its_familys() {
+    use distlock::backend::{Family, LockKind};
+    use distlock::ErrorKind;
+    let ns = test_namespace!();
+    let c = clients(&ns, 2).await;
+    let refused = |r: distlock::Result<distlock::SemaphorePermit>| {
+        assert_eq!(r.err().map(|e| e.kind()), Some(ErrorKind::KindMismatch));
+    };
+
+    let held = c[0].mutex("a").try_lock().await.unwrap();
+    refused(c[1].semaphore("a", 2).try_acquire().await);
+    let seen = c[1].inspect("a").await.unwrap();
+    assert_eq!(seen.family, Some(Family::Mutex), "{seen:?}");
+    assert_eq!(seen.holders.len(), 1, "{seen:?}");
+    let removed = c[1].force_release("a").await.unwrap();
+    assert_eq!(removed.removed.len(), 1, "{removed:?}");
+    assert!(held.is_lost());
+
+    let write = c[0].rw_lock("b").try_write().await.unwrap();
+    refused(c[1].semaphore("b", 2).try_acquire().await);
+    let seen = c[1].inspect("b").await.unwrap();
+    assert_eq!(seen.family, Some(Family::RwLock), "{seen:?}");
+    let kinds: Vec<LockKind> = seen.holders.iter().map(|h| h.kind).collect();
+    assert_eq!(kinds, [LockKind::Write], "{seen:?}");
+    assert!(seen.waiters.is_empty(), "{seen:?}");
+    // A mutex is refused there too, whatever order the key's children are listed in.
+    let mutex = c[1].mutex("b").try_lock().await;
+    assert_eq!(mutex.err().map(|e| e.kind()), Some(ErrorKind::KindMismatch));
+    write.release().await.unwrap();
+
+    let read = c[0].rw_lock("b").try_read().await.unwrap();
+    refused(c[1].semaphore("b", 2).try_acquire().await);
+    let removed = c[1].force_release("b").await.unwrap();
+    assert_eq!(removed.removed.len(), 1, "{removed:?}");
+    assert!(read.is_lost());
+    for client in c {
+        client.shutdown().await;
+    }
+}

@@ -174,7 +174,7 @@ impl Inner {
                     .collect();
             }
             Some(Other::RwLock) => {
-                let nodes = stats(path.clone(), LockKind::Read, kids).await?;
+                let nodes = stats(path.clone(), LockKind::Read, recipe::family_nodes(kids)).await?;
                 let names: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
                 seen.family = Some(Family::RwLock);
                 for (name, stat) in &nodes {
@@ -209,7 +209,7 @@ impl Inner {
                     Some(Other::Election) => (LockKind::Leader, Family::Election, "latch-"),
                     _ => (LockKind::Exclusive, Family::Mutex, "lock-"),
                 };
-                let mut nodes = stats(path.clone(), kind, kids).await?;
+                let mut nodes = stats(path.clone(), kind, recipe::family_nodes(kids)).await?;
                 nodes.retain(|(n, _)| n.contains(name));
                 let mut nodes = nodes.into_iter();
                 if let Some((name, stat)) = nodes.next() {

@@ -196,29 +196,45 @@ impl std::fmt::Display for Other {
 
 /// The first child of a lock node that belongs to another family than `kind`'s. Curator would
 /// let them coexist without excluding each other (their sorters disagree); distlock refuses.
-/// Names of no family at all are left alone, as Curator does.
+/// Names of no family at all are left alone, as Curator does. A semaphore's containers
+/// (`locks`, `leases`) count only where no other family's node is there: a semaphore ask
+/// refused on a mutex or a read-write lock leaves them behind, empty, until they are cleaned
+/// up, and the key is still the other family's (callers see whether they are empty).
 pub(super) fn other_family(kind: LockKind, children: &[String]) -> Option<Other> {
-    children.iter().find_map(|c| {
-        let other = if c == ADMISSION || c == LEASES {
-            Other::Semaphore
-        } else if c.contains(READ_NAME) || c.contains(WRITE_NAME) {
+    let container = |c: &String| c == ADMISSION || c == LEASES;
+    let mut own = false;
+    for c in children.iter().filter(|c| !container(c)) {
+        let other = if c.contains(READ_NAME) || c.contains(WRITE_NAME) {
             Other::RwLock
         } else if c.contains(LOCK_NAME) {
             Other::Mutex
         } else if c.contains(LATCH_NAME) {
             Other::Election
         } else {
-            return None;
+            continue;
         };
         let same = matches!(
             (kind, other),
             (LockKind::Exclusive, Other::Mutex)
                 | (LockKind::Read | LockKind::Write, Other::RwLock)
-                | (LockKind::Permits { .. }, Other::Semaphore)
                 | (LockKind::Leader, Other::Election)
         );
-        (!same).then_some(other)
-    })
+        if !same {
+            return Some(other);
+        }
+        own = true;
+    }
+    let semaphore = !own && children.iter().any(container);
+    (semaphore && !matches!(kind, LockKind::Permits { .. })).then_some(Other::Semaphore)
+}
+
+/// The children of a lock node that are queue nodes of its family, without a semaphore's
+/// containers.
+pub(super) fn family_nodes(children: Vec<String>) -> Vec<String> {
+    children
+        .into_iter()
+        .filter(|c| c != ADMISSION && c != LEASES)
+        .collect()
 }
 
 /// The most bytes a latch node may hold (a campaign's or a proclaim's value): a server drops
@@ -450,6 +466,13 @@ mod tests {
         let mutex = names(&["foreign", "_c_1-lock-0000000001"]);
         assert_eq!(other_family(permits, &mutex), Some(Other::Mutex));
         assert_eq!(other_family(LockKind::Exclusive, &mutex), None);
+        // A refused semaphore ask's containers beside a family's nodes: the key is that
+        // family's.
+        let rw = names(&["leases", "locks", "_c_1-__WRIT__0000000001"]);
+        assert_eq!(other_family(LockKind::Exclusive, &rw), Some(Other::RwLock));
+        assert_eq!(other_family(LockKind::Write, &rw), None);
+        assert_eq!(other_family(permits, &rw), Some(Other::RwLock));
+        assert_eq!(family_nodes(rw), names(&["_c_1-__WRIT__0000000001"]));
     }
 
     #[test]
