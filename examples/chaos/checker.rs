@@ -126,10 +126,12 @@ pub(crate) struct Counts {
     /// (README's Sentinel and Cluster promise) beside holds granted before it opened.
     pub(crate) overlaps_failover: u64,
     /// Such overlaps across a restart of a server that forgot its locks (Redis without its
-    /// data): the earlier hold granted before the restart, the later after it, ending at most
-    /// [`RESTART_OVERLAP`] after the server was back (the old holder is told within about
-    /// 50 ms of the server's return; the rest is a debug build's slack). And the longest such
-    /// window, from the server's return to the overlap's end.
+    /// data): the earlier hold granted before the restart, the later after it to a holder
+    /// process started since (a client that saw the restart grants nothing for a lease after
+    /// it; one that first connects after it cannot know), ending at most [`RESTART_OVERLAP`]
+    /// after the server was back (the old holder is told within about 50 ms of the server's
+    /// return; the rest is a debug build's slack). And the longest such window, from the
+    /// server's return to the overlap's end.
     pub(crate) overlaps_restart: u64,
     pub(crate) restart_window_max: Duration,
     pub(crate) faults: HashMap<&'static str, u64>,
@@ -145,6 +147,8 @@ pub(crate) struct Log {
     pub(crate) stops: Vec<(usize, u128, u128)>,
     /// Restarts of a server that forgot its locks: (went down, back up) in wall ns.
     pub(crate) restarts: Vec<(u128, u128)>,
+    /// When each holder process started: (holder, wall ns).
+    pub(crate) spawns: Vec<(usize, u128)>,
     /// When holders were killed (one entry a holder): their queue entries may still be in line.
     pub(crate) kills: Vec<Instant>,
     /// Holders killed by a holder fault (not a waiter fault, which judges its own victims):
@@ -169,6 +173,15 @@ impl Log {
     pub(crate) fn killed(&mut self, i: usize) {
         self.kills.push(Instant::now());
         self.killed.push((i, crate::wall_ns()));
+    }
+
+    /// Whether holder `i`'s process at `at_ns` started after `since_ns`.
+    fn started_since(&self, i: usize, since_ns: u128, at_ns: u128) -> bool {
+        let started = (self.spawns.iter())
+            .filter(|&&(h, t)| h == i && t <= at_ns)
+            .map(|&(_, t)| t)
+            .max();
+        started.is_some_and(|t| t > since_ns)
     }
 
     /// The lease a holder killed by a holder fault at `killed_ns` held under: the TTL, or the
@@ -579,14 +592,18 @@ struct Overlaps {
 fn overlaps(log: &Log, mut holds: Vec<&Interval>, capacity: u32, strict: bool) -> Overlaps {
     holds.sort_by_key(|i| i.start_ns);
     let stopped = |i: &Interval| log.stopped(i.holder, i.start_ns, i.end_ns);
-    // The later hold `b` granted after a restart that the earlier ones were granted before:
-    // how long they overlapped.
+    // The later hold `b` granted after a restart that the earlier ones were granted before,
+    // to a process started since (the others' clients saw the restart and wait a lease): how
+    // long they overlapped.
     // How long after the server was back: the old holders must be told within that window
     // whoever is granted meanwhile, however briefly each of them holds.
     // (Not strict: how long this pair overlapped.)
     let across_restart = |b: &Interval, involved: &[&Interval]| {
         let back = log.restarts.iter().find_map(|&(down, back)| {
-            (b.start_ns >= down && involved.iter().all(|a| a.start_ns < down)).then_some(back)
+            (b.start_ns >= down
+                && involved.iter().all(|a| a.start_ns < down)
+                && log.started_since(b.holder, down, b.start_ns))
+            .then_some(back)
         })?;
         let end = involved.iter().map(|a| a.end_ns.min(b.end_ns)).max();
         let from = if strict { back } else { b.start_ns };

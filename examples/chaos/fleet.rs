@@ -76,6 +76,7 @@ impl Fleet {
         let stdout = child.stdout.take().expect("holder stdout");
         let stdin = child.stdin.take();
         let log = self.log.clone();
+        (log.lock().unwrap_or_else(|p| p.into_inner()).spawns).push((i, crate::wall_ns()));
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(r) = parse_report(i, &line) {

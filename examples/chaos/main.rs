@@ -124,8 +124,10 @@
 //! exception, counted apart as `overlaps_stopped`; so is a hold granted inside a Redis failover
 //! window beside holds from before it, as `overlaps_failover`; and, counted apart as `overlaps_restart`
 //! with the longest printed, an overlap ending at most 100 ms after the server was back, between a hold granted before a Redis
-//! restart without its data and one granted after it: a server that forgets its locks may grant
-//! at once, and the old holder is told within about 50 ms of its return); after the faults stop, a holder first
+//! restart without its data and one granted after it to a holder process started since: a
+//! client that saw the restart grants nothing for a lease after it, one that first connects
+//! after it may be granted at once, and the old holder is told within about 50 ms of the
+//! server's return); after the faults stop, a holder first
 //! granted later than TTL + what the recently killed cost as dead waiters + the holds ahead of
 //! it + 1 s, or a gap between consecutive grants of a TTL; a waiter kill's handoff over its
 //! bound; keys (beyond fence counters), znodes or live claim rows left after the holders shut
