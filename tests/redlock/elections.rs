@@ -232,3 +232,41 @@ async fn a_mutex_does_not_take_a_free_election_with_a_candidate_waiting() {
         c.shutdown().await;
     }
 }
+
+/// Nodes sitting out their rejoin delay (just started) with a candidate queued: a mutex asked
+/// for on the election's key is refused, and no node hands the key to the candidate for it
+/// before its delay is over (a node that forgot its grants must not vote, whoever asks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_mutex_ask_hands_nothing_on_during_the_rejoin_delay() {
+    let ns = test_namespace!();
+    let nodes = Nodes::start(3);
+    let started = Instant::now();
+    let rejoin = Duration::from_secs(4);
+    let ttl = Duration::from_secs(2);
+    let a = nodes.client_with(&ns, ttl, rejoin).await;
+    let b = nodes.client_with(&ns, ttl, rejoin).await;
+    let election = a.election("e");
+    let campaign = tokio::spawn(async move { election.campaign("a").await.map(|l| l.term()) });
+    nodes.until_queued(&ns, "e", 1).await;
+    let mutex = b.mutex("e").try_lock().await;
+    assert!(
+        mutex.as_ref().is_err_and(distlock::Error::is_kind_mismatch),
+        "a mutex on an election's key: {:?}",
+        mutex.map(|g| g.fencing_token())
+    );
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        !campaign.is_finished(),
+        "the candidate led {:?} after the nodes started, inside their {rejoin:?} rejoin delay",
+        started.elapsed()
+    );
+    let term = timeout(rejoin * 3, campaign)
+        .await
+        .expect("the candidate never led")
+        .unwrap()
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(3), "led at {:?}", started.elapsed());
+    assert!(term > 0);
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -14,6 +14,7 @@ local owner, ttl, wait, priority = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', A
 local fence_ttl, handoff_ttl, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local rejoin_ms = tonumber(ARGV[8])
 local said = ARGV[9]
+gate(born, rejoin_ms)
 
 local m = mutex_at(lock)
 if m == false or (m and (m.t ~= nil) ~= (said ~= nil)) then
@@ -32,8 +33,8 @@ if not holder then
   end
   if head and head ~= owner and is_candidate(head) ~= (said ~= nil) then
     -- The first in line is the other kind (a candidate, and we ask for a mutex, or the other
-    -- way round): the key is its kind, so it is handed the key (once this node may grant)
-    -- and we are refused.
+    -- way round): the key is its kind, so it is handed the key (once this node may grant:
+    -- the gate above) and we are refused.
     hand_off(lock, queue, waiters, fence, fence_ttl, handoff_ttl, prefix, nil, is_candidate(head))
     return {-1, family_of(lock, queue), 0}
   end
