@@ -498,6 +498,8 @@ impl Backend for MemoryBackend {
                 return Err(Error::lost(claim.key()));
             };
             h.kind = LockKind::Read;
+            // The lease is set again, as the servers' downgrades set it (never shorter).
+            h.valid_until = h.valid_until.max(now + claim.ttl());
             let grant = Grant::new(h.fence, h.valid_until);
             this.grant_pass(ks, now);
             Ok(grant)

@@ -629,3 +629,23 @@ async fn cancelled_lock_futures_leave_nothing_behind_paused_clock() {
     let env = crate::support::server::memory::env(test_namespace!()).await;
     crate::support::cancellation::torture(&env, 3, 6, 600, Duration::from_millis(1)).await;
 }
+
+/// A downgrade sets the lease again, as the servers' downgrades do: the read guard has a full
+/// TTL, not what was left of the write's.
+#[tokio::test(start_paused = true)]
+async fn a_downgrade_starts_a_full_lease() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_secs(1);
+    let write = client_with(&backend, ttl, false)
+        .rw_lock("d")
+        .write()
+        .await
+        .unwrap();
+    sleep(Duration::from_millis(600)).await;
+    let read = write.downgrade().await.unwrap();
+    assert!(
+        read.lease_left() > Duration::from_millis(800),
+        "{:?} left after the downgrade",
+        read.lease_left()
+    );
+}

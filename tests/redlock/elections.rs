@@ -265,7 +265,11 @@ async fn a_refused_mutex_ask_hands_nothing_on_during_the_rejoin_delay() {
         .expect("the candidate never led")
         .unwrap()
         .unwrap();
-    assert!(started.elapsed() >= Duration::from_secs(3), "led at {:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "led at {:?}",
+        started.elapsed()
+    );
     assert!(term > 0);
     a.shutdown().await;
     b.shutdown().await;

@@ -71,9 +71,9 @@ end
 -- releases would. Waiters keep their places. The fencing counter is first set at least to
 -- the highest token dropped, so every later grant's token is above all of theirs; the dropped
 -- holders' renewals find nothing (their guards report lost).
--- Returns {family, removed}: family '' (free), 'mutex', 'rw' or 'sem:<permits>'; removed a
--- flat list of owner, kind ('x', 'r', 'w' or a permit count), fencing token, lease ms left of
--- every live holder dropped.
+-- Returns {family, removed}: family '' (free), 'mutex', 'election', 'rw' or 'sem:<permits>';
+-- removed a flat list of owner, kind ('x', 'l' for a leader, 'r', 'w' or a permit count),
+-- fencing token, lease ms left of every live holder dropped.
 local function force_release(base, holders, queue, waiters, fence, fence_ttl, handoff_ttl,
                              prefix)
   local now = clock()
