@@ -36,7 +36,7 @@ pub(crate) fn run_processes(args: &Args) -> (Counts, Vec<String>) {
                     .collect()
             })
             .collect(),
-        direct_url: server.direct_url(),
+        direct_url: server.direct_url(args.direct),
         log: Arc::default(),
         spawned: 0,
     };

@@ -186,9 +186,13 @@ struct Args {
     /// Judge a Redis restart without data as README promises: a queued waiter's process
     /// restarted alongside the server, asking the moment it is back (see faults.rs), every
     /// hold judged up to its last check that found it held, and an overlap excused only if it
-    /// ends within 100 ms of the server's return. Off by default until the defect it finds is
-    /// fixed: through a TCP proxy the old holder is told 200-270 ms after the server's return.
+    /// ends within 100 ms of the server's return. Off by default: the restarted waiter first
+    /// connects after the restart, so it cannot know of it (README), and through a TCP proxy
+    /// the old holder is told 200-270 ms after the server's return.
     strict_restart: bool,
+    /// Redis: holders reach the server directly, not through their proxies (blackholes,
+    /// resets and crashed hosts then reach nothing).
+    direct: bool,
     secs: u64,
     seed: u64,
     holder: Option<HolderArgs>,
@@ -207,6 +211,7 @@ fn parse_args() -> Args {
         primitive: "mutex".into(),
         trace: false,
         strict_restart: false,
+        direct: false,
         secs: 60,
         seed: wall_ns() as u64,
         holder: None,
@@ -220,6 +225,7 @@ fn parse_args() -> Args {
             "--primitive" => args.primitive = value(),
             "--trace" => args.trace = true,
             "--strict-restart" => args.strict_restart = true,
+            "--direct" => args.direct = true,
             "--secs" => args.secs = value().parse().expect("--secs N"),
             "--seed" => args.seed = value().parse().expect("--seed N"),
             "--ttl" => {

@@ -56,9 +56,11 @@ impl Server {
         }
     }
 
-    /// The URL holders use as it is, where they reach the servers directly.
-    pub(crate) fn direct_url(&self) -> Option<String> {
+    /// The URL holders use as it is, where they reach the servers directly (one Redis server
+    /// only if `direct`).
+    pub(crate) fn direct_url(&self, direct: bool) -> Option<String> {
         match self {
+            Server::Redis(s) if direct => Some(s.url()),
             Server::Sentinel(s) => Some(s.url()),
             Server::Cluster(c) => Some(c.url()),
             _ => None,
