@@ -17,8 +17,9 @@ use super::library::FAILOVER;
 use super::library::PLAIN;
 #[cfg(feature = "redis-cluster")]
 use super::library::SHARDED;
-use super::notify::{self, Hub};
+use super::notify::Hub;
 use super::own::Own;
+use super::pubsub;
 use super::replicas::Ack;
 use super::script::{Functions, Library};
 use super::scripts::Ping;
@@ -372,7 +373,7 @@ impl RedisBackendBuilder {
             commands,
             &PLAIN,
             false,
-            Hub::start_on(notify::Source::Single(Box::new(client))),
+            Hub::start_on(pubsub::Source::Single(Box::new(client))),
         )
         .await
     }
@@ -434,7 +435,7 @@ impl RedisBackendBuilder {
                 ))
             }
         };
-        let hub = Hub::start_on(notify::Source::Sentinel(sentinel));
+        let hub = Hub::start_on(pubsub::Source::Sentinel(sentinel));
         self.finish(commands, &FAILOVER, false, hub).await
     }
 
@@ -460,7 +461,7 @@ impl RedisBackendBuilder {
                     "a redis cluster opens its own connections; a single-node pool cannot serve it",
                 )),
             };
-        let hub = Hub::start_on(notify::Source::Cluster(seeds));
+        let hub = Hub::start_on(pubsub::Source::Cluster(seeds));
         self.finish(commands, &SHARDED, true, hub).await
     }
 }

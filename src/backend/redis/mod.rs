@@ -45,6 +45,7 @@ mod library;
 mod lock;
 pub(crate) mod notify;
 pub(crate) mod own;
+mod pubsub;
 mod renewal;
 mod replicas;
 mod restart;

@@ -20,15 +20,14 @@
 //! when the channel's slot moves to another shard.
 
 use std::collections::{HashMap, VecDeque};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
-use ::redis::aio::PubSubSink;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 
+use super::pubsub::{connect, switches, Event, Events, Sink, Source};
 use super::restart::Restarts;
 use crate::backend::hub::{
     self, keepalive, Alive, Common, Elections, Link, Mailboxes, Registration, Served, Shared,
@@ -55,133 +54,6 @@ struct Channel {
     subscribed: bool,
     /// Set while no mailbox uses the channel.
     idle_since: Option<tokio::time::Instant>,
-}
-
-/// Where the hub's connection comes from.
-pub(crate) enum Source {
-    /// One server: a pub/sub connection the hub reconnects itself.
-    Single(Box<::redis::Client>),
-    /// A Redis Cluster, from these seed node URLs.
-    #[cfg(feature = "redis-cluster")]
-    Cluster(Vec<String>),
-    /// The primary the sentinels name, asked again at every reconnect.
-    #[cfg(feature = "redis-sentinel")]
-    Sentinel(Arc<super::sentinel::Sentinel>),
-}
-
-/// Sends (un)subscriptions and PINGs.
-#[derive(Clone)]
-pub(crate) enum Sink {
-    Single(PubSubSink),
-    #[cfg(feature = "redis-cluster")]
-    Cluster(::redis::cluster_async::ClusterConnection),
-}
-
-impl Sink {
-    async fn subscribe(&mut self, channel: &str) -> ::redis::RedisResult<()> {
-        match self {
-            Self::Single(sink) => sink.subscribe(channel).await,
-            #[cfg(feature = "redis-cluster")]
-            Self::Cluster(conn) => conn.ssubscribe(channel).await,
-        }
-    }
-
-    async fn unsubscribe(&mut self, channel: &str) -> ::redis::RedisResult<()> {
-        match self {
-            Self::Single(sink) => sink.unsubscribe(channel).await,
-            #[cfg(feature = "redis-cluster")]
-            Self::Cluster(conn) => conn.sunsubscribe(channel).await,
-        }
-    }
-
-    /// Whether the connection answers a PING.
-    async fn ping(mut self) -> bool {
-        match &mut self {
-            Self::Single(sink) => sink.ping::<::redis::Value>().await.is_ok(),
-            #[cfg(feature = "redis-cluster")]
-            Self::Cluster(conn) => ::redis::cmd("PING")
-                .query_async::<::redis::Value>(conn)
-                .await
-                .is_ok(),
-        }
-    }
-}
-
-/// What the connection reports.
-#[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
-enum Event {
-    /// A message on a channel.
-    Message { channel: String, payload: String },
-    /// One of a cluster connection's node connections dropped (it reconnects and resubscribes
-    /// by itself): messages may have been missed.
-    Dropped,
-    /// The server ended our subscription to this channel (its slot moved to another shard).
-    Unsubscribed(String),
-}
-
-type Events = Pin<Box<dyn Stream<Item = Event> + Send>>;
-
-/// Connects, returning the sink and the events; the events end when the connection drops.
-async fn connect(source: &Source) -> ::redis::RedisResult<(Sink, Events)> {
-    match source {
-        Source::Single(client) => {
-            let (sink, stream) = client.get_async_pubsub().await?.split();
-            Ok((Sink::Single(sink), Box::pin(single_events(stream))))
-        }
-        #[cfg(feature = "redis-sentinel")]
-        Source::Sentinel(sentinel) => {
-            let (sink, stream) = sentinel.pubsub().await?.split();
-            Ok((Sink::Single(sink), Box::pin(single_events(stream))))
-        }
-        #[cfg(feature = "redis-cluster")]
-        Source::Cluster(seeds) => {
-            let (tx, rx) = mpsc::unbounded_channel::<::redis::PushInfo>();
-            let conn = ::redis::cluster::ClusterClientBuilder::new(seeds.clone())
-                .use_protocol(::redis::ProtocolVersion::RESP3)
-                .push_sender(tx)
-                .connection_timeout(CONNECT_WAIT)
-                .response_timeout(CONNECT_WAIT)
-                .build()?
-                .get_async_connection()
-                .await?;
-            let pushes = futures::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|push| (push, rx))
-            });
-            let events = pushes.filter_map(|push| futures::future::ready(cluster_event(push)));
-            Ok((Sink::Cluster(conn), Box::pin(events)))
-        }
-    }
-}
-
-/// The messages of a one-server pub/sub connection; they end when it drops.
-fn single_events(
-    stream: impl Stream<Item = ::redis::Msg> + Send + 'static,
-) -> impl Stream<Item = Event> + Send + 'static {
-    stream.filter_map(|msg| {
-        let event = msg
-            .get_payload::<String>()
-            .ok()
-            .map(|payload| Event::Message {
-                channel: msg.get_channel_name().to_owned(),
-                payload,
-            });
-        futures::future::ready(event)
-    })
-}
-
-#[cfg(feature = "redis-cluster")]
-fn cluster_event(push: ::redis::PushInfo) -> Option<Event> {
-    let text =
-        |i: usize| -> Option<String> { ::redis::from_redis_value_ref(push.data.get(i)?).ok() };
-    match push.kind {
-        ::redis::PushKind::SMessage => Some(Event::Message {
-            channel: text(0)?,
-            payload: text(1)?,
-        }),
-        ::redis::PushKind::Disconnection => Some(Event::Dropped),
-        ::redis::PushKind::SUnsubscribe => Some(Event::Unsubscribed(text(0)?)),
-        _ => None,
-    }
 }
 
 /// The state the hub's handles share with its task.
@@ -400,15 +272,6 @@ fn unreachable_err() -> Error {
 /// clients, credentials, TLS) waits the back-off.
 fn out_of_reach(e: &::redis::RedisError) -> bool {
     e.is_connection_refusal() || e.is_timeout()
-}
-
-/// For a Sentinel source, a receiver that changes when the sentinels announce a new primary.
-fn switches(source: &Source) -> Option<watch::Receiver<u64>> {
-    match source {
-        #[cfg(feature = "redis-sentinel")]
-        Source::Sentinel(sentinel) => Some(sentinel.switches()),
-        _ => None,
-    }
 }
 
 /// The hub's side of the pub/sub connection, driven by the shared hub task.

@@ -19,7 +19,7 @@ use ::redis::{RedisError, RedisResult};
 
 use tokio::time::Instant;
 
-use super::notify::Source;
+use super::pubsub::Source;
 use crate::sync::LockExt;
 
 /// How soon a claim asks again while the server is not identified since the connection
