@@ -35,8 +35,8 @@ use ::redis::{FromRedisValue, RedisResult, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::call::{Call, Parts};
 use super::commands::{redis_error, Request};
-use super::script::{Call, Parts};
 use super::RedisBackend;
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::LockExt;

@@ -11,8 +11,8 @@ use std::time::Duration;
 use ::redis::{FromRedisValue, RedisError, RedisResult};
 use tokio::time::Instant;
 
+use super::call::Call;
 use super::own::Own;
-use super::script::Call;
 use crate::backend::retry::{self, until_answered, Backoff, Retry};
 use crate::error::{Error, ErrorKind, Result};
 

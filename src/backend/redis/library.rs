@@ -3,8 +3,9 @@
 
 use std::sync::LazyLock;
 
+use super::call::Call;
 use super::keys::{Counter, Keys};
-use super::script::{Args, Call, Library};
+use super::script::{Args, Library};
 use super::scripts::{ALL, COMMON_LUA, PLAIN_LUA};
 use super::{RedisBackend, RedisTicket};
 use crate::backend::Claim;

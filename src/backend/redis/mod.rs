@@ -33,6 +33,7 @@
 //! `EVALSHA` (see [`script`]).
 
 mod builder;
+pub(crate) mod call;
 #[cfg(feature = "redis-cluster")]
 mod cluster;
 mod coalesce;

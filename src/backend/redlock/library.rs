@@ -6,7 +6,8 @@
 use std::sync::LazyLock;
 
 use super::scripts::{ALL, QUORUM_LUA};
-use crate::backend::redis::script::{Args, Call, Library};
+use crate::backend::redis::call::Call;
+use crate::backend::redis::script::{Args, Library};
 use crate::backend::redis::scripts::{COMMON_LUA, RENEWAL_LUA, SHARED_LUA, SHARED_OPS_LUA};
 
 /// Redlock's library. Every helper is in the prelude, so each script sent by `EVALSHA` carries

@@ -14,10 +14,11 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::library::{self, LIBRARY};
+use crate::backend::redis::call::Call;
 use crate::backend::redis::commands::{redis_error, Commands, CALL_TIMEOUT};
 use crate::backend::redis::notify::Hub;
 use crate::backend::redis::own::Own;
-use crate::backend::redis::script::{Call, Functions};
+use crate::backend::redis::script::Functions;
 use crate::backend::redis::scripts::Ping;
 use crate::backend::retry::Backoff;
 use crate::error::{Error, ErrorKind, Result};

@@ -10,9 +10,10 @@
 
 use std::time::Duration;
 
+use super::call::Call;
 use super::keys::{millis, Keys};
 use super::lock::FENCE_TTL;
-use super::script::{Args, Call, Part, Widen};
+use super::script::{Args, Part, Widen};
 
 /// What every script of the library starts with: the key layout, the queue policy `Q`, and the
 /// helpers every kind of lock uses.

@@ -12,8 +12,9 @@
 use std::time::Duration;
 
 use super::keys::Keys;
+use crate::backend::redis::call::Call;
 use crate::backend::redis::millis;
-use crate::backend::redis::script::{Args, Call, Part};
+use crate::backend::redis::script::{Args, Part};
 use crate::backend::redis::scripts::{
     self as redis, entry, push_mutex_keys, push_release_args, push_shared_keys, reading, LeaderOf,
     Ping, Proclaim,
