@@ -1071,7 +1071,9 @@ async fn a_refused_semaphore_ask_leaves_the_key_its_familys() {
     assert_eq!(seen.holders.len(), 1, "{seen:?}");
     let removed = c[1].force_release("a").await.unwrap();
     assert_eq!(removed.removed.len(), 1, "{removed:?}");
-    assert!(held.is_lost());
+    timeout(SESSION, held.lost())
+        .await
+        .expect("the holder was never told");
 
     let write = c[0].rw_lock("b").try_write().await.unwrap();
     refused(c[1].semaphore("b", 2).try_acquire().await);
@@ -1089,7 +1091,44 @@ async fn a_refused_semaphore_ask_leaves_the_key_its_familys() {
     refused(c[1].semaphore("b", 2).try_acquire().await);
     let removed = c[1].force_release("b").await.unwrap();
     assert_eq!(removed.removed.len(), 1, "{removed:?}");
-    assert!(read.is_lost());
+    timeout(SESSION, read.lost())
+        .await
+        .expect("the reader was never told");
+    for client in c {
+        client.shutdown().await;
+    }
+}
+
+/// A key held as a semaphore refuses every other family's ask, though the asker's own node
+/// sits beside the semaphore's containers when it looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_key_refuses_other_families() {
+    use distlock::ErrorKind;
+    let ns = test_namespace!();
+    let c = clients(&ns, 2).await;
+    let permits = c[0].semaphore("s", 2).try_acquire_many(2).await.unwrap();
+    let mismatch = |kind: Option<ErrorKind>, what: &str| {
+        assert_eq!(kind, Some(ErrorKind::KindMismatch), "{what} on a semaphore");
+    };
+    mismatch(
+        c[1].mutex("s").try_lock().await.err().map(|e| e.kind()),
+        "a mutex",
+    );
+    mismatch(
+        c[1].rw_lock("s").try_write().await.err().map(|e| e.kind()),
+        "a writer",
+    );
+    mismatch(
+        c[1].election("s")
+            .try_campaign("x")
+            .await
+            .err()
+            .map(|e| e.kind()),
+        "a candidate",
+    );
+    let seen = c[1].inspect("s").await.unwrap();
+    assert_eq!(seen.holders.len(), 1, "{seen:?}");
+    permits.release().await.unwrap();
     for client in c {
         client.shutdown().await;
     }

@@ -106,13 +106,19 @@ impl Inner {
         };
         let token = |stat: &NodeStat| u64::try_from(stat.czxid).ok();
 
-        match recipe::other_family(LockKind::Exclusive, &kids) {
+        let mut family = recipe::other_family(LockKind::Exclusive, &kids);
+        let (mut admission, mut leases) = (Vec::new(), Vec::new());
+        if family == Some(Other::Semaphore) {
+            admission = list(format!("{path}/{}", recipe::ADMISSION)).await?;
+            leases = list(format!("{path}/{}", recipe::LEASES)).await?;
+            if admission.is_empty() && leases.is_empty() {
+                // Empty containers (a refused semaphore ask's): the key is its nodes' family.
+                family =
+                    recipe::other_family(LockKind::Exclusive, &recipe::family_nodes(kids.clone()));
+            }
+        }
+        match family {
             Some(Other::Semaphore) => {
-                let admission = list(format!("{path}/{}", recipe::ADMISSION)).await?;
-                let leases = list(format!("{path}/{}", recipe::LEASES)).await?;
-                if admission.is_empty() && leases.is_empty() {
-                    return Ok((seen, carriers));
-                }
                 // The size is a convention among clients, stored nowhere: 0 here.
                 seen.family = Some(Family::Semaphore { max: 0 });
                 let admission = stats(

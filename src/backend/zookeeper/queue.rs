@@ -341,9 +341,7 @@ impl Inner {
                 // create (a mutex or read-write claim checks its own listing instead).
                 match self.no_other_family(&up, claim).await {
                     Ok(None) => ticket.lock().leases.checked = true,
-                    Ok(Some(other)) => {
-                        return Err(wire::mismatch(claim.key(), other, claim.kind()))
-                    }
+                    Ok(Some(other)) => return Err(self.refuse(claim, ticket, other).await),
                     Err(f) => {
                         self.again(ticket, &node, f, &mut last, || format!("list {queue}"))?;
                         continue;
@@ -361,10 +359,7 @@ impl Inner {
             if !matches!(kind, LockKind::Permits { .. }) {
                 match self.other_family(&up, claim, &kids).await {
                     Ok(None) => {}
-                    // The layer above releases the claim on an error: our node goes.
-                    Ok(Some(other)) => {
-                        return Err(wire::mismatch(claim.key(), other, claim.kind()))
-                    }
+                    Ok(Some(other)) => return Err(self.refuse(claim, ticket, other).await),
                     Err(f) => {
                         self.again(ticket, &node, f, &mut last, || format!("list {queue}"))?;
                         continue;
@@ -475,6 +470,13 @@ impl Inner {
             }
             f => Err(f.into_error(&what())),
         }
+    }
+
+    /// Refuses the claim: the key is `other`'s. Our node goes before the refusal returns, so
+    /// nothing of the claim is seen after it (else the layer above releases it).
+    async fn refuse(&self, claim: &Claim, ticket: &ZkTicket, other: Other) -> crate::Error {
+        let _ = self.release(claim, ticket).await;
+        wire::mismatch(claim.key(), other, claim.kind())
     }
 
     /// Our node is gone: queue again with a new one.

@@ -196,14 +196,13 @@ impl std::fmt::Display for Other {
 
 /// The first child of a lock node that belongs to another family than `kind`'s. Curator would
 /// let them coexist without excluding each other (their sorters disagree); distlock refuses.
-/// Names of no family at all are left alone, as Curator does. A semaphore's containers
-/// (`locks`, `leases`) count only where no other family's node is there: a semaphore ask
-/// refused on a mutex or a read-write lock leaves them behind, empty, until they are cleaned
-/// up, and the key is still the other family's (callers see whether they are empty).
+/// Names of no family at all are left alone, as Curator does. Another family's queue nodes
+/// come first; then a semaphore's containers (`locks`, `leases`), which say the key is a
+/// semaphore only while they hold anything: a semaphore ask refused on a mutex or a read-write
+/// lock leaves them behind, empty, until they are cleaned up (callers look inside).
 pub(super) fn other_family(kind: LockKind, children: &[String]) -> Option<Other> {
     let container = |c: &String| c == ADMISSION || c == LEASES;
-    let mut own = false;
-    for c in children.iter().filter(|c| !container(c)) {
+    let node = children.iter().filter(|c| !container(c)).find_map(|c| {
         let other = if c.contains(READ_NAME) || c.contains(WRITE_NAME) {
             Other::RwLock
         } else if c.contains(LOCK_NAME) {
@@ -211,7 +210,7 @@ pub(super) fn other_family(kind: LockKind, children: &[String]) -> Option<Other>
         } else if c.contains(LATCH_NAME) {
             Other::Election
         } else {
-            continue;
+            return None;
         };
         let same = matches!(
             (kind, other),
@@ -219,13 +218,10 @@ pub(super) fn other_family(kind: LockKind, children: &[String]) -> Option<Other>
                 | (LockKind::Read | LockKind::Write, Other::RwLock)
                 | (LockKind::Leader, Other::Election)
         );
-        if !same {
-            return Some(other);
-        }
-        own = true;
-    }
-    let semaphore = !own && children.iter().any(container);
-    (semaphore && !matches!(kind, LockKind::Permits { .. })).then_some(Other::Semaphore)
+        (!same).then_some(other)
+    });
+    let semaphore = !matches!(kind, LockKind::Permits { .. }) && children.iter().any(container);
+    node.or(semaphore.then_some(Other::Semaphore))
 }
 
 /// The children of a lock node that are queue nodes of its family, without a semaphore's
@@ -466,11 +462,11 @@ mod tests {
         let mutex = names(&["foreign", "_c_1-lock-0000000001"]);
         assert_eq!(other_family(permits, &mutex), Some(Other::Mutex));
         assert_eq!(other_family(LockKind::Exclusive, &mutex), None);
-        // A refused semaphore ask's containers beside a family's nodes: the key is that
-        // family's.
+        // A semaphore's containers beside a family's nodes: another family's nodes first,
+        // then the containers (a semaphore if they are not empty: the caller looks).
         let rw = names(&["leases", "locks", "_c_1-__WRIT__0000000001"]);
         assert_eq!(other_family(LockKind::Exclusive, &rw), Some(Other::RwLock));
-        assert_eq!(other_family(LockKind::Write, &rw), None);
+        assert_eq!(other_family(LockKind::Write, &rw), Some(Other::Semaphore));
         assert_eq!(other_family(permits, &rw), Some(Other::RwLock));
         assert_eq!(family_nodes(rw), names(&["_c_1-__WRIT__0000000001"]));
     }
