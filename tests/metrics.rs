@@ -57,8 +57,11 @@ fn samples(snap: &Seen, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
         .collect()
 }
 
-/// This test binary's global recorder, installed by whichever test comes first: the metrics'
-/// descriptions go once, at the first client built, to the recorder installed then.
+/// This test binary's global recorder, installed by whichever test comes first. The metrics'
+/// descriptions go once, at the first client built, to the recorder of that thread: a test
+/// that sets a recorder for its thread only before its first client would take them from the
+/// global one, so they are given to it here too, as an application does after installing an
+/// exporter late (`describe_metrics`).
 fn global() -> &'static Snapshotter {
     static GLOBAL: OnceLock<Snapshotter> = OnceLock::new();
     GLOBAL.get_or_init(|| {
@@ -67,6 +70,7 @@ fn global() -> &'static Snapshotter {
         recorder
             .install()
             .expect("the only recorder of this test binary");
+        distlock::describe_metrics();
         snapshotter
     })
 }
