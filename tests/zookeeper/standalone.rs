@@ -1133,3 +1133,62 @@ async fn a_semaphore_key_refuses_other_families() {
         client.shutdown().await;
     }
 }
+
+/// A writer queued behind a reader while asks of other families are refused on the key, the
+/// reader releasing meanwhile: the writer is granted (a refused ask's node, there a moment,
+/// turned it away as if the key were a mutex or a semaphore), and every other ask is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_writer_is_not_turned_away_by_refused_asks() {
+    use distlock::ErrorKind;
+    let ns = test_namespace!();
+    let zk = raw(&connect()).await;
+    let c = Arc::new(clients(&ns, 6).await);
+    let mut bad = Vec::new();
+    for round in 0..5 {
+        let reader = c[0].rw_lock("r").read().await.unwrap();
+        let w = c[1].rw_lock("r");
+        let waiter = tokio::spawn(async move { w.write().await });
+        until_contenders(&zk, &format!("/{ns}/r"), 2).await;
+        let mut asks = Vec::new();
+        for i in 0..20 {
+            let c = c.clone();
+            asks.push(tokio::spawn(async move {
+                sleep(Duration::from_millis((i as u64 % 5) * 3)).await;
+                let client = &c[2 + i % 4];
+                if i % 2 == 0 {
+                    client
+                        .semaphore("r", 2)
+                        .try_acquire()
+                        .await
+                        .err()
+                        .map(|e| e.kind())
+                } else {
+                    client.mutex("r").try_lock().await.err().map(|e| e.kind())
+                }
+            }));
+        }
+        sleep(Duration::from_millis(5)).await;
+        reader.release().await.unwrap();
+        let got = timeout(Duration::from_secs(10), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        for ask in asks {
+            let kind = ask.await.unwrap();
+            if kind != Some(ErrorKind::KindMismatch) {
+                bad.push(format!(
+                    "round {round}: an ask of another family ended {kind:?}"
+                ));
+            }
+        }
+        match got {
+            Ok(g) => g.release().await.unwrap(),
+            Err(e) => bad.push(format!("round {round}: the queued writer was refused: {e}")),
+        }
+    }
+    for client in Arc::try_unwrap(c).ok().unwrap() {
+        client.shutdown().await;
+    }
+    assert_no_znodes(&zk, &ns).await;
+    assert!(bad.is_empty(), "{bad:#?}");
+}

@@ -336,11 +336,12 @@ impl Inner {
                 }
             }
 
-            if matches!(kind, LockKind::Permits { .. }) && !ticket.lock().leases.checked {
+            let unchecked = ticket.lock().family_checked.as_deref() != Some(node.path.as_str());
+            if matches!(kind, LockKind::Permits { .. }) && unchecked {
                 // Before admission, so that no read stands between admission and the lease
                 // create (a mutex or read-write claim checks its own listing instead).
                 match self.no_other_family(&up, claim).await {
-                    Ok(None) => ticket.lock().leases.checked = true,
+                    Ok(None) => ticket.lock().family_checked = Some(node.path.clone()),
                     Ok(Some(other)) => return Err(self.refuse(claim, ticket, other).await),
                     Err(f) => {
                         self.again(ticket, &node, f, &mut last, || format!("list {queue}"))?;
@@ -356,9 +357,9 @@ impl Inner {
                 }
             };
             recipe::sort(kind, &mut kids);
-            if !matches!(kind, LockKind::Permits { .. }) {
+            if !matches!(kind, LockKind::Permits { .. }) && unchecked {
                 match self.other_family(&up, claim, &kids).await {
-                    Ok(None) => {}
+                    Ok(None) => ticket.lock().family_checked = Some(node.path.clone()),
                     Ok(Some(other)) => return Err(self.refuse(claim, ticket, other).await),
                     Err(f) => {
                         self.again(ticket, &node, f, &mut last, || format!("list {queue}"))?;

@@ -59,6 +59,10 @@ pub(super) struct TicketState {
     /// node: a cancelled downgrade leaves nothing behind.
     pub(super) downgrade: Option<String>,
     pub(super) leases: Leases,
+    /// The node (its path) whose claim found the key free of other families. Checked once a
+    /// node: an ask of another family made after it sees it and is refused, so a node of a
+    /// refused ask, gone a moment later, must not turn the claim away on a later look.
+    pub(super) family_checked: Option<String>,
 }
 
 /// A semaphore claim's second stage, after its admission node reached the head.
@@ -71,8 +75,6 @@ pub(super) struct Leases {
     pub(super) unsure: Option<u64>,
     /// The epoch our admission node was seen at the head in.
     pub(super) admitted: Option<u64>,
-    /// The lock node was found free of other families.
-    pub(super) checked: bool,
 }
 
 pub(super) struct Waiting {
