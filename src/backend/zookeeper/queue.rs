@@ -358,7 +358,7 @@ impl Inner {
             };
             recipe::sort(kind, &mut kids);
             if !matches!(kind, LockKind::Permits { .. }) && unchecked {
-                match self.other_family(&up, claim, &kids).await {
+                match self.other_family(&up, claim, &node, &kids).await {
                     Ok(None) => ticket.lock().family_checked = Some(node.path.clone()),
                     Ok(Some(other)) => return Err(self.refuse(claim, ticket, other).await),
                     Err(f) => {
@@ -436,9 +436,36 @@ impl Inner {
         &self,
         up: &Up,
         claim: &Claim,
+        node: &Node,
         kids: &[String],
     ) -> std::result::Result<Option<Other>, Failure> {
-        other_family_at(up, &lock_path(claim), claim.kind(), kids).await
+        let earlier = recipe::made_before(kids, &node.name);
+        let base = lock_path(claim);
+        match other_family_at(up, &base, claim.kind(), &earlier).await? {
+            // Only a semaphore node made before ours counts (they have no place in the key's
+            // sequence: their creation order says it).
+            Some(Other::Semaphore) => {
+                for part in [recipe::ADMISSION, recipe::LEASES] {
+                    let at = format!("{base}/{part}");
+                    let inner = match up.zk.children(&at).await {
+                        Ok(inner) => inner,
+                        Err(Failure::NoNode) => continue,
+                        Err(f) => return Err(f),
+                    };
+                    for name in inner {
+                        match up.zk.exists(&format!("{at}/{name}")).await {
+                            Ok(Some(stat)) if stat.czxid < node.stat.czxid => {
+                                return Ok(Some(Other::Semaphore))
+                            }
+                            Ok(_) | Err(Failure::NoNode) => {}
+                            Err(f) => return Err(f),
+                        }
+                    }
+                }
+                Ok(None)
+            }
+            other => Ok(other),
+        }
     }
 
     /// Removes every trace of a claim that is giving up without an error (a try that found the

@@ -224,6 +224,31 @@ pub(super) fn other_family(kind: LockKind, children: &[String]) -> Option<Other>
     node.or(semaphore.then_some(Other::Semaphore))
 }
 
+/// The sequence ZooKeeper appended to a sequential node's name (ten digits), if any.
+fn sequence(name: &str) -> Option<u64> {
+    let digits = name.get(name.len().checked_sub(10)?..)?;
+    digits
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The children of a lock node made before `ours` (by the sequence the key's sequential
+/// children share), and those of no sequence (a semaphore's containers, foreign names). An
+/// ask of another family made after ours sees our node and is refused: only the earlier ones
+/// may turn ours away, so of two asks racing the first one wins, as on the other backends.
+pub(super) fn made_before(children: &[String], ours: &str) -> Vec<String> {
+    let Some(mine) = sequence(ours) else {
+        return children.to_vec();
+    };
+    children
+        .iter()
+        .filter(|c| sequence(c).is_none_or(|s| s < mine))
+        .cloned()
+        .collect()
+}
+
 /// The children of a lock node that are queue nodes of its family, without a semaphore's
 /// containers.
 pub(super) fn family_nodes(children: Vec<String>) -> Vec<String> {
@@ -469,6 +494,16 @@ mod tests {
         assert_eq!(other_family(LockKind::Write, &rw), Some(Other::Semaphore));
         assert_eq!(other_family(permits, &rw), Some(Other::RwLock));
         assert_eq!(family_nodes(rw), names(&["_c_1-__WRIT__0000000001"]));
+        // Of two asks racing, only the one made first counts for the other.
+        let race = names(&["locks", "_c_1-lock-0000000007", "_c_2-latch-0000000008"]);
+        assert_eq!(
+            made_before(&race, "_c_2-latch-0000000008"),
+            names(&["locks", "_c_1-lock-0000000007"])
+        );
+        assert_eq!(
+            made_before(&race, "_c_1-lock-0000000007"),
+            names(&["locks"])
+        );
     }
 
     #[test]
