@@ -542,6 +542,7 @@ pub(crate) fn require_runtime() -> Result<()> {
 pub(crate) const MIN_RENEW_CALL: Duration = Duration::from_millis(50);
 
 pub use self::claim::Claim;
+#[cfg(feature = "memory")]
 pub(crate) use self::claim::LostSignal;
 pub(crate) use self::erased::{AnyTicket, DynBackend};
 pub use self::leader::{Leader, LeaderWatch};
