@@ -10,7 +10,7 @@ use super::script::{Functions, Script};
 use super::strings::Strings;
 
 /// A call's script, keys and arguments, owned: what a coalesced call is made of (see
-/// [`Library::call_many`]).
+/// [`Library::call_many`](super::script::Library::call_many)).
 pub(crate) struct Parts {
     pub(crate) name: &'static str,
     pub(super) keys: Strings,
