@@ -133,6 +133,9 @@ impl Guard {
 }
 
 struct Held {
+    /// When it was asked for (a queued ask's id, or the try's number): `release held #n` and
+    /// downgrades pick by this order, the same on both sides whatever order grants landed in.
+    asked: usize,
     actor: usize,
     label: String,
     guard: Guard,
@@ -254,8 +257,11 @@ impl World {
             Op::Try(a, ask) => {
                 let r = self.acquire(a, ask, false).await;
                 let out = category(&r);
+                let asked = self.next_id;
+                self.next_id += 1;
                 if let Ok(guard) = r {
-                    self.held.push(Held {
+                    self.hold(Held {
+                        asked,
                         actor: a,
                         label: ask.to_string(),
                         guard,
@@ -317,7 +323,8 @@ impl World {
                 match w.downgrade().await {
                     Ok(r) => {
                         let label = format!("{} downgraded", h.label);
-                        self.held.push(Held {
+                        self.hold(Held {
+                            asked: h.asked,
                             actor: h.actor,
                             label,
                             guard: Guard::Read(r),
@@ -369,6 +376,12 @@ impl World {
         }
     }
 
+    /// Keeps `h`, in the order of asking.
+    fn hold(&mut self, h: Held) {
+        self.held.push(h);
+        self.held.sort_by_key(|h| h.asked);
+    }
+
     /// Collects the queued acquisitions that completed, in the order they were queued.
     async fn harvest(&mut self) {
         let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queued)
@@ -378,7 +391,8 @@ impl World {
         for q in done {
             let out = match q.task.await {
                 Ok(Ok(guard)) => {
-                    self.held.push(Held {
+                    self.hold(Held {
+                        asked: q.id,
                         actor: q.actor,
                         label: q.ask.to_string(),
                         guard,
