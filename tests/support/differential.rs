@@ -190,7 +190,8 @@ pub struct World {
     lens: Lens,
     held: Vec<Held>,
     queued: Vec<Queued>,
-    /// Queued acquisitions that completed since the last step, by id.
+    /// Queued acquisitions that completed so far, by id: kept, so a completion that lands a
+    /// step later on one side than on the other is still compared, not seen as a difference.
     completed: Vec<(usize, String)>,
     next_id: usize,
 }
@@ -252,7 +253,6 @@ impl World {
     /// Plays one step; returns its outcome.
     pub async fn apply(&mut self, op: Op) -> String {
         self.harvest().await;
-        self.completed.clear();
         match op {
             Op::Try(a, ask) => {
                 let r = self.acquire(a, ask, false).await;
@@ -510,7 +510,7 @@ impl World {
         }
     }
 
-    /// What a user can see now, one fact a line: completions since the last step, who holds
+    /// What a user can see now, one fact a line: completions so far, who holds
     /// which guard, who waits in which order, and each key as `inspect` shows it.
     pub async fn observe(&mut self) -> Vec<String> {
         self.harvest().await;
