@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -45,6 +45,9 @@ struct Record {
     /// Grants to the cancellers' lock futures: the race under test.
     canceller_grants: AtomicUsize,
     cancelled: AtomicUsize,
+    /// How long the last holder waited for its grant, in microseconds: the patience a
+    /// canceller needs to be granted at all on a loaded machine.
+    holder_wait_us: AtomicU64,
     fences: StdMutex<Vec<u64>>,
 }
 
@@ -97,7 +100,10 @@ pub async fn torture(env: &Env, holders: usize, cancellers: usize, rounds: u64, 
         let mut rng = Rng::new(seed ^ (h as u64 + 1));
         tasks.push(tokio::spawn(async move {
             for _ in 0..rounds / 4 {
+                let asked = tokio::time::Instant::now();
                 let guard = client.mutex("torture").lock().await.unwrap();
+                let waited = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
+                record.holder_wait_us.store(waited, Ordering::SeqCst);
                 let hold = unit * rng.below(3) as u32;
                 record.critical(guard.fencing_token(), hold).await;
                 if rng.below(2) == 0 {
@@ -117,17 +123,24 @@ pub async fn torture(env: &Env, holders: usize, cancellers: usize, rounds: u64, 
         tasks.push(tokio::spawn(async move {
             // `rounds`, and more (up to four times as many) until the cancellers were granted
             // often enough for the race to mean something: a loaded machine slows the grants
-            // their short-lived futures can catch.
+            // their short-lived futures can catch, so the extra rounds time out at random
+            // within twice what a holder waited last, whatever the scale of `unit`.
             for round in 0.. {
                 let raced = record.canceller_grants.load(Ordering::SeqCst) > RACED;
                 if round >= rounds && (raced || round >= rounds * 4) {
                     break;
                 }
                 let mutex = client.mutex("torture");
-                let got = match rng.below(3) {
+                let extra = round >= rounds;
+                let got = match if extra { 0 } else { rng.below(3) } {
                     // A tiny timeout.
                     0 => {
-                        let limit = unit * rng.below(12) as u32;
+                        let limit = if extra {
+                            let wait = record.holder_wait_us.load(Ordering::SeqCst);
+                            Duration::from_micros(rng.below(2 * wait.clamp(1, 500_000)))
+                        } else {
+                            unit * rng.below(12) as u32
+                        };
                         timeout(limit, mutex.lock()).await.ok()
                     }
                     // A few polls, then drop.
@@ -169,8 +182,9 @@ pub async fn torture(env: &Env, holders: usize, cancellers: usize, rounds: u64, 
 
     let cancelled = record.cancelled.load(Ordering::SeqCst);
     let grants = record.grants.load(Ordering::SeqCst);
+    let raced = record.canceller_grants.load(Ordering::SeqCst);
     eprintln!(
-        "{} seed {seed}: {grants} grants, {cancelled} cancelled lock() futures",
+        "{} seed {seed}: {grants} grants ({raced} to cancellers), {cancelled} cancelled lock() futures",
         env.name
     );
     assert_eq!(
@@ -182,7 +196,6 @@ pub async fn torture(env: &Env, holders: usize, cancellers: usize, rounds: u64, 
         cancelled as u64 >= rounds * cancellers as u64 / 4,
         "too few cancellations to mean anything: {cancelled}"
     );
-    let raced = record.canceller_grants.load(Ordering::SeqCst);
     assert!(
         raced > RACED,
         "cancellers almost never got the lock ({raced} grants): the race is not exercised"
