@@ -31,7 +31,8 @@ pub enum ErrorKind {
     InvalidConfig,
     /// The coordination service failed or could not be reached.
     Backend,
-    /// [`LockClient::shutdown`](crate::LockClient::shutdown) was called on this client.
+    /// [`LockClient::shutdown`](crate::LockClient::shutdown) was called on this client, or the
+    /// tokio runtime it was built in has shut down.
     Closed,
     /// The call was made outside a Tokio runtime, so there is nowhere to run lease renewal.
     NoRuntime,
@@ -191,6 +192,14 @@ impl Error {
 
     pub(crate) fn closed() -> Self {
         Self::new(ErrorKind::Closed, "lock client was shut down")
+    }
+
+    pub(crate) fn runtime_gone() -> Self {
+        Self::new(
+            ErrorKind::Closed,
+            "the tokio runtime this lock client was built in has shut down: a client lives as \
+             long as its runtime (build one per runtime)",
+        )
     }
 
     pub(crate) fn kind_mismatch(reason: impl fmt::Display) -> Self {

@@ -250,7 +250,7 @@ impl MultiLock {
     /// # Ok::<(), distlock::Error>(())
     /// ```
     pub fn blocking_lock(&self) -> Result<MultiGuard> {
-        self.core.blocking.block_on("blocking_lock", self.lock())
+        self.core.home.block_on("blocking_lock", self.lock())
     }
 
     /// Takes every key only if each is free now, without waiting.

@@ -144,10 +144,7 @@ impl Mutex {
     /// # Ok::<(), distlock::Error>(())
     /// ```
     pub fn blocking_lock(&self) -> Result<MutexGuard> {
-        self.target
-            .core
-            .blocking
-            .block_on("blocking_lock", self.lock())
+        self.target.core.home.block_on("blocking_lock", self.lock())
     }
 
     /// Waits at most `timeout` for the lock, blocking this thread:
@@ -183,7 +180,7 @@ impl Mutex {
         let call = self.lock_timeout(timeout);
         self.target
             .core
-            .blocking
+            .home
             .block_on("blocking_lock_timeout", call)
     }
 
@@ -263,7 +260,7 @@ impl fmt::Debug for Mutex {
 /// Proof of holding a [`Mutex`]: the lease stays alive while the guard lives.
 ///
 /// The guard is `Send + 'static`, so it can move into a spawned task. Dropping it stops renewal
-/// and releases the lock in a task spawned on the runtime it was acquired on; nothing blocks.
+/// and releases the lock in a task spawned on the client's runtime; nothing blocks.
 /// Use [`release`](Self::release) to release it and learn the outcome.
 ///
 /// Ownership of a lease can be lost (the holder stalled past its TTL, the service expired the

@@ -193,10 +193,7 @@ impl RwLock {
     /// # Ok::<(), distlock::Error>(())
     /// ```
     pub fn blocking_read(&self) -> Result<RwLockReadGuard> {
-        self.target
-            .core
-            .blocking
-            .block_on("blocking_read", self.read())
+        self.target.core.home.block_on("blocking_read", self.read())
     }
 
     /// Waits for write access, blocking this thread: [`write`](Self::write) for synchronous
@@ -228,7 +225,7 @@ impl RwLock {
     pub fn blocking_write(&self) -> Result<RwLockWriteGuard> {
         self.target
             .core
-            .blocking
+            .home
             .block_on("blocking_write", self.write())
     }
 

@@ -198,7 +198,7 @@ impl Semaphore {
     pub fn blocking_acquire(&self) -> Result<SemaphorePermit> {
         self.target
             .core
-            .blocking
+            .home
             .block_on("blocking_acquire", self.acquire())
     }
 
@@ -232,7 +232,7 @@ impl Semaphore {
         let call = self.acquire_many(n);
         self.target
             .core
-            .blocking
+            .home
             .block_on("blocking_acquire_many", call)
     }
 

@@ -11,10 +11,8 @@
 //! anyone waits, since a half-open TCP connection would swallow every grant silently; and the
 //! end of the task when the hub is closed or its last handle dropped.
 //!
-//! The task runs on the runtime that started the hub, and goes when that runtime shuts down
-//! (a client kept in a static across `#[tokio::test]`s, each test its own runtime). It leaves
-//! its link behind then, and the next waiter, on whatever runtime it runs, starts the task there
-//! again ([`Common::revive`]); the connection it opens counts as a reconnect.
+//! The task runs on the runtime that started the hub (the one the backend was built in), and
+//! goes when that runtime shuts down, as the client does.
 //!
 //! What differs between services comes in through two small traits: [`Shared`], the state a
 //! hub's handles share with its task (how mailboxes are filed: by owner, or by channel and
@@ -142,9 +140,6 @@ impl Mailboxes {
     }
 }
 
-/// Starts a hub's task again on the current runtime, given the task's stop signal.
-type Respawn = Box<dyn FnOnce(watch::Receiver<bool>) + Send>;
-
 /// What every hub's handles share with its task, whatever the service; `H` is what a
 /// subscriber needs of an open connection (`()` if nothing).
 pub(crate) struct Common<H> {
@@ -155,8 +150,6 @@ pub(crate) struct Common<H> {
     connected: watch::Sender<Option<H>>,
     /// Sent on [`close`](Self::close), or dropped with the hub: the task stops.
     stop: watch::Sender<bool>,
-    /// Left by a task dropped with its runtime: what starts it again.
-    parked: StdMutex<Option<Respawn>>,
 }
 
 impl<H: Clone> Common<H> {
@@ -166,25 +159,6 @@ impl<H: Clone> Common<H> {
             reconnects: watch::Sender::new(0),
             connected: watch::Sender::new(None),
             stop: watch::Sender::new(false),
-            parked: StdMutex::new(None),
-        }
-    }
-
-    /// Starts the task again on the current runtime if it went with the runtime it ran on.
-    /// Outside a runtime it stays parked for the next caller.
-    pub(crate) fn revive(&self) {
-        if *self.stop.borrow() {
-            return;
-        }
-        if tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
-        // Taken before spawning: a runtime shutting down drops the task at once, and it parks
-        // itself again.
-        let parked = self.parked.locked().take();
-        if let Some(respawn) = parked {
-            tracing::debug!("a notification hub's runtime ended; starting its task again");
-            respawn(self.stop.subscribe());
         }
     }
 
@@ -200,7 +174,6 @@ impl<H: Clone> Common<H> {
 
     /// The open connection's handle, waiting for it at most `limit`.
     pub(crate) async fn connected(&self, limit: Duration) -> Option<H> {
-        self.revive();
         let mut rx = self.connected.subscribe();
         let handle = match tokio::time::timeout(limit, rx.wait_for(Option::is_some)).await {
             Ok(Ok(handle)) => handle.clone(),
@@ -245,9 +218,7 @@ pub(crate) struct Registration<S: Shared> {
 
 impl<S: Shared> Registration<S> {
     /// The registration of `mailbox`, filed under `key` in `hub`.
-    /// Starts the hub's task again if it went with its runtime (see [`Common::revive`]).
     pub(crate) fn new(hub: &Arc<S>, key: S::Key, mailbox: Arc<Mailbox>) -> Self {
-        hub.common().revive();
         Self {
             hub: Arc::downgrade(hub),
             key,
@@ -259,12 +230,6 @@ impl<S: Shared> Registration<S> {
 impl<S: Shared> Listening for Registration<S> {
     fn mailbox(&self) -> &Arc<Mailbox> {
         &self.mailbox
-    }
-
-    fn revive(&self) {
-        if let Some(hub) = self.hub.upgrade() {
-            hub.common().revive();
-        }
     }
 }
 
@@ -317,16 +282,10 @@ pub(crate) trait Link: Send + 'static {
 }
 
 /// A hub's task: opens `link`'s connection, serves it, and opens it again when it is lost,
-/// until the hub is closed or dropped (`stop`). `again`: the first connection is a reconnect
-/// (the task was started again after its runtime ended).
-///
-/// The link comes in its [`Parked`] guard, made before the task is spawned: a task dropped
-/// before its first poll (its runtime shutting down) parks the link too.
-async fn run<L: Link>(mut task: Parked<L>, mut stop: watch::Receiver<bool>, mut again: bool) {
-    let Some(link) = task.0.as_mut() else {
-        return;
-    };
+/// until the hub is closed or dropped (`stop`).
+async fn run<L: Link>(mut link: L, mut stop: watch::Receiver<bool>) {
     let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
+    let mut again = false;
     loop {
         let opened = tokio::select! {
             opened = link.open() => opened,
@@ -371,40 +330,12 @@ async fn run<L: Link>(mut task: Parked<L>, mut stop: watch::Receiver<bool>, mut 
             hub.common().connected.send_replace(None);
         }
     }
-    // Ended, not dropped: nothing to park.
-    task.0 = None;
-}
-
-/// A hub task's link while the task runs. Dropped with the task's future before the task ended
-/// (its runtime shut down), it parks the link in the hub for [`Common::revive`], and the
-/// connection, gone with the runtime, is no longer offered to subscribers.
-struct Parked<L: Link>(Option<L>);
-
-impl<L: Link> Drop for Parked<L> {
-    fn drop(&mut self) {
-        let Some(link) = self.0.take() else {
-            return;
-        };
-        let Some(hub) = link.hub().upgrade() else {
-            return;
-        };
-        let common = hub.common();
-        common.connected.send_replace(None);
-        let respawn: Respawn = Box::new(move |stop| {
-            tokio::spawn(run(Parked(Some(link)), stop, true));
-        });
-        let before = common.parked.locked().replace(respawn);
-        drop(before);
-        // Waiters of other runtimes ask the server again, and in doing so start the task again
-        // on theirs.
-        hub.recheck_all();
-    }
 }
 
 /// Starts a hub's task for `link` on the current runtime.
 pub(crate) fn start<L: Link>(link: L, hub: &L::Hub) {
     let stop = hub.common().stop.subscribe();
-    tokio::spawn(run(Parked(Some(link)), stop, false));
+    tokio::spawn(run(link, stop));
 }
 
 /// What a [`Link`]'s future awaits once it finds the hub gone: it never resolves, and the
@@ -566,61 +497,6 @@ mod tests {
         state.common.close();
         tokio::task::yield_now().await;
         assert!(lose.send(()).is_err(), "the task ended on close");
-    }
-
-    #[test]
-    fn a_task_gone_with_its_runtime_runs_again_on_the_next_and_counts_a_reconnect() {
-        let state = Arc::new(State {
-            waiting: StdMutex::new(None),
-            common: Common::new(),
-        });
-        let (lose, lost) = mpsc::unbounded_channel();
-        let link = Fake {
-            hub: Arc::downgrade(&state),
-            failures: 0,
-            opened: 0,
-            lose: lost,
-        };
-        let first = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        first.block_on(async {
-            start(link, &state);
-            assert_eq!(state.common.connected(CONNECT_WAIT).await, Some(1));
-        });
-        drop(first);
-        // The connection went with the runtime: it is offered no more.
-        assert_eq!(*state.common.connected.borrow(), None);
-        let mut reconnects = state.common.reconnects();
-        let mailbox = Arc::new(Mailbox::default());
-        *state.waiting.locked() = Some(mailbox.clone());
-
-        let second = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        second.block_on(async {
-            // Registering starts the task again, here; its link is the one it had.
-            let _registration = Registration::new(&state, (), mailbox.clone());
-            assert_eq!(state.common.connected(CONNECT_WAIT).await, Some(2));
-            assert_eq!(*reconnects.borrow_and_update(), 1);
-            assert_eq!(mailbox.recv().await, Wake::Recheck);
-            lose.send(()).expect("the task serves");
-            reconnects.changed().await.expect("the hub lives");
-            assert_eq!(state.common.connected(CONNECT_WAIT).await, Some(3));
-        });
-        drop(second);
-        // Closed: not started again.
-        state.common.close();
-        let third = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        third.block_on(async {
-            let waited = state.common.connected(Duration::from_millis(50)).await;
-            assert_eq!(waited, None);
-        });
     }
 
     #[tokio::test]

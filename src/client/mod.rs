@@ -355,7 +355,7 @@ impl LockClient {
     /// # Ok::<(), distlock::Error>(())
     /// ```
     pub fn blocking_shutdown(&self) -> Result<()> {
-        self.inner.blocking.block_on("blocking_shutdown", async {
+        self.inner.home.block_on("blocking_shutdown", async {
             self.inner.shutdown().await;
             Ok(())
         })

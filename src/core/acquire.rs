@@ -143,8 +143,9 @@ pub(crate) async fn acquire(
             kind.family()
         )));
     }
-    let handle = Handle::try_current().map_err(|_| Error::no_runtime())?;
-    let (runtime, engine) = client.engine(&handle)?;
+    // The wait's timers are the caller's runtime's.
+    Handle::try_current().map_err(|_| Error::no_runtime())?;
+    let engine = client.engine()?.clone();
     let backend = client.backend.clone();
     let mut closed = client.closed();
 
@@ -159,15 +160,12 @@ pub(crate) async fn acquire(
     if let Some(value) = value {
         claim = claim.with_value(value);
     }
-    let lease = Arc::new(
-        Lease::new(
-            client.ids.next(),
-            claim,
-            backend.new_ticket(),
-            client.config.drift,
-        )
-        .on_runtime(runtime),
-    );
+    let lease = Arc::new(Lease::new(
+        client.ids.next(),
+        claim,
+        backend.new_ticket(),
+        client.config.drift,
+    ));
     let wait = mode == Mode::Wait;
     if wait && backend.renews_waiters() {
         engine.track(&lease);
@@ -181,7 +179,7 @@ pub(crate) async fn acquire(
             in_flight: None,
         },
         |unsettled| {
-            client.spawn_release_after(&handle, unsettled.lease, unsettled.in_flight);
+            client.spawn_release_after(unsettled.lease, unsettled.in_flight);
         },
     );
 
@@ -233,6 +231,7 @@ pub(crate) async fn acquire(
                         Ok(None)
                     }
                     _ = closed.wait_for(|closed| *closed) => Err(Error::closed()),
+                    () = engine.gone() => Err(if client.is_closed() { Error::closed() } else { Error::runtime_gone() }),
                 }}).await;
                 let next = match woke {
                     Ok(Some(grant)) if !nearly_over(&grant, ttl, client.config.drift) => {
@@ -253,7 +252,7 @@ pub(crate) async fn acquire(
     lease.set_held(grant);
     engine.track(&lease);
     let lease = scopeguard::ScopeGuard::into_inner(cleanup).lease;
-    Ok(Held::new(client, lease, handle))
+    Ok(Held::new(client, lease))
 }
 
 /// What a waiting claim makes of its latest call: the attempt (the outage over), or, for a

@@ -2,15 +2,12 @@
 //! the leader at every change the service announces and at every lease end, and shares each
 //! new reading with every observer of that election in the client
 //! ([`Election::observe`](crate::Election::observe)). The cost to the service is that of one
-//! observer, whether there are one or two hundred. One task per runtime that observes: a
-//! current-thread runtime runs its tasks only while a thread drives it, and the observers of
-//! another runtime must not wait for that.
+//! observer, whether there are one or two hundred. The task runs on the client's runtime.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
-use tokio::runtime::{Handle, Id as RuntimeId};
 use tokio::sync::watch;
 use tokio::time::{sleep, sleep_until, Instant};
 
@@ -41,33 +38,40 @@ pub(crate) struct Published {
     pub(crate) reading: Option<Reading>,
 }
 
-/// What a follow is kept under: the election's key and the runtime its task runs on.
-type FollowKey = (Arc<str>, RuntimeId);
+/// What a follow is kept under: the election's key.
+type FollowKey = Arc<str>;
 
 /// The elections followed in one client. Each follow's task holds its sender; the map only
-/// points at it, so a follow whose task ended (its runtime shut down) starts again at the next
-/// subscription.
+/// points at it, so a follow whose task ended starts again at the next subscription.
 #[derive(Default)]
 pub(crate) struct Followed {
     by_key: StdMutex<HashMap<FollowKey, Weak<watch::Sender<Published>>>>,
 }
 
 impl Followed {
-    /// The readings of `target`'s election, from the follow on the current runtime, started
-    /// if none runs there.
-    pub(crate) fn subscribe(&self, target: &Target) -> watch::Receiver<Published> {
-        let key = (target.key.clone(), Handle::current().id());
+    /// The readings of `target`'s election, from the client's follow of it, started if none
+    /// runs.
+    ///
+    /// # Errors
+    ///
+    /// The client's runtime could not be started (one of its own, for a client built outside
+    /// any).
+    pub(crate) fn subscribe(&self, target: &Target) -> Result<watch::Receiver<Published>> {
+        let key = target.key.clone();
         let mut by_key = self.by_key.locked();
         if let Some(tx) = by_key.get(&key).and_then(Weak::upgrade) {
-            return tx.subscribe();
+            return Ok(tx.subscribe());
         }
+        let home = target.core.home.handle()?;
         by_key.retain(|_, tx| tx.strong_count() > 0);
         let (tx, rx) = watch::channel(Published::default());
         let tx = Arc::new(tx);
         by_key.insert(key.clone(), Arc::downgrade(&tx));
         drop(by_key);
-        tokio::spawn(drive(Follow::new(target.clone()), key, tx));
-        rx
+        // A runtime that has shut down drops the task at once, and with it the sender: the
+        // receiver then hears that the follow ended.
+        home.spawn(drive(Follow::new(target.clone()), key, tx));
+        Ok(rx)
     }
 
     /// Ends `tx`'s follow if nobody subscribed to it meanwhile.

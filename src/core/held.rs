@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use super::lease::{Lease, Verdict};
@@ -17,7 +16,6 @@ use crate::sync::LockExt;
 pub(crate) struct Held {
     client: Arc<Core>,
     lease: Arc<Lease>,
-    handle: Handle,
     fence: u64,
     armed: bool,
     /// What the service last accepted as the claim's value (a leadership's): the value it was
@@ -26,14 +24,13 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    pub(crate) fn new(client: Arc<Core>, lease: Arc<Lease>, handle: Handle) -> Self {
+    pub(crate) fn new(client: Arc<Core>, lease: Arc<Lease>) -> Self {
         let fence = lease.fence();
         let accepted = StdMutex::new(lease.claim.value());
         super::metrics::held(&client.metrics, &lease.claim);
         Self {
             client,
             lease,
-            handle,
             fence,
             armed: true,
             accepted,
@@ -185,7 +182,7 @@ impl Held {
             // Shutdown released it already.
             return Err(Error::lost(self.key()));
         }
-        let held = self.client.release_now(&self.handle, &self.lease).await?;
+        let held = self.client.release_now(&self.lease).await?;
         if was_lost || !held {
             return Err(Error::lost(self.key()));
         }
@@ -197,7 +194,7 @@ impl Drop for Held {
     fn drop(&mut self) {
         if self.armed {
             // The result is logged by the task; nobody is left to receive it.
-            self.client.spawn_release(&self.handle, self.lease.clone());
+            self.client.spawn_release(self.lease.clone());
         }
     }
 }

@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
-use tokio::runtime::Id as RuntimeId;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
@@ -45,8 +44,6 @@ pub(crate) struct Lease {
     /// Woken when a renewal sent while the claim was queued finds it holding the lock: the
     /// server granted it (a handoff whose message never arrived).
     granted: Notify,
-    /// The runtime whose renewal engine renews it.
-    runtime: Option<RuntimeId>,
 }
 
 /// A lease renews as its client's `auto_renew` says.
@@ -123,19 +120,7 @@ impl Lease {
             done: AtomicBool::new(false),
             renew: AtomicU8::new(RENEW_DEFAULT),
             granted: Notify::new(),
-            runtime: None,
         }
-    }
-
-    /// The lease, renewed by the engine of runtime `id`.
-    pub(crate) fn on_runtime(mut self, id: RuntimeId) -> Self {
-        self.runtime = Some(id);
-        self
-    }
-
-    /// The runtime whose renewal engine renews it.
-    pub(crate) fn runtime(&self) -> Option<RuntimeId> {
-        self.runtime
     }
 
     pub(crate) fn schedule(&self) -> std::sync::MutexGuard<'_, Schedule> {

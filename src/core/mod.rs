@@ -7,19 +7,18 @@
 //! the core calls the backend. Nothing here knows the client or the primitives.
 
 pub(crate) mod acquire;
-pub(crate) mod blocking;
 pub(crate) mod follow;
 pub(crate) mod guard;
 pub(crate) mod held;
+pub(crate) mod home;
 pub(crate) mod lease;
 pub(crate) mod metrics;
 pub(crate) mod renewal;
 pub(crate) mod rules;
 
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::runtime::{Handle, Id as RuntimeId, RuntimeFlavor};
 use tokio::sync::{oneshot, watch};
 
 use crate::backend::{DynBackend, Owners};
@@ -29,7 +28,6 @@ use self::acquire::AcquireCall;
 use self::held::Pending;
 use self::lease::{Lease, LeaseIds};
 use self::renewal::{Engine, EngineConfig};
-use crate::sync::LockExt;
 
 /// The least and the most time a release waits for the acquire call it follows.
 const IN_FLIGHT_MIN: Duration = Duration::from_secs(5);
@@ -44,15 +42,14 @@ pub(crate) struct Config {
     pub(crate) drift: fn(Duration) -> Duration,
 }
 
-/// What every lock of one client shares: the backend, the settings, the renewal engines, the
+/// What every lock of one client shares: the backend, the settings, the renewal engine, the
 /// releases still running, and whether the client was shut down.
 pub(crate) struct Core {
     pub(crate) backend: Arc<dyn DynBackend>,
     pub(crate) config: Config,
-    /// The renewal engines, each running on its runtime: one per multi-thread runtime that
-    /// took a lease, so a runtime that shuts down takes no other runtime's leases with it (see
-    /// [`engine`](Self::engine) for current-thread runtimes).
-    engines: StdMutex<Vec<OnRuntime>>,
+    /// The renewal engine, running on the client's runtime from the first lock on: once it is
+    /// gone, so is that runtime, and the client with it.
+    engine: OnceLock<Engine>,
     pending: Arc<Pending>,
     closed: watch::Sender<bool>,
     pub(crate) ids: LeaseIds,
@@ -60,20 +57,10 @@ pub(crate) struct Core {
     pub(crate) owners: Owners,
     /// The keys of the metrics recorded at every lock.
     pub(crate) metrics: metrics::Keys,
-    /// Where blocking calls run.
-    pub(crate) blocking: blocking::Blocking,
-    /// Leases whose release task went, unrun, with its runtime, where no other runtime was at
-    /// hand to run it: released at shutdown (or their leases end).
-    unreleased: StdMutex<Vec<Arc<Lease>>>,
+    /// The runtime the client belongs to, where its tasks run and blocking calls block.
+    pub(crate) home: home::Home,
     /// The elections observed through this client, each read once for all its observers.
     pub(crate) followed: follow::Followed,
-}
-
-/// A renewal engine and the runtime it runs on.
-struct OnRuntime {
-    runtime: RuntimeId,
-    flavor: RuntimeFlavor,
-    engine: Engine,
 }
 
 impl Core {
@@ -82,21 +69,24 @@ impl Core {
         Self {
             backend,
             config,
-            engines: StdMutex::default(),
+            engine: OnceLock::new(),
             pending: Arc::default(),
             closed: watch::Sender::new(false),
             ids: LeaseIds::default(),
             owners: Owners::default(),
             metrics,
-            blocking: blocking::Blocking::capture(),
-            unreleased: StdMutex::default(),
+            home: home::Home::capture(),
             followed: follow::Followed::default(),
         }
     }
 
+    /// Refuses calls once the client was shut down or its runtime is gone.
     pub(crate) fn check_open(&self) -> Result<()> {
         if *self.closed.borrow() {
             return Err(Error::closed());
+        }
+        if self.engine.get().is_some_and(|e| !e.is_running()) {
+            return Err(Error::runtime_gone());
         }
         Ok(())
     }
@@ -109,56 +99,36 @@ impl Core {
         self.closed.subscribe()
     }
 
-    /// The renewal task for a lease taken on `handle`'s runtime, and the runtime it runs on:
-    /// that runtime's own (started on first use, and again if it ended) if it is multi-thread;
-    /// for a current-thread runtime, which runs tasks only while a thread drives it, a
-    /// multi-thread runtime's if the client has one, else its own.
-    pub(crate) fn engine(&self, handle: &Handle) -> Result<(RuntimeId, Engine)> {
-        let mut engines = self.engines.locked();
+    /// The renewal engine, started on the client's runtime at the first call that needs it.
+    pub(crate) fn engine(&self) -> Result<&Engine> {
         self.check_open()?;
-        // Those of runtimes that shut down are gone with their tasks.
-        engines.retain(|e| e.engine.is_running());
-        let id = handle.id();
-        let flavor = handle.runtime_flavor();
-        let mine = engines.iter().find(|e| e.runtime == id);
-        let found = if flavor == RuntimeFlavor::CurrentThread {
-            engines
-                .iter()
-                .find(|e| e.flavor != RuntimeFlavor::CurrentThread)
-                .or(mine)
-        } else {
-            mine
+        let engine = match self.engine.get() {
+            Some(engine) => engine,
+            None => {
+                let handle = self.home.handle()?;
+                self.engine.get_or_init(|| {
+                    let config = EngineConfig {
+                        auto_renew: self.config.auto_renew,
+                    };
+                    Engine::start(&handle, self.backend.clone(), config)
+                })
+            }
         };
-        if let Some(e) = found {
-            return Ok((e.runtime, e.engine.clone()));
+        // A runtime that has shut down drops the task it is given at once.
+        if !engine.is_running() {
+            return Err(Error::runtime_gone());
         }
-        let engine = Engine::start(
-            handle,
-            self.backend.clone(),
-            EngineConfig {
-                auto_renew: self.config.auto_renew,
-            },
-        );
-        engines.push(OnRuntime {
-            runtime: id,
-            flavor,
-            engine: engine.clone(),
-        });
-        Ok((id, engine))
+        Ok(engine)
     }
 
-    /// The engine that renews `lease`, if it still runs.
-    fn engine_of(&self, lease: &Lease) -> Option<Engine> {
-        let engines = self.engines.locked();
-        engines
-            .iter()
-            .find(|e| Some(e.runtime) == lease.runtime() && e.engine.is_running())
-            .map(|e| e.engine.clone())
+    /// The engine, if it runs.
+    fn running_engine(&self) -> Option<&Engine> {
+        self.engine.get().filter(|e| e.is_running())
     }
 
     /// Has the renewal engine (if one runs) time `lease` again from its current schedule.
     pub(crate) fn retrack(&self, lease: &Arc<Lease>) {
-        if let Some(engine) = self.engine_of(lease) {
+        if let Some(engine) = self.running_engine() {
             engine.track(lease);
         }
     }
@@ -170,7 +140,7 @@ impl Core {
             return false;
         }
         self.ended(lease);
-        if let Some(engine) = self.engine_of(lease) {
+        if let Some(engine) = self.running_engine() {
             engine.forget(lease);
         }
         true
@@ -197,66 +167,43 @@ impl Core {
         lease.claim.lost_signal().unheld();
     }
 
-    /// Stops renewal of `lease` and releases it in a task on `handle`.
-    pub(crate) fn spawn_release(self: &Arc<Self>, handle: &Handle, lease: Arc<Lease>) {
-        self.spawn_release_after(handle, lease, None);
+    /// Stops renewal of `lease` and releases it in a task on the client's runtime.
+    pub(crate) fn spawn_release(self: &Arc<Self>, lease: Arc<Lease>) {
+        self.spawn_release_after(lease, None);
     }
 
-    /// Stops renewal of `lease` and releases it in a task on `handle`, once `in_flight` (an
-    /// acquire call for it that was cut short) has ended.
+    /// Stops renewal of `lease` and releases it in a task on the client's runtime, once
+    /// `in_flight` (an acquire call for it that was cut short) has ended.
     pub(crate) fn spawn_release_after(
         self: &Arc<Self>,
-        handle: &Handle,
         lease: Arc<Lease>,
         in_flight: Option<AcquireCall>,
     ) {
         if self.stop(&lease) {
-            self.release_in_task_after(handle, lease, in_flight);
+            self.release_in_task(lease, in_flight);
         }
     }
 
-    /// Releases a stopped lease in a task on `handle`; `shutdown` waits for it.
-    pub(crate) fn release_in_task(self: &Arc<Self>, handle: &Handle, lease: Arc<Lease>) {
-        self.release_in_task_after(handle, lease, None);
-    }
-
-    /// [`release_in_task`](Self::release_in_task), sent only once `in_flight` has ended: a
-    /// release that overtook an acquire still on its way (on another pooled connection, or
-    /// retried on a new one) would find nothing, and the late acquire would then hold the lock
-    /// for no one until its lease ran out. The call is awaited for at most the claim's TTL
-    /// (within [`IN_FLIGHT_MIN`], [`IN_FLIGHT_MAX`]), then dropped: it sends no retry after the
-    /// release (a Redis call may take up to three 5 s attempts, more than a short TTL; a
-    /// coalesced acquire given up is left out of its batch's next attempt). A request already
-    /// sent may still take the lock after the release, for at most its lease.
-    fn release_in_task_after(
-        self: &Arc<Self>,
-        handle: &Handle,
-        lease: Arc<Lease>,
-        in_flight: Option<AcquireCall>,
-    ) {
-        self.release_handed_on(handle, lease, in_flight, HAND_ONS);
-    }
-
-    /// [`release_in_task_after`](Self::release_in_task_after), handing the release on at most
-    /// `hand_ons` more times if the task goes with its runtime before the release is answered.
-    fn release_handed_on(
-        self: &Arc<Self>,
-        handle: &Handle,
-        lease: Arc<Lease>,
-        in_flight: Option<AcquireCall>,
-        hand_ons: u8,
-    ) {
+    /// Releases a stopped lease in a task on the client's runtime (`shutdown` waits for it),
+    /// sent only once `in_flight` has ended: a release that overtook an acquire still on its
+    /// way (on another pooled connection, or retried on a new one) would find nothing, and the
+    /// late acquire would then hold the lock for no one until its lease ran out. The call is
+    /// awaited for at most the claim's TTL (within [`IN_FLIGHT_MIN`], [`IN_FLIGHT_MAX`]), then
+    /// dropped: it sends no retry after the release (a Redis call may take up to three 5 s
+    /// attempts, more than a short TTL; a coalesced acquire given up is left out of its
+    /// batch's next attempt). A request already sent may still take the lock after the
+    /// release, for at most its lease. Once the client's runtime is gone the task is dropped
+    /// unrun, and the lease ends on its own.
+    fn release_in_task(self: &Arc<Self>, lease: Arc<Lease>, in_flight: Option<AcquireCall>) {
+        let handle = match self.home.handle() {
+            Ok(handle) => handle,
+            Err(err) => {
+                tracing::warn!(key = lease.claim.key(), error = %err, "no runtime to release on; the lease will expire");
+                return;
+            }
+        };
         let token = self.pending.start();
         let backend = self.backend.clone();
-        // Made before the spawn: a task dropped with its runtime before the release was
-        // answered (unrun, or while it drove the acquire call out: the runtime that acquired
-        // the lock shut down meanwhile) hands its release on.
-        let mut unsent = Unsent {
-            core: self.clone(),
-            lease: Some(lease.clone()),
-            runtime: handle.id(),
-            hand_ons,
-        };
         handle.spawn(async move {
             if let Some(call) = in_flight {
                 let limit = lease.claim.ttl().clamp(IN_FLIGHT_MIN, IN_FLIGHT_MAX);
@@ -273,21 +220,15 @@ impl Core {
             if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
                 tracing::warn!(key = lease.claim.key(), error = %err, "release failed; the lease will expire");
             }
-            unsent.sent();
             drop(token);
         });
     }
 
     /// Releases a stopped lease here; if this future is dropped first, the release finishes
-    /// in a task on `handle`.
-    pub(crate) async fn release_now(
-        self: &Arc<Self>,
-        handle: &Handle,
-        lease: &Arc<Lease>,
-    ) -> Result<bool> {
+    /// in a task on the client's runtime.
+    pub(crate) async fn release_now(self: &Arc<Self>, lease: &Arc<Lease>) -> Result<bool> {
         let _token = self.pending.start();
-        let backstop =
-            scopeguard::guard(lease.clone(), |lease| self.release_in_task(handle, lease));
+        let backstop = scopeguard::guard(lease.clone(), |lease| self.release_in_task(lease, None));
         let result = self.backend.release(&lease.claim, &lease.ticket).await;
         scopeguard::ScopeGuard::into_inner(backstop);
         result
@@ -297,18 +238,16 @@ impl Core {
     /// marked lost), pending releases are flushed, then the backend closes. Idempotent.
     pub(crate) async fn shutdown(&self) {
         let first = !self.closed.send_replace(true);
-        let engines = std::mem::take(&mut *self.engines.locked());
-        // Each task hands back every lease it still tracks; release them here.
-        let handed = engines.into_iter().map(|OnRuntime { engine, .. }| {
-            let (tx, rx) = oneshot::channel();
-            engine.shutdown(tx);
-            async move { rx.await.unwrap_or_default() }
-        });
-        let leases = futures::future::join_all(handed)
-            .await
-            .into_iter()
-            .flatten();
-        let releases = leases.filter(|l| l.finish()).map(|lease| {
+        // The task hands back every lease it still tracks; release them here.
+        let leases = match self.engine.get() {
+            Some(engine) => {
+                let (tx, rx) = oneshot::channel();
+                engine.shutdown(tx);
+                rx.await.unwrap_or_default()
+            }
+            None => Vec::new(),
+        };
+        let releases = leases.into_iter().filter(|l| l.finish()).map(|lease| {
             self.ended(&lease);
             let backend = self.backend.clone();
             async move {
@@ -319,75 +258,9 @@ impl Core {
             }
         });
         futures::future::join_all(releases).await;
-        let unreleased = std::mem::take(&mut *self.unreleased.locked());
-        let releases = unreleased.into_iter().map(|lease| {
-            let backend = self.backend.clone();
-            async move {
-                if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
-                    tracing::warn!(key = lease.claim.key(), error = %err, "release at shutdown failed");
-                }
-            }
-        });
-        futures::future::join_all(releases).await;
         self.pending.idle().await;
         if first {
             self.backend.shutdown().await;
-        }
-    }
-}
-
-/// How many times a release whose task went with its runtime is handed on to another (each
-/// runtime it is handed to may be shutting down too).
-const HAND_ONS: u8 = 2;
-
-/// A release task's lease until its release was answered. Dropped before (the task went with
-/// its runtime, unrun or while it drove a cancelled acquire call: a guard dropped, or an
-/// acquisition cancelled, on a runtime that shut down meanwhile), it sends the release from
-/// the current runtime if there is another, else from the runtime the client was built in if
-/// that is another, or leaves it for `shutdown`. The acquire call it drove went with the task:
-/// its request reached the backend's connection, whose tasks run on the client's runtime, or
-/// it was never sent.
-struct Unsent {
-    core: Arc<Core>,
-    lease: Option<Arc<Lease>>,
-    /// The runtime the task was spawned on.
-    runtime: tokio::runtime::Id,
-    /// How many more times the release may be handed on.
-    hand_ons: u8,
-}
-
-impl Unsent {
-    /// The release was answered (or failed on its own): nothing to hand on.
-    fn sent(&mut self) {
-        self.lease = None;
-    }
-}
-
-impl Drop for Unsent {
-    fn drop(&mut self) {
-        let Some(lease) = self.lease.take() else {
-            return;
-        };
-        let elsewhere = Handle::try_current()
-            .ok()
-            .filter(|here| here.id() != self.runtime)
-            .or_else(|| {
-                (self.core.blocking.built_in())
-                    .filter(|home| home.id() != self.runtime)
-                    .cloned()
-            });
-        match elsewhere {
-            Some(other) if self.hand_ons > 0 => {
-                self.core
-                    .release_handed_on(&other, lease, None, self.hand_ons - 1);
-            }
-            _ => {
-                tracing::debug!(
-                    key = lease.claim.key(),
-                    "a release's runtime shut down; releasing at shutdown"
-                );
-                self.core.unreleased.locked().push(lease);
-            }
         }
     }
 }

@@ -15,11 +15,10 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex as StdMutex;
 use tokio::runtime::Handle;
 
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::{sleep_until, Instant};
 
 use super::lease::{Lease, Verdict};
@@ -42,8 +41,8 @@ pub(crate) struct Engine {
 struct Shared {
     inbox: StdMutex<Inbox>,
     wake: Notify,
-    /// Cleared when the task ends (its runtime shut down).
-    alive: AtomicBool,
+    /// Cleared when the task ends: shut down, or gone with its runtime.
+    alive: watch::Sender<bool>,
 }
 
 #[derive(Default)]
@@ -74,7 +73,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             inbox: StdMutex::new(Inbox::default()),
             wake: Notify::new(),
-            alive: AtomicBool::new(true),
+            alive: watch::Sender::new(true),
         });
         // Made before the task is spawned: a task dropped before its first poll (its runtime
         // shutting down) clears `alive` too.
@@ -83,7 +82,14 @@ impl Engine {
     }
 
     pub(crate) fn is_running(&self) -> bool {
-        self.shared.alive.load(Ordering::Acquire)
+        *self.shared.alive.borrow()
+    }
+
+    /// Resolves once the task has ended.
+    pub(crate) async fn gone(&self) {
+        let mut alive = self.shared.alive.subscribe();
+        // The sender lives in `shared`, which `self` keeps: the wait ends only by the flag.
+        let _ = alive.wait_for(|alive| !alive).await;
     }
 
     fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
@@ -117,7 +123,7 @@ impl Engine {
         let mut inbox = self.inbox();
         // Under the inbox's lock: the task, ending, clears `alive` before it takes the lock to
         // drop a sender left here.
-        if !self.shared.alive.load(Ordering::Acquire) {
+        if !*self.shared.alive.borrow() {
             return;
         }
         inbox.shutdown = Some(tx);
@@ -216,7 +222,7 @@ struct Alive(Arc<Shared>);
 
 impl Drop for Alive {
     fn drop(&mut self) {
-        self.0.alive.store(false, Ordering::Release);
+        self.0.alive.send_replace(false);
         // A shutdown asked of a task that will not answer (dropped with its runtime) hears so.
         let unanswered = self.0.inbox.locked().shutdown.take();
         drop(unanswered);

@@ -170,10 +170,7 @@ impl Election {
     /// ```
     pub fn blocking_campaign(&self, value: impl AsRef<[u8]>) -> Result<Leadership> {
         let call = self.campaign(value);
-        self.target
-            .core
-            .blocking
-            .block_on("blocking_campaign", call)
+        self.target.core.home.block_on("blocking_campaign", call)
     }
 
     /// Leads only if nobody leads or waits to, without waiting.

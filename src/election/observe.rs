@@ -56,9 +56,13 @@ impl Observer {
             if *self.closed.borrow() {
                 return None;
             }
-            let readings = self
-                .readings
-                .get_or_insert_with(|| self.target.core.followed.subscribe(&self.target));
+            let readings = match &mut self.readings {
+                Some(readings) => readings,
+                None => match self.target.core.followed.subscribe(&self.target) {
+                    Ok(readings) => self.readings.insert(readings),
+                    Err(e) => return Some((Err(e), false)),
+                },
+            };
             {
                 let published = readings.borrow_and_update();
                 if published.seq > self.seen {
@@ -71,9 +75,12 @@ impl Observer {
             tokio::select! {
                 changed = readings.changed() => {
                     if changed.is_err() {
-                        // The follow ended with its runtime: start another, counted anew.
-                        self.readings = None;
-                        self.seen = 0;
+                        // The follow ends first only with the client's runtime.
+                        return match self.target.core.check_open() {
+                            Err(e) if !self.target.core.is_closed() => Some((Err(e), false)),
+                            _ if self.target.core.is_closed() => None,
+                            _ => Some((Err(crate::error::Error::runtime_gone()), false)),
+                        };
                     }
                 }
                 _ = self.closed.wait_for(|closed| *closed) => return None,

@@ -130,7 +130,12 @@ async fn paused_leader_rounds(make: MakeClient, rounds: usize) -> (usize, Vec<St
                 (b_granted + late[0]).saturating_duration_since(resumed)
             ));
         }
-        b_leads.resign().await.unwrap();
+        // b's own lease is 300 ms: on a loaded machine a renewal may come too late for it, which
+        // this test does not judge (a's steps are what it counts).
+        match b_leads.resign().await {
+            Err(e) if !e.is_lost() => panic!("b's resign: {e}"),
+            _ => {}
+        }
         let _ = end_tx.send(());
         a_thread.join().unwrap();
     }
@@ -506,7 +511,7 @@ async fn postgres_a_dead_candidate_is_never_reported_as_leader() {
 
 /// The first observer of an election polled on a current-thread runtime that then stays alive
 /// but idle (kept, not driven): an observer on another runtime still sees the next leader at
-/// once (it is not served by a reading task that only that idle runtime would run).
+/// once (the reading task runs on the client's runtime, not on the runtime of the first observer).
 #[test]
 fn an_observer_is_not_held_up_by_another_runtime_left_idle() {
     use futures::StreamExt;

@@ -1,5 +1,5 @@
 //! The client's core, whatever the backend: the in-process backend's own tests, cleanup of
-//! cancelled or panicking acquisitions, the renewal engines, clients outliving their runtime,
+//! cancelled or panicking acquisitions, clients used from other runtimes than their own,
 //! errors, and elections under faults.
 //!
 //! One binary, one server of each kind shared by its tests (a namespace each); the modules
@@ -14,5 +14,4 @@ mod elections;
 mod errors;
 mod memory;
 mod panics;
-mod renewal_engine;
-mod runtime_end;
+mod runtimes;

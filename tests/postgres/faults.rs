@@ -11,7 +11,6 @@ use std::time::Duration;
 use crate::support::contract::{partition_then_handover, spawn_timed, spawn_timed_lock};
 use crate::support::counting::Counting;
 use crate::support::faults::{self, grant_elsewhere, stays_lost};
-use crate::support::orphan::{orphan, waiter_hears_its_grant, waiter_outlives_its_hubs_runtime};
 use crate::support::pg::{client, until_queued};
 use crate::support::proxy::{Proxy, Which};
 use crate::support::server::postgres::{shared_postgres, PgServer};
@@ -430,50 +429,4 @@ async fn a_rw_lock_with_a_crashed_writer_and_crashed_writers_queued_passes_on() 
         Some(faults::Shared::WriteThenRead),
     )
     .await;
-}
-
-/// A client built in a runtime that ended (a client kept in a static across
-/// `#[tokio::test]`s), used from the next one: its waiter is granted within 1 s of the release,
-/// where the TTL is 10 s. Before: the LISTEN connection's task had gone with the first runtime,
-/// and the waiter heard nothing until the holder's lease deadline.
-fn an_orphaned_client_hears_its_grants(ns: &str, warm_up: bool) {
-    let url = shared_postgres().url();
-    let ttl = Duration::from_secs(10);
-    let client = orphan(|| client(&url, ns, ttl, Duration::from_secs(2)), warm_up);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let key = "orphan-waits";
-    let unknown: Option<fn() -> std::future::Ready<bool>> = None;
-    runtime.block_on(waiter_hears_its_grant(
-        client,
-        key,
-        || until_queued(&url, ns, key, 1),
-        unknown,
-    ));
-}
-
-#[test]
-fn a_client_whose_runtime_ended_before_its_first_call_hears_its_grants() {
-    an_orphaned_client_hears_its_grants(&test_namespace!(), false);
-}
-
-#[test]
-fn a_client_whose_runtime_ended_after_a_lock_hears_its_grants() {
-    an_orphaned_client_hears_its_grants(&test_namespace!(), true);
-}
-
-/// The client is built in runtime A and kept there; a lock waits in B; then A shuts down,
-/// taking the LISTEN task with it while the waiter waits. Before: nothing started the task
-/// again, and the waiter heard nothing until a deadline.
-#[test]
-fn a_waiter_outlives_the_runtime_of_its_listen_task() {
-    let ns = test_namespace!();
-    let url = shared_postgres().url();
-    let key = "orphan-waits";
-    let unknown: Option<fn() -> std::future::Ready<bool>> = None;
-    waiter_outlives_its_hubs_runtime(
-        || client(&url, &ns, Duration::from_secs(10), Duration::from_secs(2)),
-        key,
-        || until_queued(&url, &ns, key, 1),
-        unknown,
-    );
 }

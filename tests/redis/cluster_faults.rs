@@ -197,56 +197,6 @@ async fn waiters_hear_their_grants_after_a_primary_dies_for_good() {
     holder.shutdown().await;
 }
 
-/// A client built in a runtime that then shut down (the task running its command connection
-/// went with it); then one primary that is a seed of the URL and does not serve `h` is paused
-/// (SIGSTOP: it accepts connections and answers nothing, as a host that froze), and from
-/// another runtime `h`, served by a healthy primary, is locked twice. The first lock has the
-/// command connection made again, which waits out the frozen seed's 5 s reply timeout; a call
-/// that gives up waiting must not cancel it. Checked: the first lock is granted within 8 s, the
-/// second within 1 s; then the seed resumes and nothing is left.
-///
-/// Before, with the new connection made inside the call, each call's 5 s
-/// timeout cancelled it, and every lock of `h` timed out.
-#[test]
-fn a_lock_after_a_runtime_end_is_granted_while_a_seed_primary_is_frozen() {
-    let ns = test_namespace!();
-    let cluster = RedisCluster::start();
-    let url = cluster.url();
-    let c = crate::support::orphan::orphan(|| client_for(&url, &ns, Duration::from_secs(3)), true);
-    let h = cluster.primary_for("h", 0);
-    let frozen = (0..3)
-        .find(|i| *i != h && cluster.primaries().contains(i))
-        .expect("a seed primary not serving h");
-    let pid = cluster.nodes[frozen].pid();
-    crate::support::server::redis::RedisServer::signal(pid, "STOP");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let took = rt.block_on(async {
-        let mut took = Vec::new();
-        for _ in 0..2 {
-            let began = tokio::time::Instant::now();
-            let g = c.mutex("h").lock_timeout(Duration::from_secs(12)).await;
-            took.push((began.elapsed(), g.as_ref().err().map(ToString::to_string)));
-            if let Ok(g) = g {
-                g.release().await.unwrap();
-            }
-        }
-        took
-    });
-    crate::support::server::redis::RedisServer::signal(pid, "CONT");
-    rt.block_on(async {
-        timeout(Duration::from_secs(10), c.shutdown())
-            .await
-            .expect("shutdown did not end");
-    });
-    cluster.until_settled(Duration::from_secs(30));
-    cluster.until_clean(&ns);
-    let ok = took.len() == 2
-        && took.iter().all(|(_, e)| e.is_none())
-        && took[0].0 < Duration::from_secs(8)
-        && took[1].0 < Duration::from_secs(1);
-    assert!(ok, "locks of `h` with seed {frozen} frozen: {took:?}");
-}
-
 /// Three primaries (no replicas) announcing the ports of a proxy each, so every client
 /// connection to them goes through a proxy (the cluster bus does not); returned with the
 /// cluster's `redis+cluster://` URL over the proxies.

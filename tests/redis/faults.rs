@@ -372,44 +372,6 @@ async fn after_a_restart_without_data_a_call_retried_across_it_is_not_granted_ea
     waiter.shutdown().await;
 }
 
-/// A client whose pub/sub task went with the runtime it was built in: used from another
-/// runtime after a restart without data, it identifies the server before it grants (its task
-/// gone, it had seen nothing), so the old holder, cut off, is not overtaken.
-#[test]
-fn after_a_restart_a_client_whose_runtime_ended_is_not_granted_early() {
-    let ns = "restart-orphan";
-    let mut server = crate::support::server::redis::RedisServer::start();
-    let proxy = Proxy::start(server.port());
-    let ttl = Duration::from_secs(2);
-    let waiter = crate::support::redis::orphaned_client(&server.url(), ns, ttl);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let holder = client(&via(&proxy), ns, ttl, Duration::from_millis(300), true).await;
-        let held = holder.mutex("k").lock().await.unwrap();
-        proxy.blackhole();
-        tokio::task::block_in_place(|| server.restart_after(|| {}));
-        let back = Instant::now();
-        let guard = timeout(Duration::from_secs(10), waiter.mutex("k").lock())
-            .await
-            .expect("the waiter was never granted")
-            .unwrap();
-        assert!(
-            held.is_lost(),
-            "granted {:?} after the restart while the old holder believed it held for {:?} more",
-            back.elapsed(),
-            held.lease_left()
-        );
-        drop(guard);
-        proxy.heal();
-        holder.shutdown().await;
-        waiter.shutdown().await;
-    });
-}
-
 /// An acquire whose first attempt got no reply (the connection then dropped) and whose retry
 /// was granted: the lease runs from when the retry was sent, so the guard it returns is not
 /// already past its deadline.

@@ -18,7 +18,6 @@ pub mod family;
 pub mod faults;
 pub mod holder;
 pub mod observed;
-pub mod orphan;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod process;

@@ -163,19 +163,6 @@ pub async fn client(
         .unwrap()
 }
 
-/// A client of `url` (handoff lease 2 s, renewing) built in a runtime that is shut down before
-/// this returns, once it has locked and released a key there (its connections and tasks
-/// started): a client kept in a static across `#[tokio::test]`s, each test its own runtime.
-pub fn orphaned_client(url: &str, ns: &str, ttl: Duration) -> distlock::LockClient {
-    super::orphan::orphan(|| client(url, ns, ttl, Duration::from_secs(2), true), true)
-}
-
-/// A client of `url` (handoff lease 2 s, renewing) built in a runtime that is shut down before
-/// this returns and before any call: its tasks went with it, perhaps before they connected.
-pub fn unused_orphan(url: &str, ns: &str, ttl: Duration) -> distlock::LockClient {
-    super::orphan::orphan(|| client(url, ns, ttl, Duration::from_secs(2), true), false)
-}
-
 /// How many connections to `url` listen to a pub/sub channel or shard channel.
 pub async fn listening(url: &str) -> usize {
     let mut conn = connection(url).await;

@@ -9,7 +9,6 @@
 use std::time::Duration;
 
 use crate::support::contract::{partition_then_handover, spawn_timed, spawn_timed_lock};
-use crate::support::orphan::{one_waits, orphan, waiter_hears_its_grant};
 use crate::support::proxy::Proxy;
 use crate::support::server::ensemble::ZkEnsemble;
 use crate::support::server::zookeeper::{shared_zookeeper, ZkServer};
@@ -545,85 +544,4 @@ async fn a_dead_candidate_in_line_delays_the_next_by_its_session_at_most() {
     for c in [a, live, dead] {
         c.shutdown().await;
     }
-}
-
-/// A client built in a runtime that ended (a client kept in a static across
-/// `#[tokio::test]`s), used from the next one: its session went with the first runtime. Checked:
-/// a lock is granted, and a waiter is granted within 1 s of the release (see
-/// [`waiter_hears_its_grant`]). Before: every call failed after its timeout ("expect error
-/// state, got SyncConnected"), and a lock was retried for ever.
-fn an_orphaned_client_is_served(warm_up: bool) {
-    let connect = shared_zookeeper().connect_string();
-    let ns = format!("{}.{warm_up}", test_namespace!());
-    let c = orphan(|| client(&connect, &ns, Duration::from_secs(4)), warm_up);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let key = "orphan-waits";
-    let path = format!("/{ns}/{key}");
-    let unknown: Option<fn() -> std::future::Ready<bool>> = None;
-    runtime.block_on(waiter_hears_its_grant(
-        c,
-        key,
-        || async {
-            let zk = raw(&connect).await;
-            until_contenders(&zk, &path, 2).await;
-        },
-        unknown,
-    ));
-}
-
-#[test]
-fn a_client_whose_runtime_ended_before_its_first_call_is_served() {
-    an_orphaned_client_is_served(false);
-}
-
-#[test]
-fn a_client_whose_runtime_ended_after_a_lock_is_served() {
-    an_orphaned_client_is_served(true);
-}
-
-/// The client is built in runtime A and kept there; in B a lock is held and a second waits;
-/// then A shuts down, taking the session with it. Checked: the holder is told its lock is lost
-/// within 2 s (nothing can keep its session alive any more), the waiter is granted within 3 s,
-/// only after that, with a higher token. Before: the holder was never told, and the waiter
-/// was never granted (its calls failed after their timeouts, for ever).
-#[test]
-fn a_session_gone_with_its_runtime_loses_its_locks_and_its_waiters_go_on() {
-    let connect = shared_zookeeper().connect_string();
-    let ns = test_namespace!();
-    let key = "orphan-waits";
-    let path = format!("/{ns}/{key}");
-    let first = tokio::runtime::Runtime::new().unwrap();
-    let c = first.block_on(client(&connect, &ns, Duration::from_secs(4)));
-    let second = tokio::runtime::Runtime::new().unwrap();
-    let w = second.block_on(one_waits(&c, key, || async {
-        let zk = raw(&connect).await;
-        until_contenders(&zk, &path, 2).await;
-    }));
-    let (held, waiting) = w.into_parts();
-    let token = held.fencing_token();
-    drop(first);
-    second.block_on(async {
-        let began = Instant::now();
-        timeout(Duration::from_secs(2), held.lost())
-            .await
-            .expect("the holder was not told within 2 s");
-        let lost_at = Instant::now();
-        let (granted, at) = timeout(Duration::from_secs(3), waiting)
-            .await
-            .expect("the waiter was not granted within 3 s")
-            .unwrap();
-        let granted = granted.unwrap();
-        assert!(at >= lost_at, "granted before the holder was told");
-        assert!(granted.fencing_token() > token);
-        println!(
-            "lost after {:?}, granted after {:?}",
-            lost_at - began,
-            at - began
-        );
-        drop(held);
-        granted.release().await.unwrap();
-        timeout(Duration::from_secs(5), c.shutdown())
-            .await
-            .expect("the client's shutdown did not end within 5 s");
-    });
 }

@@ -11,10 +11,6 @@ use crate::sync::LockExt;
 pub(crate) trait Listening {
     /// Where the hub puts the claim's wake-ups.
     fn mailbox(&self) -> &Arc<Mailbox>;
-
-    /// Starts the hub's task again on the current runtime if it went with the runtime it ran
-    /// on (see [`Common::revive`](crate::backend::hub::Common::revive)).
-    fn revive(&self);
 }
 
 /// What one claim keeps, on one server, to hear of a handoff: its registration `L` while it
@@ -35,15 +31,9 @@ impl<L> Default for HandoffTicket<L> {
 }
 
 impl<L: Listening> HandoffTicket<L> {
-    /// Whether the claim is registered. A registered claim asks the server again after every
-    /// wake-up, here: if its hub's task went with its runtime, it starts again on this one.
+    /// Whether the claim is registered.
     pub(crate) fn is_listening(&self) -> bool {
-        let listening = self.listening.locked();
-        let Some(registration) = listening.as_ref() else {
-            return false;
-        };
-        registration.revive();
-        true
+        self.listening.locked().is_some()
     }
 
     /// Registers the claim (`Some`) or unregisters it (`None`).

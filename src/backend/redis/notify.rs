@@ -178,13 +178,7 @@ impl Hub {
     /// Until when a claim of lease `ttl` must not be granted, if the server restarted (see
     /// `restart.rs`).
     pub(crate) fn restart_gate(&self, ttl: Duration) -> Option<tokio::time::Instant> {
-        let gate = self.inner.restarts.gate(ttl);
-        // A task gone with its runtime left the server unidentified (the gate closed): it
-        // comes back here to identify it. An open gate costs an acquire nothing more.
-        if gate.is_some() {
-            self.inner.common.revive();
-        }
-        gate
+        self.inner.restarts.gate(ttl)
     }
 
     /// A counter that moves every time the hub's connection comes back after a drop.

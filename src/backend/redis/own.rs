@@ -1,5 +1,5 @@
-//! The backend's own connection: redis-rs's `ConnectionManager`, replaced when a call through
-//! it panics or it leaves a call unanswered for a whole call timeout.
+//! The backend's own connection: redis-rs's `ConnectionManager`, replaced when it leaves a call
+//! unanswered for a whole call timeout.
 //!
 //! A connection that goes silent (the path drops every byte: a NAT or conntrack entry gone, a
 //! load balancer failed over, a peer gone without a reset) is not closed by the kernel for
@@ -9,26 +9,16 @@
 //! flight on it fail as dropped and are sent again at once over the new one (every request is
 //! safe to repeat). A server that is only slow (paused, busy) costs a reconnect, no more.
 //!
-//! The manager reconnects through one future its callers share, and that future keeps the
-//! timers of the runtime that first polled it. If that runtime shuts down while a reconnect is
-//! under way (a client kept in a static across `#[tokio::test]`s, each test its own runtime),
-//! the next call polls the timer of a runtime that is gone and panics; so does every later
-//! call, since the shared future stays poisoned. Here such a panic is caught, the call fails
-//! as a dropped connection (sent again at once, in doubt), and the manager is replaced by a
-//! new one, which connects at its first call.
-//!
-//! A shared future that panics wakes none of the other callers waiting on it: they would sleep
-//! until their own call timeout. So every call also listens for its manager's replacement,
-//! and fails the same way when it comes.
+//! The calls waiting on a manager that is replaced fail at once as dropped (and are sent again
+//! over the new one), not at their own call timeouts: every call listens for its manager's
+//! replacement.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{FromRedisValue, RedisError, RedisResult};
-use futures::FutureExt;
 use tokio::sync::Notify;
 
 use super::commands::Request;
@@ -36,7 +26,8 @@ use crate::sync::LockExt;
 
 /// An auto-reconnecting connection of our own.
 pub(crate) struct Own {
-    /// The manager in use, with its number (a panic replaces only the manager it came from).
+    /// The manager in use, with its number (a silent call replaces only the manager it went
+    /// through).
     manager: StdMutex<(u64, ConnectionManager)>,
     /// Told when a manager is replaced, so the calls still waiting on it end.
     replaced: Notify,
@@ -85,10 +76,9 @@ impl Own {
         .await
     }
 
-    /// Runs `call` on the manager in use. The call fails as a dropped connection if it panics,
-    /// and as timed out if it has no answer within `limit` (or redis-rs's own response timeout
-    /// ends it): either way the manager is replaced. It fails as dropped too if the manager is
-    /// replaced while it waits.
+    /// Runs `call` on the manager in use. The call fails as timed out if it has no answer within
+    /// `limit` (or redis-rs's own response timeout ends it), and the manager is replaced; it
+    /// fails as dropped if the manager is replaced while it waits.
     async fn through<T, F>(
         &self,
         limit: Option<Duration>,
@@ -100,7 +90,7 @@ impl Own {
         // Made before the manager is read: a replacement after the read is heard.
         let replaced = self.replaced.notified();
         let (n, conn) = self.manager.locked().clone();
-        let call = AssertUnwindSafe(call(conn)).catch_unwind();
+        let call = call(conn);
         let silent = async {
             match limit {
                 Some(limit) => tokio::time::sleep(limit).await,
@@ -112,16 +102,14 @@ impl Own {
             tokio::select! {
                 biased;
                 reply = &mut call => {
-                    return match reply {
-                        Err(_) => Err(self.replace(n, Why::Panicked)),
-                        Ok(Err(e)) if e.is_timeout() => {
-                            self.replace(n, Why::Silent);
-                            Err(e)
+                    if let Err(e) = &reply {
+                        if e.is_timeout() {
+                            self.replace(n);
                         }
-                        Ok(reply) => reply,
-                    };
+                    }
+                    return reply;
                 }
-                () = &mut silent => return Err(self.replace(n, Why::Silent)),
+                () = &mut silent => return Err(self.replace(n)),
                 () = &mut replaced => {
                     // Listening again first: a replacement after the check is heard.
                     replaced.set(self.replaced.notified());
@@ -133,17 +121,14 @@ impl Own {
         }
     }
 
-    /// Replaces manager `n`, whose call panicked or went unanswered, unless that was done
-    /// already; returns the error the call fails with.
-    fn replace(&self, n: u64, why: Why) -> RedisError {
+    /// Replaces manager `n`, whose call went unanswered, unless that was done already;
+    /// returns the error the call fails with.
+    fn replace(&self, n: u64) -> RedisError {
         if self.manager.locked().0 != n {
             // Another call replaced it already.
-            return why.error();
+            return no_answer();
         }
-        match why {
-            Why::Panicked => tracing::warn!("a redis call panicked in the connection's reconnect (its runtime shut down); replacing the connection"),
-            Why::Silent => tracing::warn!("a redis call had no answer within its timeout; replacing the connection"),
-        }
+        tracing::warn!("a redis call had no answer within its timeout; replacing the connection");
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(fresh) => {
                 let mut manager = self.manager.locked();
@@ -156,28 +141,7 @@ impl Own {
             }
             Err(e) => tracing::warn!(error = %e, "a new redis connection could not be made"),
         }
-        why.error()
-    }
-}
-
-/// Why a manager is replaced.
-#[derive(Clone, Copy)]
-enum Why {
-    /// A call through it panicked (its reconnect's runtime shut down).
-    Panicked,
-    /// A call through it had no answer in time.
-    Silent,
-}
-
-impl Why {
-    /// The error of the call that saw it.
-    fn error(self) -> RedisError {
-        match self {
-            Self::Panicked => {
-                dropped("the redis connection's reconnect panicked (its runtime shut down)")
-            }
-            Self::Silent => no_answer(),
-        }
+        no_answer()
     }
 }
 

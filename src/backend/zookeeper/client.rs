@@ -364,8 +364,8 @@ fn stat(s: &zkc::Stat) -> NodeStat {
 
 /// What a watch of `zookeeper-client` says once it fires. Its session's task going with its
 /// runtime drops the watch's sender, and the crate (0.11) unwraps the cancelled receive: that
-/// panic is caught here and taken for what it means, the session's end (the hub opens another
-/// session at its next use from a live runtime).
+/// panic is caught here and taken for what it means, the session's end (a waiter of another
+/// runtime hears it, and the client, gone with that runtime, refuses it).
 async fn fired_at(watcher: zkc::OneshotWatcher) -> Fired {
     match AssertUnwindSafe(watcher.changed()).catch_unwind().await {
         Ok(event) => fired(&event),

@@ -395,10 +395,6 @@ impl Backend for ZkBackend {
     }
 
     async fn shutdown(&self) {
-        // A session opened again for this call (the last one went with its runtime) must be up
-        // before the deletes, which are skipped while disconnected. A short wait: the server
-        // removes what is left anyway (our nodes with the old session, empty containers later).
-        self.inner.hub.until_revived(session::CLOSE_WAIT).await;
         // Our own nodes first, so that the parents' deletes do not fail on them.
         self.inner.hub.delete_own_now().await;
         self.inner.parents.flush().await;

@@ -11,16 +11,13 @@
 //!   node whose delete failed, go to a guaranteed-delete set: retried at every reconnect and,
 //!   while connected, with a back-off, until each is gone (Curator's `delete().guaranteed()`).
 //! - The session, and the hub's tasks, run on the runtime that opened it, and go when that
-//!   runtime shuts down (a client kept in a static across `#[tokio::test]`s, each test its own
-//!   runtime). The next use of the hub from a live runtime then declares the session lost and
-//!   opens a new one there ([`Hub::current`]).
+//!   runtime shuts down, as the client does.
 //! - The requests each session had acknowledged are remembered (the last few): together with
 //!   the writes that went through the quorum after them, they tell from when the *leader* has
 //!   certainly heard from the session, and a lease is valid for a session timeout from then
 //!   ([`super::proof`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -99,16 +96,9 @@ pub(super) struct Hub {
     cleanup: Arc<Notify>,
     /// Moves on every reconnect (the same session back, or a new one).
     reconnects: watch::Sender<u64>,
-    /// Where the current session reports its states (replaced when the tasks start again).
-    links: StdMutex<mpsc::UnboundedSender<(u64, Link)>>,
+    /// Where the current session reports its states.
+    links: mpsc::UnboundedSender<(u64, Link)>,
     settings: Settings,
-    /// Whether the hub's task runs; cleared when it ends, or goes with its runtime.
-    running: AtomicBool,
-    /// Set when the tasks start again (see [`revive`](Self::revive)), until the new session
-    /// is up.
-    reviving: AtomicBool,
-    /// The hub itself, for starting its tasks again.
-    me: Weak<Hub>,
 }
 
 impl Hub {
@@ -118,7 +108,7 @@ impl Hub {
         let connecting = Instant::now();
         let zk = client::connect(&settings, 1, links.clone()).await?;
         let proof = Proof::new(1, connecting, zk.session_timeout(), settings.server_tick);
-        let hub = Arc::new_cyclic(|me| Self {
+        let hub = Arc::new(Self {
             state: watch::Sender::new(Conn {
                 epoch: 1,
                 up: true,
@@ -132,39 +122,12 @@ impl Hub {
             proof: StdMutex::new(proof),
             cleanup: Arc::new(Notify::new()),
             reconnects: watch::Sender::new(0),
-            links: StdMutex::new(links),
+            links,
             settings,
-            running: AtomicBool::new(true),
-            reviving: AtomicBool::new(false),
-            me: me.clone(),
         });
-        tokio::spawn(run(Running(Arc::downgrade(&hub)), links_rx, false));
+        tokio::spawn(run(Arc::downgrade(&hub), links_rx));
         tokio::spawn(cleanup(Arc::downgrade(&hub), hub.cleanup.clone()));
         Ok(hub)
-    }
-
-    /// If the hub's task went with the runtime it ran on, and this is called on a live one:
-    /// the session is lost (nothing answers for it any more: its own task went too), and the
-    /// hub's tasks start here, opening a new one.
-    fn revive(&self) {
-        if self.running.load(Ordering::Acquire) || self.now().closed {
-            return;
-        }
-        if tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
-        if self.running.swap(true, Ordering::AcqRel) {
-            // Another caller starts them.
-            return;
-        }
-        tracing::debug!("zookeeper: the session's runtime ended; opening a new session here");
-        self.reviving.store(true, Ordering::Release);
-        self.lose_session("its runtime shut down");
-        let (links, links_rx) = mpsc::unbounded_channel();
-        let old = std::mem::replace(&mut *self.links.locked(), links);
-        drop(old);
-        tokio::spawn(run(Running(self.me.clone()), links_rx, true));
-        tokio::spawn(cleanup(self.me.clone(), self.cleanup.clone()));
     }
 
     /// A counter that moves every time the link comes back after a drop.
@@ -180,11 +143,8 @@ impl Hub {
         self.state.subscribe()
     }
 
-    /// The current session if connected, with the state it goes with. Called on a live
-    /// runtime after the hub's went, it opens a new session there (see [`revive`](Self::revive)):
-    /// `None` until it is up.
+    /// The current session if connected, with the state it goes with.
     pub(super) fn current(&self) -> Option<Up> {
-        self.revive();
         let session = self.session.locked();
         let conn = self.now();
         match (&*session, conn.up && !conn.closed) {
@@ -221,14 +181,6 @@ impl Hub {
                 )
                 .transient());
             }
-        }
-    }
-
-    /// Waits, at most `patience`, for a session being opened again after its runtime ended
-    /// (see [`revive`](Self::revive)), starting that if it is due; returns at once otherwise.
-    pub(super) async fn until_revived(&self, patience: Duration) {
-        if self.current().is_none() && self.reviving.load(Ordering::Acquire) {
-            let _ = self.until_up(patience).await;
         }
     }
 
@@ -406,7 +358,6 @@ impl Hub {
             c.timeout = timeout;
         });
         drop(session);
-        self.reviving.store(false, Ordering::Release);
         self.cleanup.notify_one();
     }
 
@@ -464,14 +415,8 @@ impl Hub {
 
 /// Follows the current session's states; declares it lost when it ends or stays down for a
 /// session timeout, then opens the next one. Holds the hub weakly, so that dropping the
-/// backend still closes the session. `fresh`: no session is open yet (the task started again
-/// after its runtime ended): it opens one first. `running` is made before the task is
-/// spawned, so a task dropped before its first poll clears it too.
-async fn run(running: Running, mut links: mpsc::UnboundedReceiver<(u64, Link)>, fresh: bool) {
-    let hub = running.0.clone();
-    if fresh {
-        reconnect(&hub).await;
-    }
+/// backend still closes the session.
+async fn run(hub: Weak<Hub>, mut links: mpsc::UnboundedReceiver<(u64, Link)>) {
     // When the current outage began.
     let mut down_since: Option<Instant> = None;
     loop {
@@ -521,20 +466,6 @@ async fn run(running: Running, mut links: mpsc::UnboundedReceiver<(u64, Link)>, 
     }
 }
 
-/// Clears [`Hub::running`] when the hub's task ends, however it ends. Dropped with its
-/// runtime, the session went too: it is marked down, which wakes every waiter, and the next
-/// use of the hub from a live runtime opens a new one.
-struct Running(Weak<Hub>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(hub) = self.0.upgrade() {
-            hub.running.store(false, Ordering::Release);
-            hub.publish(|c| c.up = false);
-        }
-    }
-}
-
 /// Opens a new session, retrying with a growing pause, until it works or the hub closes.
 async fn reconnect(hub: &Weak<Hub>) {
     let mut pause = RECONNECT_MIN;
@@ -546,7 +477,7 @@ async fn reconnect(hub: &Weak<Hub>) {
         }
         let mut closing = h.subscribe();
         let settings = h.settings.clone();
-        let links = h.links.locked().clone();
+        let links = h.links.clone();
         drop(h);
         let connecting = Instant::now();
         let attempt = tokio::select! {

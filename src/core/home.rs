@@ -1,16 +1,18 @@
-//! Blocking calls for synchronous code (`blocking_lock()` and the like), as tokio's own
-//! primitives have them.
+//! The runtime a client belongs to ([`Home`]), and the blocking calls (`blocking_lock()` and
+//! the like) as tokio's own primitives have them.
 //!
-//! A lock here needs a runtime even while the caller blocks: its lease is renewed by a task,
-//! and a network backend's connections are driven by tasks. A blocking call runs the async
-//! call on the multi-thread runtime the client was built in (whose tasks drive the backend's
-//! connections; a client built in a current-thread runtime, or one whose runtime has shut
-//! down, gets a [`NoRuntime`](crate::ErrorKind::NoRuntime) error),
-//! or, for a client built outside any runtime, on a small runtime of the client's own, started
-//! at the first blocking call and kept as long as the client or a guard of it lives. On a
-//! multi-thread runtime's thread it blocks in place (tokio moves the worker's other tasks
-//! away first); on a current-thread runtime it is refused with an error, since blocking its
-//! one thread would stall every task, renewals included.
+//! A client belongs to the runtime it was built in, as a redis-rs connection or a reqwest
+//! client does: its renewal task, its releases and its election followers run there, calls
+//! from other runtimes are served through them, and once that runtime has shut down every call
+//! fails with [`Closed`](crate::ErrorKind::Closed) (guards held elsewhere see their leases
+//! lapse). A client built outside any runtime (synchronous code) has a small runtime of its
+//! own, started at its first need and kept as long as the client or a guard of it lives.
+//!
+//! A blocking call runs the async call on that runtime. On a multi-thread runtime's thread it
+//! blocks in place (tokio moves the worker's other tasks away first); on a current-thread
+//! runtime it is refused with an error, since blocking its one thread would stall every task,
+//! renewals included; a client built in a current-thread runtime, or one whose runtime has shut
+//! down, gets a [`NoRuntime`](crate::ErrorKind::NoRuntime) error.
 
 use std::future::Future;
 use std::sync::OnceLock;
@@ -19,19 +21,19 @@ use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// Where blocking calls of one client run.
-pub(crate) struct Blocking {
+/// The runtime a client's tasks run on.
+pub(crate) struct Home {
     /// The runtime the client was built in, if any.
     built_in: Option<Handle>,
     /// The client's own runtime, for a client built outside any.
-    own: OnceLock<Own>,
+    own: OnceLock<OwnRuntime>,
 }
 
 /// A runtime the client owns. It is shut down in the background when dropped, which is allowed
 /// wherever the last guard or client handle happens to be dropped (an async task included).
-struct Own(Option<Runtime>);
+struct OwnRuntime(Option<Runtime>);
 
-impl Drop for Own {
+impl Drop for OwnRuntime {
     fn drop(&mut self) {
         if let Some(rt) = self.0.take() {
             rt.shutdown_background();
@@ -39,7 +41,7 @@ impl Drop for Own {
     }
 }
 
-impl Blocking {
+impl Home {
     /// Notes the runtime the client is being built in.
     pub(crate) fn capture() -> Self {
         Self {
@@ -48,9 +50,13 @@ impl Blocking {
         }
     }
 
-    /// The runtime the client was built in, if any.
-    pub(crate) fn built_in(&self) -> Option<&Handle> {
-        self.built_in.as_ref()
+    /// Where the client's tasks run: the runtime it was built in, or its own (started here if
+    /// it was not yet).
+    pub(crate) fn handle(&self) -> Result<Handle> {
+        match &self.built_in {
+            Some(handle) => Ok(handle.clone()),
+            None => Ok(self.own()?.handle().clone()),
+        }
     }
 
     /// Runs `call` to completion on this thread, blocking it.
@@ -114,7 +120,7 @@ impl Blocking {
     }
 
     fn own(&self) -> Result<&Runtime> {
-        if let Some(Own(Some(rt))) = self.own.get() {
+        if let Some(OwnRuntime(Some(rt))) = self.own.get() {
             return Ok(rt);
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -130,9 +136,9 @@ impl Blocking {
                 .with_source(e)
             })?;
         // Another thread may have started one meanwhile: keep the first, drop ours.
-        let _ = self.own.set(Own(Some(rt)));
+        let _ = self.own.set(OwnRuntime(Some(rt)));
         match self.own.get() {
-            Some(Own(Some(rt))) => Ok(rt),
+            Some(OwnRuntime(Some(rt))) => Ok(rt),
             _ => Err(Error::new(
                 ErrorKind::NoRuntime,
                 "could not start a runtime for blocking calls",

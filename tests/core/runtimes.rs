@@ -1,7 +1,7 @@
-//! Attacks on the client's renewal engines (one per multi-thread runtime; a current-thread
-//! runtime's leases go to a multi-thread runtime's engine where the client has one): clients
-//! shared by runtimes that start, idle and end while others hold or wait; `shutdown` with
-//! leases on several runtimes. Redis standalone, public API only.
+//! A client belongs to the runtime it was built in: its tasks (renewals, releases, the
+//! connections' own) run there. Here: clients used from other runtimes that start, idle and end
+//! while others hold or wait; `shutdown` with leases taken on several runtimes; and what a user
+//! sees once the client's own runtime has ended. Redis standalone, public API only.
 #![cfg(feature = "redis")]
 
 use std::time::Duration;
@@ -64,6 +64,73 @@ async fn first_locked_here(url: &str, ns: &str, ttl: Duration) -> distlock::Lock
         .await
         .unwrap();
     c
+}
+
+/// A Redis client (TTL 1 s) built in runtime A holds a lock taken from runtime B, and a second
+/// lock of the same key waits in B; then A shuts down. Checked, in B: the waiter ends with
+/// `Closed` within 1 s, a new lock is refused with `Closed` at once, the held guard is told lost
+/// within its lease, a blocking call from a thread of its own is refused, and `shutdown` ends
+/// within 5 s; a second client takes the key within the lease.
+#[test]
+fn redis_a_client_whose_runtime_ended_is_closed_and_its_guards_lapse() {
+    let url = crate::support::server::redis::shared_redis().url();
+    let ns = test_namespace!();
+    let ttl = Duration::from_secs(1);
+    let a = multi_thread(1);
+    let c = a.block_on(crate::support::redis::client(&url, &ns, ttl, ttl, true));
+    let b = multi_thread(1);
+    let (held, waiting) = b.block_on(async {
+        let held = c.mutex("k").lock().await.unwrap();
+        let m = c.mutex("k");
+        let waiting = tokio::spawn(async move { m.lock_timeout(Duration::from_secs(10)).await });
+        crate::support::redis::until_queued(&url, &ns, "k", 1).await;
+        (held, waiting)
+    });
+    drop(a);
+    let (waited, refused, lost_after) = b.block_on(async {
+        let began = Instant::now();
+        let waited = timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("the waiter did not end within 1 s of the runtime's end")
+            .unwrap();
+        let refused = c.mutex("other").try_lock().await;
+        timeout(ttl * 2, held.lost())
+            .await
+            .expect("the guard was not told lost within two leases");
+        (waited, refused, began.elapsed())
+    });
+    assert_eq!(
+        waited.err().map(|e| e.kind()),
+        Some(distlock::ErrorKind::Closed)
+    );
+    assert_eq!(
+        refused.err().map(|e| e.kind()),
+        Some(distlock::ErrorKind::Closed)
+    );
+    assert!(lost_after <= ttl, "told lost after {lost_after:?}");
+    let c2 = c.clone();
+    let blocking =
+        std::thread::spawn(move || c2.mutex("k").blocking_lock().err().map(|e| e.kind()))
+            .join()
+            .unwrap();
+    assert!(
+        blocking.is_some(),
+        "a blocking lock was granted after the runtime ended"
+    );
+    b.block_on(async {
+        timeout(Duration::from_secs(5), c.shutdown())
+            .await
+            .expect("shutdown did not end");
+        drop(held);
+        let other = crate::support::redis::client(&url, &ns, ttl, ttl, true).await;
+        let g = timeout(ttl * 4, other.mutex("k").lock())
+            .await
+            .expect("another client did not get the key within its lease")
+            .unwrap();
+        g.release().await.unwrap();
+        other.shutdown().await;
+        crate::support::redis::until_only_fences(&url, &ns).await;
+    });
 }
 
 /// A Redis client (TTL 1 s) built in multi-thread runtime H, whose first lock is taken on H (H
