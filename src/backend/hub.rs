@@ -14,7 +14,7 @@
 //! The task runs on the runtime that started the hub (the one the backend was built in), and
 //! goes when that runtime shuts down, as the client does.
 //!
-//! What differs between services comes in through two small traits: [`Shared`], the state a
+//! What differs between services comes in through two small traits: [`HubState`], the state a
 //! hub's handles share with its task (how mailboxes are filed: by owner, or by channel and
 //! owner), and [`Link`], how its connection is opened, what listening to the channels in use
 //! takes, and what serving it means.
@@ -190,7 +190,7 @@ impl<H: Clone> Common<H> {
 }
 
 /// The state a hub's handles share with its task.
-pub(crate) trait Shared: Send + Sync + 'static {
+pub(crate) trait HubState: Send + Sync + 'static {
     /// What a subscriber needs of an open connection.
     type Handle: Clone + Send + Sync + 'static;
     /// What a registration is filed under.
@@ -210,13 +210,13 @@ pub(crate) trait Shared: Send + Sync + 'static {
 }
 
 /// A registered mailbox; dropping it unregisters.
-pub(crate) struct Registration<S: Shared> {
+pub(crate) struct Registration<S: HubState> {
     hub: Weak<S>,
     key: S::Key,
     pub(crate) mailbox: Arc<Mailbox>,
 }
 
-impl<S: Shared> Registration<S> {
+impl<S: HubState> Registration<S> {
     /// The registration of `mailbox`, filed under `key` in `hub`.
     pub(crate) fn new(hub: &Arc<S>, key: S::Key, mailbox: Arc<Mailbox>) -> Self {
         Self {
@@ -227,13 +227,13 @@ impl<S: Shared> Registration<S> {
     }
 }
 
-impl<S: Shared> Listening for Registration<S> {
+impl<S: HubState> Listening for Registration<S> {
     fn mailbox(&self) -> &Arc<Mailbox> {
         &self.mailbox
     }
 }
 
-impl<S: Shared> Drop for Registration<S> {
+impl<S: HubState> Drop for Registration<S> {
     fn drop(&mut self) {
         if let Some(hub) = self.hub.upgrade() {
             hub.unregister(&self.key);
@@ -253,7 +253,7 @@ pub(crate) enum Served {
 /// One service's connection, as the hub's task drives it.
 pub(crate) trait Link: Send + 'static {
     /// The hub's shared state.
-    type Hub: Shared;
+    type State: HubState;
     /// An open connection, listening to every channel in use.
     type Conn: Send;
     /// Why a connection could not be opened.
@@ -263,7 +263,7 @@ pub(crate) trait Link: Send + 'static {
     const NAME: &'static str;
 
     /// The hub's shared state, gone once its last handle is dropped.
-    fn hub(&self) -> &Weak<Self::Hub>;
+    fn hub(&self) -> &Weak<Self::State>;
 
     /// Opens the connection and listens to every channel in use.
     fn open(&mut self) -> impl Future<Output = Result<Self::Conn, Self::Failure>> + Send;
@@ -275,7 +275,8 @@ pub(crate) trait Link: Send + 'static {
     }
 
     /// Records that `conn` is open (its channels listened to) and returns its handle.
-    fn opened(&mut self, hub: &Self::Hub, conn: &Self::Conn) -> <Self::Hub as Shared>::Handle;
+    fn opened(&mut self, hub: &Self::State, conn: &Self::Conn)
+        -> <Self::State as HubState>::Handle;
 
     /// Serves `conn` until it is lost or the hub is gone.
     fn serve(&mut self, conn: Self::Conn) -> impl Future<Output = Served> + Send;
@@ -333,7 +334,7 @@ async fn run<L: Link>(mut link: L, mut stop: watch::Receiver<bool>) {
 }
 
 /// Starts a hub's task for `link` on the current runtime.
-pub(crate) fn start<L: Link>(link: L, hub: &L::Hub) {
+pub(crate) fn start<L: Link>(link: L, hub: &L::State) {
     let stop = hub.common().stop.subscribe();
     tokio::spawn(run(link, stop));
 }
@@ -363,7 +364,7 @@ pub(crate) enum Alive {
 /// `ping` (true when answered) went unanswered for [`PING_DEADLINE`], or when the hub is gone.
 pub(crate) async fn keepalive<S, P>(hub: &Weak<S>, mut ping: impl FnMut() -> P) -> Alive
 where
-    S: Shared,
+    S: HubState,
     P: Future<Output = bool>,
 {
     let mut at = tokio::time::Instant::now() + PING_EVERY;
@@ -392,7 +393,7 @@ mod tests {
         common: Common<u32>,
     }
 
-    impl Shared for State {
+    impl HubState for State {
         type Handle = u32;
         type Key = ();
 
@@ -425,7 +426,7 @@ mod tests {
     }
 
     impl Link for Fake {
-        type Hub = State;
+        type State = State;
         type Conn = u32;
         type Failure = ();
 

@@ -50,11 +50,11 @@ const SWEEP_EVERY: u64 = 1024;
 /// ```
 #[derive(Clone, Default)]
 pub struct MemoryBackend {
-    shared: Arc<Shared>,
+    shared: Arc<Store>,
 }
 
 #[derive(Default)]
-struct Shared {
+struct Store {
     state: StdMutex<State>,
     fence: AtomicU64,
 }

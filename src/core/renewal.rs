@@ -35,10 +35,10 @@ use crate::sync::LockExt;
 /// its next timer, for a pile of released leases, or to shut down.
 #[derive(Clone)]
 pub(crate) struct Engine {
-    shared: Arc<Shared>,
+    shared: Arc<EngineState>,
 }
 
-struct Shared {
+struct EngineState {
     inbox: StdMutex<Inbox>,
     wake: Notify,
     /// Cleared when the task ends: shut down, or gone with its runtime.
@@ -70,7 +70,7 @@ impl Engine {
         backend: Arc<dyn DynBackend>,
         config: EngineConfig,
     ) -> Self {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(EngineState {
             inbox: StdMutex::new(Inbox::default()),
             wake: Notify::new(),
             alive: watch::Sender::new(true),
@@ -218,7 +218,7 @@ impl Hasher for IdHasher {
 }
 
 /// Clears `alive` when the task ends, however it ends.
-struct Alive(Arc<Shared>);
+struct Alive(Arc<EngineState>);
 
 impl Drop for Alive {
     fn drop(&mut self) {

@@ -38,7 +38,7 @@ pub(crate) trait Listener {
     fn listen(&self) -> impl Future<Output = Result<Option<Attempt>>> + Send;
 
     /// Stops listening: the claim holds the lock.
-    fn granted(&self);
+    fn stop_listening(&self);
 }
 
 /// Asks for the lock. A waiting claim listens before it queues, so no handoff to it is
@@ -75,7 +75,7 @@ where
     }
     let attempt = asking.ask(wait).await?;
     if matches!(attempt, Attempt::Granted(_)) {
-        asking.granted();
+        asking.stop_listening();
     }
     Ok(attempt)
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio_postgres::types::Type;
 
-use super::commands::{self, pg_error, route_of, Commands, Own, Params};
-use super::listen::Hub;
+use super::commands::{self, pg_error, route_of, Commands, OwnConnections, Params};
+use super::listen::ListenHub;
 use super::tls::{self, Endpoint};
 use super::{schema, Inner, PgBackend, NOTIFY};
 use crate::backend::handoff::{check_handoff_ttl, DEFAULT_HANDOFF_TTL};
@@ -19,7 +19,7 @@ use crate::error::{Error, ErrorKind, Result};
 const DEFAULT_CONNECTIONS: usize = 2;
 
 enum Source {
-    Own,
+    OwnConnections,
     #[cfg(feature = "postgres-deadpool")]
     Deadpool(deadpool_postgres::Pool),
 }
@@ -51,7 +51,7 @@ impl PgBackendBuilder {
         Self {
             url,
             listen_url: None,
-            source: Source::Own,
+            source: Source::OwnConnections,
             connections: DEFAULT_CONNECTIONS,
             handoff_ttl: DEFAULT_HANDOFF_TTL,
             create_schema: true,
@@ -195,13 +195,17 @@ impl PgBackendBuilder {
         require_runtime()?;
 
         let commands = match self.source {
-            Source::Own => {
+            Source::OwnConnections => {
                 let checked = commands::connect(&config).await.map_err(|failure| {
                     failure.describe("postgres", "connect", config.connect_timeout(), pg_error)
                 })?;
                 ensure_schema(&checked, self.create_schema).await?;
                 // The checked connection serves as the first of our own.
-                Commands::Own(Box::new(Own::new(config, self.connections, checked)))
+                Commands::OwnConnections(Box::new(OwnConnections::new(
+                    config,
+                    self.connections,
+                    checked,
+                )))
             }
             #[cfg(feature = "postgres-deadpool")]
             Source::Deadpool(pool) => {
@@ -217,7 +221,7 @@ impl PgBackendBuilder {
             }
         };
         let client_id = wire::client_id();
-        let hub = Hub::start(listen, format!("distlock_{client_id}"));
+        let hub = ListenHub::start(listen, format!("distlock_{client_id}"));
         if !hub.ready(commands::CALL_TIMEOUT).await {
             hub.close();
             return Err(Error::new(
@@ -259,10 +263,10 @@ async fn ensure_schema(client: &tokio_postgres::Client, create: bool) -> Result<
 /// the hub's channel from the statement path must arrive. Through a pooler in transaction mode
 /// (PgBouncer's `pool_mode = transaction`) the `LISTEN` succeeds but nothing ever arrives, so
 /// every waiter would learn of its grant only at its own re-check, seconds later.
-async fn probe(commands: &Commands, hub: &Hub, client_id: &str) -> Result<()> {
+async fn probe(commands: &Commands, hub: &ListenHub, client_id: &str) -> Result<()> {
     let channel = format!("distlock_{client_id}");
     let token = wire::client_id();
-    let payload = Hub::probe_payload(&token);
+    let payload = ListenHub::probe_payload(&token);
     let params: &Params<'_> = &[(&channel, Type::TEXT), (&payload, Type::TEXT)];
     commands
         .query("notify", route_of(&token), NOTIFY, params)

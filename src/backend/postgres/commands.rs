@@ -38,19 +38,19 @@ pub(crate) struct Reply {
 pub(crate) type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
 
 pub(crate) enum Commands {
-    Own(Box<Own>),
+    OwnConnections(Box<OwnConnections>),
     #[cfg(feature = "postgres-deadpool")]
     Deadpool(deadpool_postgres::Pool),
 }
 
 /// Our own connections, opened on first use. A claim's calls all go to the same one (chosen by
 /// its owner token), so a release queued behind a cancelled acquire runs after it.
-pub(crate) struct Own {
+pub(crate) struct OwnConnections {
     endpoint: Endpoint,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Client>>>>,
 }
 
-impl Own {
+impl OwnConnections {
     /// `connections` slots, the first holding `first` (already open).
     pub(crate) fn new(endpoint: Endpoint, connections: usize, first: Client) -> Self {
         let mut first = Some(Arc::new(first));
@@ -158,7 +158,7 @@ impl Commands {
     /// opens a fresh one.
     fn reset(&self, route: usize) {
         match self {
-            Self::Own(own) => {
+            Self::OwnConnections(own) => {
                 let slot = &own.slots[route % own.slots.len()];
                 if let Ok(mut slot) = slot.try_lock() {
                     *slot = None;
@@ -176,7 +176,7 @@ impl Commands {
         params: &Params<'_>,
     ) -> std::result::Result<Vec<Row>, Failure> {
         match self {
-            Self::Own(own) => {
+            Self::OwnConnections(own) => {
                 let client = own.client(route).await?;
                 client.query_typed(sql, params).await.map_err(Failure::Call)
             }

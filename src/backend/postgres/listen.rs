@@ -6,7 +6,7 @@
 //! channel is always listened to); messages go to the mailbox of the owner they name.
 //!
 //! The connection also listens on [`ELECTIONS`], where the server says which election's leader
-//! may have changed: each election someone observes has a counter here ([`Hub::watch`]) that
+//! may have changed: each election someone observes has a counter here ([`ListenHub::watch`]) that
 //! such a message moves.
 //!
 //! The skeleton is the shared hub's ([`hub`]): while anyone waits, the hub runs `SELECT 1`
@@ -25,7 +25,7 @@ use tokio_postgres::{AsyncMessage, Client};
 use super::tls::Endpoint;
 
 use crate::backend::hub::{
-    self, keepalive, Alive, Common, Elections, Link, Mailboxes, Served, Shared, CONNECT_WAIT,
+    self, keepalive, Alive, Common, Elections, HubState, Link, Mailboxes, Served, CONNECT_WAIT,
 };
 use crate::backend::retry;
 use crate::sync::LockExt;
@@ -38,11 +38,11 @@ pub(crate) struct HubInner {
     elections: Elections,
     /// Whether the channel is listened to right now, and the reconnect counter.
     common: Common<()>,
-    /// The last probe heard on the channel (see [`Hub::hears`]).
+    /// The last probe heard on the channel (see [`ListenHub::hears`]).
     probe: watch::Sender<Option<String>>,
 }
 
-impl Shared for HubInner {
+impl HubState for HubInner {
     type Handle = ();
     /// The owner.
     type Key = Arc<str>;
@@ -73,16 +73,16 @@ const ELECTIONS: &str = "distlock_elections";
 const PROBE: &str = "probe:";
 
 /// Handle to the hub; the task ends when the last handle is dropped or on
-/// [`close`](Hub::close).
+/// [`close`](ListenHub::close).
 #[derive(Clone)]
-pub(crate) struct Hub {
+pub(crate) struct ListenHub {
     inner: Arc<HubInner>,
 }
 
 /// A registered mailbox; dropping it unregisters.
 pub(crate) type Registration = hub::Registration<HubInner>;
 
-impl Hub {
+impl ListenHub {
     /// Starts the hub task on the current runtime, listening on `channel` (a plain identifier).
     /// The connection is made in the background; see [`ready`](Self::ready).
     pub(crate) fn start(endpoint: Endpoint, channel: String) -> Self {
@@ -174,7 +174,7 @@ enum Failure {
 }
 
 impl Link for Listen {
-    type Hub = HubInner;
+    type State = HubInner;
     type Conn = Open;
     type Failure = Failure;
 

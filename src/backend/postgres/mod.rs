@@ -32,7 +32,7 @@ use tokio_postgres::Row;
 
 pub use self::builder::PgBackendBuilder;
 use self::commands::{route_of, Commands, Params};
-use self::listen::{Hub, Registration};
+use self::listen::{ListenHub, Registration};
 use super::handoff::renewal::{fail_all, RenewAnswer};
 use super::handoff::reply::{downgraded, granted, lease_left, queued, released};
 use super::handoff::{self, wait_for_handoff, Asking, HandoffTicket, Listener};
@@ -87,7 +87,7 @@ pub struct PgBackend {
 
 struct Inner {
     commands: Commands,
-    hub: Hub,
+    hub: ListenHub,
     handoff_ttl: Duration,
     /// This backend's part of every owner token, and of its channel's name.
     client_id: String,
@@ -335,7 +335,7 @@ impl Listener for Asking<'_, PgBackend, PgTicket, Call<'_>> {
         Ok(None)
     }
 
-    fn granted(&self) {
+    fn stop_listening(&self) {
         self.ticket.0.set(None);
     }
 }

@@ -17,8 +17,8 @@ use super::library::FAILOVER;
 use super::library::PLAIN;
 #[cfg(feature = "redis-cluster")]
 use super::library::SHARDED;
-use super::notify::Hub;
-use super::own::Own;
+use super::notify::PubSubHub;
+use super::own::OwnConnection;
 use super::pubsub;
 use super::replicas::Ack;
 use super::script::{Functions, Library};
@@ -33,7 +33,7 @@ use crate::backend::wire;
 use crate::error::{Error, Result};
 
 enum Source {
-    Own,
+    OwnConnection,
     #[cfg(feature = "redis-deadpool")]
     Deadpool(deadpool_redis::Pool),
     #[cfg(feature = "redis-bb8")]
@@ -84,7 +84,7 @@ impl RedisBackend {
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
         RedisBackendBuilder {
             url: url.into(),
-            source: Source::Own,
+            source: Source::OwnConnection,
             replicas_ack: None,
             #[cfg(feature = "redis-tls")]
             root_certificate: None,
@@ -326,7 +326,7 @@ impl RedisBackendBuilder {
                     "replicas_ack needs at least one replica and a non-zero wait",
                 ));
             }
-            if !matches!(self.source, Source::Own) {
+            if !matches!(self.source, Source::OwnConnection) {
                 return Err(Error::invalid_config(
                     "replicas_ack needs the backend's own connection, not a pool (WAIT must go over the connection that wrote)",
                 ));
@@ -345,20 +345,23 @@ impl RedisBackendBuilder {
             .client()
             .map_err(|e| super::malformed_url("redis url", &e))?;
         require_runtime()?;
-        let commands = match std::mem::replace(&mut self.source, Source::Own) {
-            Source::Own => {
+        let commands = match std::mem::replace(&mut self.source, Source::OwnConnection) {
+            Source::OwnConnection => {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(CALL_TIMEOUT))
                     .set_response_timeout(Some(CALL_TIMEOUT))
                     .set_number_of_retries(2);
                 // redis-rs bounds each attempt by the connection timeout, and makes three: a
                 // server that accepts and never answers is given one timeout in all.
-                let own = tokio::time::timeout(CALL_TIMEOUT, Own::connect(client.clone(), config))
-                    .await
-                    .map_err(|_| Failure::Timeout)
-                    .and_then(|connected| connected.map_err(Failure::Call))
-                    .map_err(|f| f.describe("redis", "connect", CALL_TIMEOUT, redis_error))?;
-                Commands::Own(std::sync::Arc::new(own))
+                let own = tokio::time::timeout(
+                    CALL_TIMEOUT,
+                    OwnConnection::connect(client.clone(), config),
+                )
+                .await
+                .map_err(|_| Failure::Timeout)
+                .and_then(|connected| connected.map_err(Failure::Call))
+                .map_err(|f| f.describe("redis", "connect", CALL_TIMEOUT, redis_error))?;
+                Commands::OwnConnection(std::sync::Arc::new(own))
             }
             #[cfg(feature = "redis-deadpool")]
             Source::Deadpool(pool) => Commands::Deadpool(pool),
@@ -373,7 +376,7 @@ impl RedisBackendBuilder {
             commands,
             &PLAIN,
             false,
-            Hub::start_on(pubsub::Source::Single(Box::new(client))),
+            PubSubHub::start_on(pubsub::Source::Single(Box::new(client))),
         )
         .await
     }
@@ -385,7 +388,7 @@ impl RedisBackendBuilder {
         commands: Commands,
         scripts: &'static Library,
         cluster: bool,
-        hub: Hub,
+        hub: PubSubHub,
     ) -> Result<RedisBackend> {
         let functions = Functions::new(scripts);
         let answer = commands
@@ -426,8 +429,8 @@ impl RedisBackendBuilder {
         let sentinel = Arc::new(sentinel::Sentinel::from_url(&self.url)?);
         require_runtime()?;
         sentinel.listen();
-        let commands = match std::mem::replace(&mut self.source, Source::Own) {
-            Source::Own => Commands::Sentinel(sentinel.clone()),
+        let commands = match std::mem::replace(&mut self.source, Source::OwnConnection) {
+            Source::OwnConnection => Commands::Sentinel(sentinel.clone()),
             #[cfg(any(feature = "redis-deadpool", feature = "redis-bb8"))]
             _ => {
                 return Err(Error::invalid_config(
@@ -435,7 +438,7 @@ impl RedisBackendBuilder {
                 ))
             }
         };
-        let hub = Hub::start_on(pubsub::Source::Sentinel(sentinel));
+        let hub = PubSubHub::start_on(pubsub::Source::Sentinel(sentinel));
         self.finish(commands, &FAILOVER, false, hub).await
     }
 
@@ -450,8 +453,8 @@ impl RedisBackendBuilder {
         }
         require_runtime()?;
         let commands =
-            match std::mem::replace(&mut self.source, Source::Own) {
-                Source::Own => Commands::Cluster(std::sync::Arc::new(
+            match std::mem::replace(&mut self.source, Source::OwnConnection) {
+                Source::OwnConnection => Commands::Cluster(std::sync::Arc::new(
                     cluster::OwnCluster::connect(&seeds).await?,
                 )),
                 #[cfg(feature = "redis-deadpool")]
@@ -461,7 +464,7 @@ impl RedisBackendBuilder {
                     "a redis cluster opens its own connections; a single-node pool cannot serve it",
                 )),
             };
-        let hub = Hub::start_on(pubsub::Source::Cluster(seeds));
+        let hub = PubSubHub::start_on(pubsub::Source::Cluster(seeds));
         self.finish(commands, &SHARDED, true, hub).await
     }
 }

@@ -12,7 +12,7 @@ use ::redis::{FromRedisValue, RedisError, RedisResult};
 use tokio::time::Instant;
 
 use super::call::Call;
-use super::own::Own;
+use super::own::OwnConnection;
 use crate::backend::retry::{self, until_answered, Backoff, Retry};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -28,7 +28,7 @@ const PASSING_PAUSE_MAX: Duration = Duration::from_millis(400);
 
 #[derive(Clone)]
 pub(crate) enum Commands {
-    Own(std::sync::Arc<Own>),
+    OwnConnection(std::sync::Arc<OwnConnection>),
     /// A Redis Cluster: each script goes to the primary of its keys' slot, following `MOVED`.
     #[cfg(feature = "redis-cluster")]
     Cluster(std::sync::Arc<super::cluster::OwnCluster>),
@@ -178,7 +178,7 @@ impl Commands {
         match self {
             // Our own connections keep the deadline themselves: one that leaves a call
             // unanswered for the whole of it is replaced (see `own.rs`, `cluster.rs`).
-            Self::Own(own) => own.send_within(inv, CALL_TIMEOUT).await.map_err(timed_out),
+            Self::OwnConnection(own) => own.send_within(inv, CALL_TIMEOUT).await.map_err(timed_out),
             #[cfg(feature = "redis-cluster")]
             Self::Cluster(_) => {
                 Box::pin(self.invoke_there(inv))
@@ -216,7 +216,7 @@ impl Commands {
         let _ = key;
         let asked = async {
             match self {
-                Self::Own(own) => own.query::<i64>(&wait).await,
+                Self::OwnConnection(own) => own.query::<i64>(&wait).await,
                 #[cfg(feature = "redis-cluster")]
                 Self::Cluster(conn) => {
                     use ::redis::cluster_routing::{
@@ -260,7 +260,7 @@ impl Commands {
         inv: &impl Request,
     ) -> std::result::Result<T, Failure> {
         match self {
-            Self::Own(own) => own
+            Self::OwnConnection(own) => own
                 .send_within(inv, CALL_TIMEOUT)
                 .await
                 .map_err(Failure::Call),

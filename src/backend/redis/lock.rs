@@ -121,7 +121,7 @@ impl RedisBackend {
                 handoff_ttl: self.inner.handoff_ttl,
                 election,
             };
-            match Shared::of(claim.kind()) {
+            match ScriptKind::of(claim.kind()) {
                 Some(shared) => self.call(&ReleaseShared {
                     release,
                     kind: &shared.kind,
@@ -173,7 +173,7 @@ impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
                 handoff_ttl: backend.inner.handoff_ttl,
                 leads,
             };
-            match Shared::of(claim.kind()) {
+            match ScriptKind::of(claim.kind()) {
                 Some(shared) => backend.call(&AcquireShared {
                     acquire,
                     kind: &shared.kind,
@@ -243,21 +243,21 @@ impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
         }
     }
 
-    fn granted(&self) {
+    fn stop_listening(&self) {
         self.ticket.handoff.set(None);
     }
 }
 
 /// How a read-write lock or semaphore claim is written in the shared scripts; `None` for a
 /// mutex.
-struct Shared {
+struct ScriptKind {
     /// `r`, `w`, or the permit count.
     kind: String,
     /// The semaphore's permits (0 for a read-write lock).
     max: u32,
 }
 
-impl Shared {
+impl ScriptKind {
     fn of(kind: LockKind) -> Option<Self> {
         let max = match kind {
             LockKind::Permits { max, .. } => max,

@@ -65,7 +65,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use self::commands::Commands;
-use self::notify::Hub;
+use self::notify::PubSubHub;
 use self::replicas::Ack;
 use self::script::{Functions, Library};
 use super::{Attempt, Backend, Claim, Grant, Leader, LeaderWatch, LockKind, Renewal};
@@ -130,7 +130,7 @@ struct Inner {
     /// A Redis Cluster: renewals go one script call per slot.
     #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     cluster: bool,
-    hub: Hub,
+    hub: PubSubHub,
     handoff_ttl: Duration,
     /// This backend's part of every owner token, and of its channel names.
     client_id: String,

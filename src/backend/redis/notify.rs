@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, watch};
 use super::pubsub::{connect, switches, Event, Events, Sink, Source};
 use super::restart::Restarts;
 use crate::backend::hub::{
-    self, keepalive, Alive, Common, Elections, Link, Mailboxes, Registration, Served, Shared,
+    self, keepalive, Alive, Common, Elections, HubState, Link, Mailboxes, Registration, Served,
     CONNECT_WAIT, RECONNECT_MIN,
 };
 use crate::error::{Error, ErrorKind, Result};
@@ -65,7 +65,7 @@ pub(crate) struct HubInner {
     /// How many claims of this backend hold a lock now (see [`Holding`]).
     holding: AtomicUsize,
     /// The elections observed here, by channel (`<lock>:e`): moved by every message there, and
-    /// all at once whenever messages may have been missed (see [`Hub::watch`]).
+    /// all at once whenever messages may have been missed (see [`PubSubHub::watch`]).
     elections: Elections,
     /// Numbers the observers' registrations (each is a mailbox of its own on the channel).
     observers: AtomicUsize,
@@ -73,7 +73,7 @@ pub(crate) struct HubInner {
     restarts: Restarts,
 }
 
-impl Shared for HubInner {
+impl HubState for HubInner {
     type Handle = Sink;
     /// The channel, then the owner.
     type Key = (Arc<str>, Arc<str>);
@@ -124,14 +124,14 @@ impl Drop for Holding {
 
 /// Handle to the hub; the task ends when the last handle is dropped.
 #[derive(Clone)]
-pub(crate) struct Hub {
+pub(crate) struct PubSubHub {
     inner: Arc<HubInner>,
 }
 
 /// A registered mailbox; dropping it unregisters and, for the last one, unsubscribes.
 pub(crate) type Subscription = Registration<HubInner>;
 
-impl Hub {
+impl PubSubHub {
     /// Starts the hub task for a Redlock node on the current runtime, connecting in the
     /// background. Its restarts are not watched: a node keeps its own rejoin gate.
     #[cfg(feature = "redlock")]
@@ -140,7 +140,7 @@ impl Hub {
     }
 
     /// Starts the hub task for `source` on the current runtime, connecting in the background,
-    /// and watches the server's restarts (see [`Hub::restart_gate`]).
+    /// and watches the server's restarts (see [`PubSubHub::restart_gate`]).
     pub(crate) fn start_on(source: Source) -> Self {
         Self::start_with(source, true)
     }
@@ -293,7 +293,7 @@ struct Open {
 }
 
 impl Link for PubSub {
-    type Hub = HubInner;
+    type State = HubInner;
     type Conn = Open;
     type Failure = ::redis::RedisError;
 

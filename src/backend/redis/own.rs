@@ -25,7 +25,7 @@ use super::commands::Request;
 use crate::sync::LockExt;
 
 /// An auto-reconnecting connection of our own.
-pub(crate) struct Own {
+pub(crate) struct OwnConnection {
     /// The manager in use, with its number (a silent call replaces only the manager it went
     /// through).
     manager: StdMutex<(u64, ConnectionManager)>,
@@ -35,7 +35,7 @@ pub(crate) struct Own {
     config: ConnectionManagerConfig,
 }
 
-impl Own {
+impl OwnConnection {
     /// Connects to `client`'s server.
     pub(crate) async fn connect(
         client: ::redis::Client,

@@ -23,7 +23,7 @@ use super::keys::Keys;
 use super::library;
 use super::{RedlockBackend, RedlockTicket};
 use crate::backend::redis::election::{channel_of, parse_leader, HeldLead, MAX_VALUE_LEN};
-use crate::backend::redis::notify::Hub;
+use crate::backend::redis::notify::PubSubHub;
 use crate::backend::redis::scripts::{LeaderOf, Proclaim};
 use crate::backend::retry::Backoff;
 use crate::backend::wire::check_value_len;
@@ -172,7 +172,12 @@ impl RedlockBackend {
 /// moves: says on `ready` once subscribed, then moves `tx` at every move of the node's own
 /// counter. A node it cannot subscribe on is tried again with a growing pause; subscribed late,
 /// it moves `tx` (a change may have been missed meanwhile).
-async fn follow(hub: Hub, channel: Arc<str>, tx: Arc<watch::Sender<u64>>, ready: mpsc::Sender<()>) {
+async fn follow(
+    hub: PubSubHub,
+    channel: Arc<str>,
+    tx: Arc<watch::Sender<u64>>,
+    ready: mpsc::Sender<()>,
+) {
     let mut pause = Backoff::new(RESUBSCRIBE_MIN, RESUBSCRIBE_MAX);
     let mut ready = Some(ready);
     let (mut changes, _subscription) = loop {

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::keys::Keys;
 use super::library;
 use super::quorum::held_until;
-use super::round::Held;
+use super::round::NodeHold;
 use super::scripts::Downgrade;
 use super::{RedlockBackend, RedlockTicket};
 use crate::backend::handoff::reply::released;
@@ -55,7 +55,7 @@ impl RedlockBackend {
         }
         let mut deadline = recheck_at;
         // Grants announced to us so far, per node.
-        let mut held: Vec<Held> = Vec::new();
+        let mut held: Vec<NodeHold> = Vec::new();
         loop {
             let next = futures::future::select_all(
                 mailboxes
@@ -78,7 +78,7 @@ impl RedlockBackend {
                 Heard::Wait => {}
                 Heard::Granted { fence, until } => {
                     held.retain(|h| h.node != node);
-                    held.push(Held {
+                    held.push(NodeHold {
                         node,
                         fence,
                         fresh: false,
@@ -216,7 +216,7 @@ impl Listener for Asking<'_, RedlockBackend, RedlockTicket, Keys> {
 
     /// Unsubscribes on every node (the round that settled the grant did already, in
     /// [`RedlockTicket::holds`]).
-    fn granted(&self) {
+    fn stop_listening(&self) {
         self.ticket.unsubscribe();
     }
 }

@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use super::library::{self, LIBRARY};
 use crate::backend::redis::call::Call;
 use crate::backend::redis::commands::{redis_error, Commands, CALL_TIMEOUT};
-use crate::backend::redis::notify::Hub;
-use crate::backend::redis::own::Own;
+use crate::backend::redis::notify::PubSubHub;
+use crate::backend::redis::own::OwnConnection;
 use crate::backend::redis::script::Functions;
 use crate::backend::redis::scripts::Ping;
 use crate::backend::retry::Backoff;
@@ -140,7 +140,7 @@ impl From<&String> for RedlockNode {
 pub(super) struct Node {
     /// `host:port` as the URL gave it, for error messages (never the credentials).
     pub(super) name: String,
-    pub(super) hub: Hub,
+    pub(super) hub: PubSubHub,
     link: Arc<Link>,
 }
 
@@ -195,7 +195,7 @@ impl Node {
             other => other.to_string(),
         };
         Ok(Self {
-            hub: Hub::start(client.clone()),
+            hub: PubSubHub::start(client.clone()),
             link: Arc::new(Link {
                 name: name.clone(),
                 client,
@@ -364,9 +364,9 @@ impl Link {
                         .set_connection_timeout(Some(self.timeout))
                         .set_response_timeout(Some(CALL_TIMEOUT))
                         .set_number_of_retries(1);
-                    Own::connect(self.client.clone(), config)
+                    OwnConnection::connect(self.client.clone(), config)
                         .await
-                        .map(|own| Commands::Own(std::sync::Arc::new(own)))
+                        .map(|own| Commands::OwnConnection(std::sync::Arc::new(own)))
                         .map_err(|e| redis_error("connect", e).transient())
                 })
                 .await?;

@@ -40,7 +40,7 @@ pub(super) enum Reply {
 }
 
 /// A lock we hold on one node, as the quorum check sees it.
-pub(super) struct Held {
+pub(super) struct NodeHold {
     pub(super) node: usize,
     pub(super) fence: u64,
     /// Granted in this very call with the full TTL.
@@ -143,7 +143,12 @@ impl RedlockBackend {
     /// unless a quorum of them was freshly granted at `T` already (an election's candidate's
     /// fresh grants carry its value already). `None` if fewer than a quorum could be settled.
     /// An election's candidate leads on each node it settles.
-    pub(super) async fn settle(&self, claim: &Claim, keys: &Keys, held: &[Held]) -> Option<Grant> {
+    pub(super) async fn settle(
+        &self,
+        claim: &Claim,
+        keys: &Keys,
+        held: &[NodeHold],
+    ) -> Option<Grant> {
         let shared = shared_kind(claim.kind()).is_some();
         let q = self.inner.quorum;
         let token = held.iter().map(|h| h.fence).max()?;
@@ -172,7 +177,7 @@ impl RedlockBackend {
     pub(super) async fn settle_nodes(
         &self,
         keys: &Keys,
-        held: &[Held],
+        held: &[NodeHold],
         px: Duration,
         token: u64,
         shared: bool,
@@ -209,7 +214,7 @@ impl RedlockBackend {
         claim: &Claim,
         ticket: &RedlockTicket,
         keys: &Keys,
-        held: &[Held],
+        held: &[NodeHold],
     ) {
         let yielding = Yield {
             keys,
@@ -280,7 +285,7 @@ impl RedlockBackend {
             match reply {
                 Reply::Granted { fence, lease, sent } => {
                     let until = sent + lease;
-                    held.push(Held {
+                    held.push(NodeHold {
                         node,
                         fence,
                         fresh: lease >= claim.ttl(),

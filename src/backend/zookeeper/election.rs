@@ -28,7 +28,7 @@ use tokio::time::{sleep, Instant};
 use super::client::{Failure, Watch};
 use super::queue::other_family_at;
 use super::recipe;
-use super::session::{Hub, Up};
+use super::session::{SessionHub, Up};
 use super::ticket::{fence, ZkTicket};
 use super::Inner;
 use crate::backend::{wire, Claim, Leader, LeaderWatch, LockKind};
@@ -171,7 +171,7 @@ async fn arm(up: &Up, path: &str) -> std::result::Result<Armed, Failure> {
 /// Moves `tx` after every change [`arm`]'s watches (or the session) report, once the watches
 /// are armed again, so a reader that reads after the move cannot miss the next change.
 async fn follow(
-    hub: Weak<Hub>,
+    hub: Weak<SessionHub>,
     path: String,
     mut armed: Option<Armed>,
     mut armed_at: u64,

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 use self::client::Settings;
 use self::parents::Parents;
-use self::session::Hub;
+use self::session::SessionHub;
 pub use self::ticket::ZkTicket;
 use super::{Attempt, Backend, Claim, Grant, Leader, LeaderWatch, LockKind, Renewal};
 use crate::error::{Error, Result};
@@ -114,7 +114,7 @@ pub struct ZkBackend {
 }
 
 struct Inner {
-    hub: Arc<Hub>,
+    hub: Arc<SessionHub>,
     parents: Arc<Parents>,
 }
 
@@ -307,7 +307,7 @@ impl ZkBackendBuilder {
         if s.digest.as_deref().is_some_and(|d| !d.contains(':')) {
             return Err(Error::invalid_config("digest auth must be `user:password`"));
         }
-        let hub = Hub::start(s).await?;
+        let hub = SessionHub::start(s).await?;
         Ok(ZkBackend {
             inner: Arc::new(Inner {
                 parents: Parents::new(hub.clone()),

@@ -14,14 +14,14 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use super::client::Zk;
-use super::session::Hub;
+use super::session::SessionHub;
 use crate::sync::LockExt;
 
 /// How long an unused parent stays.
 const LINGER: Duration = Duration::from_secs(1);
 
 pub(super) struct Parents {
-    hub: Arc<Hub>,
+    hub: Arc<SessionHub>,
     in_use: StdMutex<HashMap<String, Use>>,
     closed: AtomicBool,
 }
@@ -33,7 +33,7 @@ struct Use {
 }
 
 impl Parents {
-    pub(super) fn new(hub: Arc<Hub>) -> Arc<Self> {
+    pub(super) fn new(hub: Arc<SessionHub>) -> Arc<Self> {
         Arc::new(Self {
             hub,
             in_use: StdMutex::new(HashMap::new()),

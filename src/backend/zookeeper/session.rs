@@ -68,7 +68,7 @@ enum Doomed {
 }
 
 /// A grant, and the nodes that carry it.
-struct Held {
+struct HeldClaim {
     claim: Claim,
     nodes: Vec<String>,
 }
@@ -82,14 +82,14 @@ struct Nodes {
     doomed: Vec<Doomed>,
 }
 
-pub(super) struct Hub {
+pub(super) struct SessionHub {
     state: watch::Sender<Conn>,
     /// The current session. Changed together with `state` (under this lock), so a reader of
     /// both sees them agree.
     session: StdMutex<Option<Arc<dyn Zk>>>,
     /// Granted claims by owner token, with the epoch they were granted in. The lock also
     /// orders registration against epoch changes.
-    held: StdMutex<HashMap<Arc<str>, Held>>,
+    held: StdMutex<HashMap<Arc<str>, HeldClaim>>,
     nodes: StdMutex<Nodes>,
     /// What the leader is known to have heard of the current session.
     proof: StdMutex<Proof>,
@@ -101,7 +101,7 @@ pub(super) struct Hub {
     settings: Settings,
 }
 
-impl Hub {
+impl SessionHub {
     /// Opens the first session and starts the hub's tasks.
     pub(super) async fn start(settings: Settings) -> Result<Arc<Self>> {
         let (links, links_rx) = mpsc::unbounded_channel();
@@ -192,7 +192,7 @@ impl Hub {
             return false;
         }
         let claim = claim.clone();
-        held.insert(claim.owner().into(), Held { claim, nodes });
+        held.insert(claim.owner().into(), HeldClaim { claim, nodes });
         true
     }
 
@@ -416,7 +416,7 @@ impl Hub {
 /// Follows the current session's states; declares it lost when it ends or stays down for a
 /// session timeout, then opens the next one. Holds the hub weakly, so that dropping the
 /// backend still closes the session.
-async fn run(hub: Weak<Hub>, mut links: mpsc::UnboundedReceiver<(u64, Link)>) {
+async fn run(hub: Weak<SessionHub>, mut links: mpsc::UnboundedReceiver<(u64, Link)>) {
     // When the current outage began.
     let mut down_since: Option<Instant> = None;
     loop {
@@ -467,7 +467,7 @@ async fn run(hub: Weak<Hub>, mut links: mpsc::UnboundedReceiver<(u64, Link)>) {
 }
 
 /// Opens a new session, retrying with a growing pause, until it works or the hub closes.
-async fn reconnect(hub: &Weak<Hub>) {
+async fn reconnect(hub: &Weak<SessionHub>) {
     let mut pause = RECONNECT_MIN;
     loop {
         let Some(h) = hub.upgrade() else { return };
@@ -507,7 +507,7 @@ async fn reconnect(hub: &Weak<Hub>) {
 
 /// Deletes doomed nodes whenever connected: woken by a reconnect or a new doomed node, and
 /// again after a growing pause while some deletes fail.
-async fn cleanup(hub: Weak<Hub>, wake: Arc<Notify>) {
+async fn cleanup(hub: Weak<SessionHub>, wake: Arc<Notify>) {
     let mut pause: Option<Duration> = None;
     loop {
         match pause {
