@@ -50,6 +50,11 @@ impl Home {
         }
     }
 
+    /// Whether the client was built in a runtime (else it has one of its own).
+    pub(crate) fn is_built_in(&self) -> bool {
+        self.built_in.is_some()
+    }
+
     /// Where the client's tasks run: the runtime it was built in, or its own (started here if
     /// it was not yet).
     pub(crate) fn handle(&self) -> Result<Handle> {
@@ -116,7 +121,20 @@ impl Home {
                 "the tokio runtime this client was built in has shut down",
             ));
         }
-        handle.block_on(call)
+        // The runtime may shut down while this thread blocks on it, and tokio then panics at
+        // the call's next timer ("… it is being shutdown"): that is the runtime's end, told as
+        // such. Any other panic goes on.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle.block_on(call)))
+            .unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+                match message {
+                    Some(m) if m.contains("being shutdown") => Err(Error::runtime_gone()),
+                    _ => std::panic::resume_unwind(panic),
+                }
+            })
     }
 
     fn own(&self) -> Result<&Runtime> {

@@ -66,7 +66,7 @@ pub(crate) struct Core {
 impl Core {
     pub(crate) fn new(backend: Arc<dyn DynBackend>, config: Config) -> Self {
         let metrics = metrics::Keys::new(backend.name());
-        Self {
+        let core = Self {
             backend,
             config,
             engine: OnceLock::new(),
@@ -77,7 +77,14 @@ impl Core {
             metrics,
             home: home::Home::capture(),
             followed: follow::Followed::default(),
+        };
+        // Started now on the runtime the client is built in, so that the client knows when
+        // that runtime ends whatever it was used for. (A client built outside any runtime
+        // starts its own at its first lock.)
+        if core.home.is_built_in() {
+            let _ = core.engine();
         }
+        core
     }
 
     /// Refuses calls once the client was shut down or its runtime is gone.
@@ -237,6 +244,9 @@ impl Core {
     /// Closes the core: waiting acquisitions end with `Closed`, held leases are released (and
     /// marked lost), pending releases are flushed, then the backend closes. Idempotent.
     pub(crate) async fn shutdown(&self) {
+        // A client whose runtime is gone has no connection left to close: its backend's tasks
+        // went with that runtime (a ZooKeeper shutdown would wait out a session for nothing).
+        let runtime_gone = self.engine.get().is_some_and(|e| !e.is_running());
         let first = !self.closed.send_replace(true);
         // The task hands back every lease it still tracks; release them here.
         let leases = match self.engine.get() {
@@ -259,7 +269,7 @@ impl Core {
         });
         futures::future::join_all(releases).await;
         self.pending.idle().await;
-        if first {
+        if first && !runtime_gone {
             self.backend.shutdown().await;
         }
     }

@@ -1,8 +1,10 @@
 //! Redis Cluster: the seed nodes of a `redis+cluster://` URL and the command connection, which
 //! routes each script to the primary serving its keys' slot and follows `MOVED` and failovers.
 //!
-//! A call left unanswered for the call timeout has a new connection made, in the background
-//! (the call fails as timed out, and is sent again): redis-rs keeps a connection to a node that
+//! A call left unanswered for the call timeout has a new connection made, in the background on
+//! the runtime the backend was built in, whose end ends the client too (redis-rs runs a Cluster
+//! connection in a task of the runtime that made it; the call fails as timed out, and is sent
+//! again): redis-rs keeps a connection to a node that
 //! went silent (every byte dropped: a NAT entry lost, a peer gone without a reset), and every
 //! call for that node's slots would wait on it for minutes.
 
@@ -32,6 +34,8 @@ pub(crate) struct OwnCluster {
     /// The connection in use, with its number (a call replaces only the one it went through).
     conn: StdMutex<(u64, ClusterConnection)>,
     client: ClusterClient,
+    /// The runtime the backend was built in: new connections are made, and run, there.
+    home: tokio::runtime::Handle,
     /// Set while a task makes a new connection: one at a time.
     replacing: AtomicBool,
 }
@@ -39,6 +43,8 @@ pub(crate) struct OwnCluster {
 impl OwnCluster {
     /// Connects to the cluster seeded by `seeds` (`redis://host:port`).
     pub(crate) async fn connect(seeds: &[String]) -> Result<Self> {
+        let home =
+            tokio::runtime::Handle::try_current().map_err(|_| crate::error::Error::no_runtime())?;
         let client = ClusterClientBuilder::new(seeds.to_vec())
             .connection_timeout(CALL_TIMEOUT)
             .response_timeout(CALL_TIMEOUT)
@@ -52,6 +58,7 @@ impl OwnCluster {
         Ok(Self {
             conn: StdMutex::new((0, conn)),
             client,
+            home,
             replacing: AtomicBool::new(false),
         })
     }
@@ -90,7 +97,7 @@ impl OwnCluster {
         }
         tracing::warn!("a redis cluster call had no answer within its timeout; connecting again");
         let this = Arc::clone(self);
-        tokio::spawn(async move {
+        self.home.spawn(async move {
             // However the attempt ends, the next call may start another.
             let ended = scopeguard::guard(Arc::clone(&this), |this| {
                 this.replacing.store(false, Ordering::Release);

@@ -1,5 +1,5 @@
-//! The backend's own connection: redis-rs's `ConnectionManager`, replaced when it leaves a call
-//! unanswered for a whole call timeout.
+//! The backend's own connection: redis-rs's `ConnectionManager`, replaced when a call through
+//! it panics or it leaves a call unanswered for a whole call timeout.
 //!
 //! A connection that goes silent (the path drops every byte: a NAT or conntrack entry gone, a
 //! load balancer failed over, a peer gone without a reset) is not closed by the kernel for
@@ -9,16 +9,26 @@
 //! flight on it fail as dropped and are sent again at once over the new one (every request is
 //! safe to repeat). A server that is only slow (paused, busy) costs a reconnect, no more.
 //!
-//! The calls waiting on a manager that is replaced fail at once as dropped (and are sent again
-//! over the new one), not at their own call timeouts: every call listens for its manager's
-//! replacement.
+//! The manager reconnects through one future its callers share, and that future keeps the
+//! timers of the runtime that first polled it: any runtime the client is used from, not only
+//! its own. If that runtime shuts down while a reconnect is under way (a short-lived runtime of
+//! a blocking caller, say), the next call polls the timer of a runtime that is gone and panics;
+//! so does every later call, since the shared future stays poisoned. Here such a panic is caught, the call fails
+//! as a dropped connection (sent again at once, in doubt), and the manager is replaced by a
+//! new one, which connects at its first call.
+//!
+//! A shared future that panics wakes none of the other callers waiting on it: they would sleep
+//! until their own call timeout. So every call also listens for its manager's replacement,
+//! and fails the same way when it comes.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{FromRedisValue, RedisError, RedisResult};
+use futures::FutureExt;
 use tokio::sync::Notify;
 
 use super::commands::Request;
@@ -26,8 +36,7 @@ use crate::sync::LockExt;
 
 /// An auto-reconnecting connection of our own.
 pub(crate) struct OwnConnection {
-    /// The manager in use, with its number (a silent call replaces only the manager it went
-    /// through).
+    /// The manager in use, with its number (a panic replaces only the manager it came from).
     manager: StdMutex<(u64, ConnectionManager)>,
     /// Told when a manager is replaced, so the calls still waiting on it end.
     replaced: Notify,
@@ -76,9 +85,10 @@ impl OwnConnection {
         .await
     }
 
-    /// Runs `call` on the manager in use. The call fails as timed out if it has no answer within
-    /// `limit` (or redis-rs's own response timeout ends it), and the manager is replaced; it
-    /// fails as dropped if the manager is replaced while it waits.
+    /// Runs `call` on the manager in use. The call fails as a dropped connection if it panics,
+    /// and as timed out if it has no answer within `limit` (or redis-rs's own response timeout
+    /// ends it): either way the manager is replaced. It fails as dropped too if the manager is
+    /// replaced while it waits.
     async fn through<T, F>(
         &self,
         limit: Option<Duration>,
@@ -90,7 +100,7 @@ impl OwnConnection {
         // Made before the manager is read: a replacement after the read is heard.
         let replaced = self.replaced.notified();
         let (n, conn) = self.manager.locked().clone();
-        let call = call(conn);
+        let call = AssertUnwindSafe(call(conn)).catch_unwind();
         let silent = async {
             match limit {
                 Some(limit) => tokio::time::sleep(limit).await,
@@ -102,14 +112,16 @@ impl OwnConnection {
             tokio::select! {
                 biased;
                 reply = &mut call => {
-                    if let Err(e) = &reply {
-                        if e.is_timeout() {
-                            self.replace(n);
+                    return match reply {
+                        Err(_) => Err(self.replace(n, Why::Panicked)),
+                        Ok(Err(e)) if e.is_timeout() => {
+                            self.replace(n, Why::Silent);
+                            Err(e)
                         }
-                    }
-                    return reply;
+                        Ok(reply) => reply,
+                    };
                 }
-                () = &mut silent => return Err(self.replace(n)),
+                () = &mut silent => return Err(self.replace(n, Why::Silent)),
                 () = &mut replaced => {
                     // Listening again first: a replacement after the check is heard.
                     replaced.set(self.replaced.notified());
@@ -121,14 +133,17 @@ impl OwnConnection {
         }
     }
 
-    /// Replaces manager `n`, whose call went unanswered, unless that was done already;
-    /// returns the error the call fails with.
-    fn replace(&self, n: u64) -> RedisError {
+    /// Replaces manager `n`, whose call panicked or went unanswered, unless that was done
+    /// already; returns the error the call fails with.
+    fn replace(&self, n: u64, why: Why) -> RedisError {
         if self.manager.locked().0 != n {
             // Another call replaced it already.
-            return no_answer();
+            return why.error();
         }
-        tracing::warn!("a redis call had no answer within its timeout; replacing the connection");
+        match why {
+            Why::Panicked => tracing::warn!("a redis call panicked in the connection's reconnect (the runtime that started it shut down); replacing the connection"),
+            Why::Silent => tracing::warn!("a redis call had no answer within its timeout; replacing the connection"),
+        }
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(fresh) => {
                 let mut manager = self.manager.locked();
@@ -141,7 +156,28 @@ impl OwnConnection {
             }
             Err(e) => tracing::warn!(error = %e, "a new redis connection could not be made"),
         }
-        no_answer()
+        why.error()
+    }
+}
+
+/// Why a manager is replaced.
+#[derive(Clone, Copy)]
+enum Why {
+    /// A call through it panicked (its reconnect's runtime shut down).
+    Panicked,
+    /// A call through it had no answer in time.
+    Silent,
+}
+
+impl Why {
+    /// The error of the call that saw it.
+    fn error(self) -> RedisError {
+        match self {
+            Self::Panicked => dropped(
+                "the redis connection's reconnect panicked (the runtime that started it shut down)",
+            ),
+            Self::Silent => no_answer(),
+        }
     }
 }
 
