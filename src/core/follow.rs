@@ -38,14 +38,11 @@ pub(crate) struct Published {
     pub(crate) reading: Option<Reading>,
 }
 
-/// What a follow is kept under: the election's key.
-type FollowKey = Arc<str>;
-
 /// The elections followed in one client. Each follow's task holds its sender; the map only
 /// points at it, so a follow whose task ended starts again at the next subscription.
 #[derive(Default)]
 pub(crate) struct Followed {
-    by_key: StdMutex<HashMap<FollowKey, Weak<watch::Sender<Published>>>>,
+    by_key: StdMutex<HashMap<Arc<str>, Weak<watch::Sender<Published>>>>,
 }
 
 impl Followed {
@@ -75,7 +72,7 @@ impl Followed {
     }
 
     /// Ends `tx`'s follow if nobody subscribed to it meanwhile.
-    fn retire(&self, key: &FollowKey, tx: &Arc<watch::Sender<Published>>) -> bool {
+    fn retire(&self, key: &Arc<str>, tx: &Arc<watch::Sender<Published>>) -> bool {
         let mut by_key = self.by_key.locked();
         if tx.receiver_count() > 0 {
             return false;
@@ -92,7 +89,7 @@ impl Followed {
 
 /// A follow's task: publishes every new reading until nobody subscribes any more, the client
 /// shuts down, or an error cannot pass.
-async fn drive(mut follow: Follow, key: FollowKey, tx: Arc<watch::Sender<Published>>) {
+async fn drive(mut follow: Follow, key: Arc<str>, tx: Arc<watch::Sender<Published>>) {
     loop {
         tokio::select! {
             next = follow.next() => {
