@@ -209,17 +209,8 @@ async fn proxied_cluster() -> (
     let mut nodes = Vec::new();
     let mut proxies = Vec::new();
     for _ in 0..3 {
-        let bus = crate::support::free_port().to_string();
-        let node = RedisServer::start_with(&[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            "1000",
-            "--cluster-port",
-            &bus,
-        ]);
+        let (node, bus) = RedisServer::start_cluster_node(&["--cluster-node-timeout", "1000"]);
+        let bus = bus.to_string();
         let proxy = crate::support::proxy::Proxy::start(node.port());
         let port = proxy.port().to_string();
         crate::support::redis::config_set(

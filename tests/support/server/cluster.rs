@@ -8,7 +8,7 @@ use distlock::LockClient;
 use futures::future::BoxFuture;
 
 use super::redis::RedisServer;
-use crate::support::{free_port, require_binary};
+use crate::support::require_binary;
 
 /// How long a node may wait for a silent peer before it counts as failing (kept short so a
 /// killed primary's replica takes over within a couple of seconds).
@@ -40,20 +40,14 @@ impl RedisCluster {
         let cli = require_binary("redis-cli");
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
-                let bus = free_port().to_string();
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
+                RedisServer::start_cluster_node(&[
                     "--cluster-node-timeout",
                     NODE_TIMEOUT_MS,
-                    "--cluster-port",
-                    &bus,
                     // A replica may take over at once, however long ago it heard its primary.
                     "--cluster-replica-validity-factor",
                     "0",
                 ])
+                .0
             })
             .collect();
         let addrs: Vec<String> = nodes

@@ -58,22 +58,59 @@ impl RedisServer {
     /// Like [`start_with`](Self::start_with), with extra environment variables for the server
     /// (an `LD_PRELOAD`, say: see [`clock::ClockShim`]).
     pub fn start_with_env(extra: &[&str], env: &[(String, String)]) -> Self {
-        let bin = require_binary("redis-server");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Self::launch(|_| extra.clone(), env).0
+    }
+
+    /// Starts a server that also listens on a second port (a TLS port, a cluster bus):
+    /// `extra` gives the arguments for that port, which is drawn afresh with each start
+    /// attempt, as the first is. Returns the server and its second port.
+    pub fn start_with_second_port(extra: impl Fn(u16) -> Vec<String>) -> (Self, u16) {
+        Self::launch(extra, &[])
+    }
+
+    /// Starts a Redis Cluster node (not yet joined) with `extra` arguments; its bus port, a
+    /// free one rather than the data port + 10000, is returned beside it.
+    pub fn start_cluster_node(extra: &[&str]) -> (Self, u16) {
+        Self::start_with_second_port(|bus| {
+            let mut args: Vec<String> = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                &bus.to_string(),
+            ]
+            .map(String::from)
+            .to_vec();
+            args.extend(extra.iter().map(|s| s.to_string()));
+            args
+        })
+    }
+
+    fn launch(extra: impl Fn(u16) -> Vec<String>, env: &[(String, String)]) -> (Self, u16) {
+        let bin = require_binary("redis-server");
+        let mut used = (Vec::new(), 0);
         let (process, port, dir) = launch_env(
             "redis-server",
             &["redis.log", "stdout.log", "stdout.err"],
             env,
-            |port, dir| (bin.clone(), redis_args(port, dir, &extra)),
+            |port, dir| {
+                let second = free_port();
+                used = (extra(second), second);
+                (bin.clone(), redis_args(port, dir, &used.0))
+            },
             redis_ready,
         );
-        Self {
+        let (extra, second) = used;
+        let server = Self {
             process,
             port,
             dir,
             extra,
             env: env.to_vec(),
-        }
+        };
+        (server, second)
     }
 
     /// Kills the server (SIGKILL: no persistence, every key is gone) and starts a new one on
@@ -164,20 +201,23 @@ impl TlsRedis {
     pub fn start() -> Self {
         let ca = tls::TestCa::new();
         let (cert, key) = ca.issue("server", "IP:127.0.0.1");
-        let tls_port = free_port();
         let path = |p: &Path| p.display().to_string();
-        let server = RedisServer::start_with(&[
-            "--tls-port",
-            &tls_port.to_string(),
-            "--tls-cert-file",
-            &path(&cert),
-            "--tls-key-file",
-            &path(&key),
-            "--tls-ca-cert-file",
-            &path(&ca.pem_path()),
-            "--tls-auth-clients",
-            "no",
-        ]);
+        let (server, tls_port) = RedisServer::start_with_second_port(|tls_port| {
+            [
+                "--tls-port",
+                &tls_port.to_string(),
+                "--tls-cert-file",
+                &path(&cert),
+                "--tls-key-file",
+                &path(&key),
+                "--tls-ca-cert-file",
+                &path(&ca.pem_path()),
+                "--tls-auth-clients",
+                "no",
+            ]
+            .map(String::from)
+            .to_vec()
+        });
         Self {
             server,
             tls_port,
