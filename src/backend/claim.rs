@@ -31,6 +31,8 @@ struct ClaimState {
     ttl: AtomicU64,
     /// A write hold turned into a read hold ([`Backend::downgrade`](super::Backend::downgrade)).
     downgraded: AtomicBool,
+    /// The acquisition gave the claim up ([`Claim::is_abandoned`]).
+    abandoned: AtomicBool,
     /// What a leadership claim proclaims ([`LockKind::Leader`]); none (empty) for the others.
     value: StdMutex<Option<Arc<[u8]>>>,
     /// Set once the claim is known lost.
@@ -62,6 +64,7 @@ impl Claim {
                     owner,
                     ttl: AtomicU64::new(nanos(ttl)),
                     downgraded: AtomicBool::new(false),
+                    abandoned: AtomicBool::new(false),
                     value: StdMutex::new(None),
                     lost: AtomicBool::new(false),
                     lost_set: tokio::sync::Notify::new(),
@@ -157,6 +160,29 @@ impl Claim {
     /// Records that the server turned this write hold into a read hold.
     pub(crate) fn set_downgraded(&self) {
         self.state().downgraded.store(true, Ordering::Release);
+    }
+
+    /// Records that the acquisition gave the claim up: its release is about to be sent.
+    pub(crate) fn abandon(&self) {
+        self.state().abandoned.store(true, Ordering::Release);
+    }
+
+    /// Whether the acquisition gave the claim up: it was cancelled (or failed) with an
+    /// [`acquire`](super::Backend::acquire) call out, stopped waiting for that call, and sends
+    /// the claim's [`release`](super::Backend::release) next. A backend holding a request for
+    /// the claim that it has not sent yet (queued to go with others) must not send it after
+    /// all: it would reach the server after the release and take the lock for no one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use distlock::backend::Claim;
+    /// fn still_wanted(claim: &Claim) -> bool {
+    ///     !claim.is_abandoned()
+    /// }
+    /// ```
+    pub fn is_abandoned(&self) -> bool {
+        self.state().abandoned.load(Ordering::Acquire)
     }
 
     /// Marks the claim lost: its guard reports [`is_lost`](crate::MutexGuard::is_lost) and

@@ -529,11 +529,11 @@ pub use self::zookeeper::{
 #[cfg(feature = "memory")]
 pub use memory::{MemoryBackend, MemoryStats};
 
-/// Refuses to build a backend outside a Tokio runtime: it starts background tasks there.
+/// The runtime a backend is built in, where it starts its background tasks; refused outside
+/// one.
 #[cfg(any(feature = "redis", feature = "postgres"))]
-pub(crate) fn require_runtime() -> Result<()> {
-    tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())?;
-    Ok(())
+pub(crate) fn require_runtime() -> Result<tokio::runtime::Handle> {
+    tokio::runtime::Handle::try_current().map_err(|_| Error::no_runtime())
 }
 
 /// How long the renewal engine gives one [`Backend::renew`] call before it abandons it and

@@ -197,8 +197,9 @@ impl Core {
     /// late acquire would then hold the lock for no one until its lease ran out. The call is
     /// awaited for at most the claim's TTL (within [`IN_FLIGHT_MIN`], [`IN_FLIGHT_MAX`]), then
     /// dropped: it sends no retry after the release (a Redis call may take up to three 5 s
-    /// attempts, more than a short TTL; a coalesced acquire given up is left out of its
-    /// batch's next attempt). A request already sent may still take the lock after the
+    /// attempts, more than a short TTL), and the claim is marked
+    /// [abandoned](crate::backend::Claim::is_abandoned), so a request for it the backend has
+    /// not sent yet is not sent. A request already sent may still take the lock after the
     /// release, for at most its lease. Once the client's runtime is gone the task is dropped
     /// unrun, and the lease ends on its own.
     fn release_in_task(self: &Arc<Self>, lease: Arc<Lease>, in_flight: Option<AcquireCall>) {
@@ -224,6 +225,7 @@ impl Core {
                     Ok(Ok(_)) => {}
                 }
             }
+            lease.claim.abandon();
             if let Err(err) = backend.release(&lease.claim, &lease.ticket).await {
                 tracing::warn!(key = lease.claim.key(), error = %err, "release failed; the lease will expire");
             }

@@ -36,6 +36,8 @@ enum When {
     /// While the inner call is still out (polled once, still pending): the inner call is
     /// dropped by the unwinding.
     MidFlight,
+    /// Not a panic: after the inner call granted the claim, the call never ends.
+    GrantedHang,
 }
 
 /// What panics, and how often.
@@ -50,6 +52,10 @@ struct Plan {
     /// after its reply, whatever the reply.
     chaos: AtomicU32,
     dice: AtomicU64,
+    /// The claim of the call that hangs (`GrantedHang`).
+    hung: Mutex<Option<Claim>>,
+    /// Each release's key, and whether its claim was abandoned when it came.
+    releases: Mutex<Vec<(String, bool)>>,
 }
 
 /// `inner`, with an acquire that panics as the plan says (every other call goes straight
@@ -73,6 +79,8 @@ impl<B: Backend> Faulty<B> {
                 at_gate: std::sync::atomic::AtomicBool::new(false),
                 chaos: AtomicU32::new(0),
                 dice: AtomicU64::new(0x2545_F491_4F6C_DD1D),
+                hung: Mutex::new(None),
+                releases: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -169,6 +177,10 @@ impl<B: Backend> Backend for Faulty<B> {
                 self.fire(claim)
             }
             Ok(Attempt::Queued { .. }) if self.wants(claim, When::Queued) => self.fire(claim),
+            Ok(Attempt::Granted(_)) if self.wants(claim, When::GrantedHang) => {
+                *self.plan.hung.lock().unwrap() = Some(claim.clone());
+                std::future::pending().await
+            }
             Ok(Attempt::Granted(_)) if self.wants(claim, When::GrantedStall) => {
                 self.plan.at_gate.store(true, Ordering::SeqCst);
                 sleep(Duration::from_secs(3)).await;
@@ -188,6 +200,8 @@ impl<B: Backend> Backend for Faulty<B> {
     }
 
     async fn release(&self, claim: &Claim, ticket: &B::Ticket) -> Result<bool> {
+        let seen = (claim.key().to_owned(), claim.is_abandoned());
+        self.plan.releases.lock().unwrap().push(seen);
         self.inner.release(claim, ticket).await
     }
 
@@ -231,6 +245,45 @@ fn quiet_defects() {
             }
         }));
     });
+}
+
+/// A cancelled acquisition whose acquire call never ends: the cleanup waits for the call (at
+/// most the claim's TTL, and at least 5 s), and only then marks the claim abandoned, before
+/// its release goes: what tells a backend holding a request for the claim, not sent yet, to
+/// leave it unsent (it would overtake the release and take the lock for no one). Not while
+/// the call is out: the request may still be answered and the release must follow it.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_claim_is_abandoned_once_its_call_is_given_up_and_before_its_release() {
+    let faulty = Faulty::new(MemoryBackend::new());
+    let client = LockClient::builder(faulty.clone())
+        .ttl(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    faulty.arm("k", When::GrantedHang, 1);
+    let err = client
+        .mutex("k")
+        .lock_timeout(Duration::from_millis(10))
+        .await;
+    assert!(err.is_err_and(|e| e.is_timeout()));
+    sleep(Duration::from_secs(4)).await;
+    let hung = faulty
+        .plan
+        .hung
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the call hung");
+    assert!(!hung.is_abandoned(), "abandoned while its call was out");
+    assert!(faulty.plan.releases.lock().unwrap().is_empty());
+    sleep(Duration::from_secs(2)).await;
+    assert!(hung.is_abandoned());
+    assert_eq!(
+        *faulty.plan.releases.lock().unwrap(),
+        [("k".to_owned(), true)]
+    );
+    let again = client.mutex("k").try_lock().await.expect("the key is free");
+    again.release().await.unwrap();
+    client.shutdown().await;
 }
 
 const LONG_TTL: Duration = Duration::from_secs(30);

@@ -417,7 +417,7 @@ impl RedisBackendBuilder {
                 hub,
                 handoff_ttl: self.handoff_ttl,
                 client_id: wire::client_id(),
-                coalescer: super::coalesce::Coalescer::new(),
+                coalescer: super::coalesce::Coalescer::new(require_runtime()?),
                 plain: std::ptr::eq(scripts, &*PLAIN) && !cluster,
             }),
         })

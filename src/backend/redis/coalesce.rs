@@ -13,7 +13,8 @@
 //! as a single call whose request was sent runs on the server after its caller went. The
 //! acquisition's drop guard waits for that answer before it releases (see `core/acquire.rs`),
 //! exactly as for a single call; if it gives up waiting (its bound is the claim's TTL) and
-//! releases, the queued acquire, not sent yet, is not sent at all. A caller that sent its call
+//! releases, the queued acquire, not sent yet, is not sent at all (the release marks its claim
+//! [abandoned](Claim::is_abandoned) first). A caller that sent its call
 //! alone and is dropped leaves what queued behind it to a task as well, on the runtime the
 //! backend was built in.
 //!
@@ -38,6 +39,7 @@ use tokio::time::Instant;
 use super::call::{Call, Parts};
 use super::commands::{redis_error, Request};
 use super::RedisBackend;
+use crate::backend::Claim;
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::LockExt;
 
@@ -59,24 +61,37 @@ type Reply = Result<(Value, bool, Instant)>;
 /// they go to its shared lists, and the next calls' allocations miss the cache).
 type Answer = (Reply, Parts);
 
-/// Where a queued claim's [`Answer`] goes.
-type Answers = oneshot::Sender<Answer>;
+/// A call queued in a lane: its parts, where its [`Answer`] goes, and for an acquire, its
+/// claim, left out of the batch once [abandoned](Claim::is_abandoned).
+struct QueuedCall {
+    parts: Parts,
+    answers: oneshot::Sender<Answer>,
+    acquiring: Option<Claim>,
+}
+
+impl QueuedCall {
+    /// Whether the call still goes: a release always does; an acquire whose claim was
+    /// abandoned (its release goes, or went, out) would overtake that release and take the
+    /// lock for no one.
+    fn wanted(&self) -> bool {
+        self.acquiring.as_ref().is_none_or(|c| !c.is_abandoned())
+    }
+}
 
 /// The lanes of one backend, by script name.
 pub(super) struct Coalescer {
     lanes: Mutex<Lanes>,
     /// The runtime the backend was built in (its connections' tasks run there): queued calls
-    /// are sent from a task on it, not on the runtime of whichever caller went first, which may
-    /// be shut down with the task unrun.
-    runtime: Option<tokio::runtime::Handle>,
+    /// are sent from a task on it, not on the runtime of whichever caller went first.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Coalescer {
-    /// Lanes whose queued calls are sent on the current runtime.
-    pub(super) fn new() -> Self {
+    /// Lanes whose queued calls are sent on `runtime`.
+    pub(super) fn new(runtime: tokio::runtime::Handle) -> Self {
         Self {
             lanes: Mutex::default(),
-            runtime: tokio::runtime::Handle::try_current().ok(),
+            runtime,
         }
     }
 }
@@ -111,7 +126,7 @@ impl Lanes {
 /// The calls of one script waiting to be sent, and whether a call is out.
 #[derive(Default)]
 struct Lane {
-    queued: Vec<(Parts, Answers)>,
+    queued: Vec<QueuedCall>,
     sending: bool,
     /// Which call out holds the lane (sends what queued once it is answered): moved on when the
     /// queue goes on without it (see [`HOLD`]).
@@ -119,21 +134,21 @@ struct Lane {
 }
 
 impl RedisBackend {
-    /// Runs the call `build` makes like
-    /// [`Commands::invoke_noting_doubt`](super::commands::Commands), coalesced with the calls of
-    /// the same script this backend has in flight at the same moment. A queued call's parts
-    /// move to its lane; `build` makes it again in the rare case it must go alone after all.
+    /// Runs `call` like [`Commands::invoke_noting_doubt`](super::commands::Commands),
+    /// coalesced with the calls of the same script this backend has in flight at the same
+    /// moment. A queued call's parts move to its lane. `acquiring` is the claim of an acquire
+    /// (none for a release).
     ///
     /// # Cancel safety
     /// Once this has queued the call, dropping it does not unsend it: the call goes out with
-    /// its batch, and its reply is dropped. Except an acquire still queued: dropped, it is left
-    /// out of its batch (its only owner, an acquisition's cleanup, drops it only to release).
+    /// its batch, and its reply is dropped. Except an acquire whose claim was abandoned
+    /// before its batch went: it is left out.
     pub(super) async fn invoke_coalesced<'a, T: FromRedisValue + Send>(
         &'a self,
         what: &'static str,
-        build: impl Fn() -> Call<'a>,
+        acquiring: Option<&Claim>,
+        call: Call<'a>,
     ) -> Result<(T, bool, Instant)> {
-        let call = build();
         let mut next = None;
         let go = match call.coalescible().filter(|_| !self.inner.cluster) {
             None => Go::Alone(call),
@@ -157,7 +172,11 @@ impl RedisBackend {
                     };
                     // Moved, not copied: most calls of a busy client queue.
                     lane.queued
-                        .extend(call.into_parts().map(|parts| (parts, tx)));
+                        .extend(call.into_parts().map(|parts| QueuedCall {
+                            parts,
+                            answers: tx,
+                            acquiring: acquiring.cloned(),
+                        }));
                     Go::Queued(rx, watch)
                 } else {
                     // Nothing out: this call goes at once, alone, and the calls that queue
@@ -172,15 +191,9 @@ impl RedisBackend {
         let call = match go {
             Go::Alone(call) => call,
             Go::Queued(rx, watch) => {
-                let Some(reply) = queued(rx, watch).await else {
-                    // The lane's sending task ended before it answered (its runtime shut down
-                    // with the call queued or out): the call goes alone, made again, from this
-                    // caller's runtime, in doubt (its batch may have run).
-                    let call = build();
-                    let alone = Box::pin(self.inner.commands.invoke_noting_doubt(what, &call));
-                    let alone = alone.await;
-                    return alone.map(|(value, _, sent)| (value, true, sent));
-                };
+                // No reply: the lane's sending task ended before it answered, with the runtime
+                // the backend's connections ran on.
+                let reply = queued(rx, watch).await.ok_or_else(Error::runtime_gone)?;
                 let (value, in_doubt, sent) = reply?;
                 let value = T::from_redis_value(value).map_err(|e| redis_error(what, e.into()))?;
                 return Ok((value, in_doubt, sent));
@@ -209,14 +222,7 @@ impl RedisBackend {
                     return;
                 }
                 let n = lane.queued.len().min(MAX_BATCH);
-                // An acquire whose caller and cleanup both gave up waiting for it is not sent:
-                // the cleanup's release went (or goes) out already, and the acquire would
-                // overtake it and take the lock for no one (see `core/acquire.rs`). A release
-                // always goes.
-                lane.queued
-                    .drain(..n)
-                    .filter(|(parts, tx)| parts.name != "acquire" || !tx.is_closed())
-                    .collect()
+                lane.queued.drain(..n).filter(QueuedCall::wanted).collect()
             };
             if batch.is_empty() {
                 continue;
@@ -227,9 +233,9 @@ impl RedisBackend {
 
     /// Sends one batch and hands each claim its reply. Claims that cannot go as one call
     /// (their shared arguments differ) go as batches of one, all at once.
-    async fn send_batch(&self, what: &'static str, batch: Vec<(Parts, Answers)>) {
+    async fn send_batch(&self, what: &'static str, batch: Vec<QueuedCall>) {
         let scripts = self.inner.scripts;
-        let all: Vec<&Parts> = batch.iter().map(|(parts, _)| parts).collect();
+        let all: Vec<&Parts> = batch.iter().map(|q| &q.parts).collect();
         let groups: Vec<Vec<usize>> = if scripts.many_of(&all).is_some() {
             vec![(0..batch.len()).collect()]
         } else {
@@ -254,23 +260,22 @@ impl RedisBackend {
             b.hand_out(what, reply, &mut out);
         }
         drop(batches);
-        for ((parts, tx), reply) in batch.into_iter().zip(out) {
-            // A claim the answered attempt did not carry was given up: nobody waits for it.
+        for (q, reply) in batch.into_iter().zip(out) {
+            // A claim the answered attempt did not carry was abandoned: nobody waits for it.
             if let Some(reply) = reply {
-                let _ = tx.send((reply, parts));
+                let _ = q.answers.send((reply, q.parts));
             }
         }
     }
 }
 
 /// Claims of one lane sent as one coalesced call: a request built anew at every attempt from
-/// the claims still wanted. An acquire whose acquisition gave up on it (its caller and its
-/// cleanup gone: the cleanup released, or releases, the claim) is left out of the next
-/// attempt, which would otherwise take its lock for no one after that release, as a call sent
-/// alone stops when its cleanup drops it. Releases are always carried.
+/// the claims still [wanted](QueuedCall::wanted): an acquire abandoned since the last attempt
+/// is left out of the next, which would otherwise take its lock for no one after the release,
+/// as a call sent alone stops when its cleanup drops it.
 struct Batch<'a> {
     backend: &'a RedisBackend,
-    claims: &'a [(Parts, Answers)],
+    claims: &'a [QueuedCall],
     /// This batch's claims: indexes in `claims`.
     among: Vec<usize>,
     /// The claims the last attempt carried, in its order.
@@ -337,16 +342,12 @@ impl Request for Batch<'_> {
         T: FromRedisValue + Send,
     {
         let wanted: Vec<usize> = (self.among.iter().copied())
-            .filter(|&i| {
-                self.claims
-                    .get(i)
-                    .is_some_and(|(parts, tx)| parts.name != "acquire" || !tx.is_closed())
-            })
+            .filter(|&i| self.claims.get(i).is_some_and(QueuedCall::wanted))
             .collect();
         let parts: Vec<&Parts> = wanted
             .iter()
             .filter_map(|&i| self.claims.get(i))
-            .map(|(p, _)| p)
+            .map(|q| &q.parts)
             .collect();
         let inner = &self.backend.inner;
         let call = inner.scripts.call_many(inner.functions.as_ref(), &parts);
@@ -354,7 +355,7 @@ impl Request for Batch<'_> {
         async move {
             match call {
                 Some(call) => call.invoke_async(con).await,
-                // Nothing left to send (every claim was given up).
+                // Nothing left to send (every claim was abandoned).
                 None => T::from_redis_value(Value::Array(Vec::new())).map_err(Into::into),
             }
         }
@@ -382,10 +383,8 @@ impl At<'_> {
         if lane.turn != self.turn {
             return;
         }
-        let runtime =
-            (coalescer.runtime.clone()).or_else(|| tokio::runtime::Handle::try_current().ok());
-        match runtime {
-            Some(runtime) if !lane.queued.is_empty() => {
+        match &coalescer.runtime {
+            runtime if !lane.queued.is_empty() => {
                 if over {
                     lane.turn = lane.turn.wrapping_add(1);
                 }
@@ -406,7 +405,7 @@ impl At<'_> {
             }
             // Passed over with nothing queued: the call out still holds the lane.
             _ if over => {}
-            // Nothing queued (or no runtime left to send it on: the client is gone).
+            // Nothing queued.
             _ => lane.sending = false,
         }
     }
@@ -414,8 +413,8 @@ impl At<'_> {
 
 /// A lane's sending task, until it is done: dropped before (its runtime shut down, the task
 /// dropped unrun or mid-batch), it drops what queued in its turn and leaves the lane idle. The
-/// callers find their replies gone and send their calls alone (see `invoke_coalesced`),
-/// instead of waiting for a task that will never run.
+/// callers find their replies gone (see `invoke_coalesced`) instead of waiting for a task
+/// that will never run.
 struct Unsent {
     backend: RedisBackend,
     name: &'static str,

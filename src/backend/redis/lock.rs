@@ -115,28 +115,23 @@ impl RedisBackend {
         ticket.handoff.set(None);
         ticket.set_holding(None);
         let election = claim.kind() == LockKind::Leader;
-        let build = || {
-            let release = Release {
-                keys: self.keys_of(ticket, claim),
-                handoff_ttl: self.inner.handoff_ttl,
-                election,
-            };
-            match ScriptKind::of(claim.kind()) {
-                Some(shared) => self.call(&ReleaseShared {
-                    release,
-                    kind: &shared.kind,
-                }),
-                None => self.call(&release),
-            }
+        let release = Release {
+            keys: self.keys_of(ticket, claim),
+            handoff_ttl: self.inner.handoff_ttl,
+            election,
+        };
+        let call = match ScriptKind::of(claim.kind()) {
+            Some(shared) => self.call(&ReleaseShared {
+                release,
+                kind: &shared.kind,
+            }),
+            None => self.call(&release),
         };
         let (held, in_doubt, _): (i64, bool, Instant) = if election {
-            let inv = build();
-            self.inner
-                .commands
-                .invoke_noting_doubt("release", &inv)
-                .await?
+            let commands = &self.inner.commands;
+            commands.invoke_noting_doubt("release", &call).await?
         } else {
-            self.invoke_coalesced("release", build).await?
+            self.invoke_coalesced("release", None, call).await?
         };
         Ok(released(usize::from(held == 1), usize::from(in_doubt), 1))
     }
@@ -165,28 +160,28 @@ impl Listener for Asking<'_, RedisBackend, RedisTicket, Keys> {
         let value = (claim.kind() == LockKind::Leader).then(|| claim.value());
         let leads = value.as_deref();
         let ttl = claim.ttl();
-        let build = || {
-            let acquire = Acquire {
-                keys,
-                ttl,
-                wait,
-                handoff_ttl: backend.inner.handoff_ttl,
-                leads,
-            };
-            match ScriptKind::of(claim.kind()) {
-                Some(shared) => backend.call(&AcquireShared {
-                    acquire,
-                    kind: &shared.kind,
-                    permits: shared.max,
-                }),
-                None => backend.call(&acquire),
-            }
+        let acquire = Acquire {
+            keys,
+            ttl,
+            wait,
+            handoff_ttl: backend.inner.handoff_ttl,
+            leads,
+        };
+        let call = match ScriptKind::of(claim.kind()) {
+            Some(shared) => backend.call(&AcquireShared {
+                acquire,
+                kind: &shared.kind,
+                permits: shared.max,
+            }),
+            None => backend.call(&acquire),
         };
         let (reply, _, sent): (Vec<::redis::Value>, bool, Instant) = if leads.is_some() {
-            let (commands, inv) = (&backend.inner.commands, build());
-            commands.invoke_noting_doubt("acquire", &inv).await?
+            let commands = &backend.inner.commands;
+            commands.invoke_noting_doubt("acquire", &call).await?
         } else {
-            backend.invoke_coalesced("acquire", build).await?
+            backend
+                .invoke_coalesced("acquire", Some(claim), call)
+                .await?
         };
         let (code, value, server_ms) = parse_acquire(claim, &reply)?;
         if code == 1 {
