@@ -286,7 +286,6 @@ pub(crate) trait Link: Send + 'static {
 /// until the hub is closed or dropped (`stop`).
 async fn run<L: Link>(mut link: L, mut stop: watch::Receiver<bool>) {
     let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
-    let mut again = false;
     loop {
         let opened = tokio::select! {
             opened = link.open() => opened,
@@ -309,14 +308,13 @@ async fn run<L: Link>(mut link: L, mut stop: watch::Receiver<bool>) {
             break;
         };
         let handle = link.opened(&hub, &conn);
-        if again {
-            // Messages sent while we were away are gone: every waiter asks the server, and
-            // holders renew now, in case the server lost their locks meanwhile.
-            tracing::debug!("{} connection open again", L::NAME);
-            hub.recheck_all();
-            hub.common().reconnected();
-        }
-        again = true;
+        // Messages sent while we were away are gone: every waiter asks the server, and
+        // holders renew now, in case the server lost their locks meanwhile. The first
+        // connection too: the client may have taken locks before it was open (on a server
+        // that has restarted since). With nobody holding or waiting, this costs nothing.
+        tracing::debug!("{} connection open", L::NAME);
+        hub.recheck_all();
+        hub.common().reconnected();
         hub.common().connected.send_replace(Some(handle));
         drop(hub);
         let served = tokio::select! {
@@ -458,7 +456,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn reconnects_after_a_growing_pause_and_rechecks_only_after_a_reconnect() {
+    async fn reconnects_after_a_growing_pause_and_rechecks_at_every_connect() {
         let state = Arc::new(State {
             waiting: StdMutex::new(None),
             common: Common::new(),
@@ -480,14 +478,13 @@ mod tests {
         // Two failures: 20 ms, then 40 ms.
         assert_eq!(state.common.connected(CONNECT_WAIT).await, Some(1));
         assert_eq!(began.elapsed(), Duration::from_millis(60));
-        // The first connect is no reconnect: nothing to re-check.
-        assert_eq!(*reconnects.borrow_and_update(), 0);
-        let quiet = tokio::time::timeout(Duration::from_millis(10), mailbox.recv()).await;
-        assert!(quiet.is_err(), "a first connect wakes nobody");
+        // The first connect too: the mailbox was open before the connection was.
+        assert_eq!(*reconnects.borrow_and_update(), 1);
+        assert_eq!(mailbox.recv().await, Wake::Recheck);
 
         lose.send(()).expect("the task serves");
         reconnects.changed().await.expect("the hub lives");
-        assert_eq!(*reconnects.borrow_and_update(), 1);
+        assert_eq!(*reconnects.borrow_and_update(), 2);
         assert_eq!(mailbox.recv().await, Wake::Recheck);
         assert_eq!(state.common.connected(CONNECT_WAIT).await, Some(2));
 

@@ -382,9 +382,10 @@ pub trait Backend: Send + Sync + 'static {
     ) -> impl Future<Output = Vec<Renewal>> + Send;
 
     /// A counter that moves every time one of the backend's connections (or sessions) comes
-    /// back after a drop. The renewal engine renews every held lease at once when it moves, so
-    /// a holder whose lock vanished with the outage (a server restarted without its data) is
-    /// told within a round trip of the reconnect instead of at its next scheduled renewal.
+    /// back after a drop (or opens late, after locks were taken). The renewal engine renews
+    /// every held lease at once when it moves, so a holder whose lock vanished with the outage
+    /// (a server restarted without its data) is told within a round trip of the reconnect
+    /// instead of at its next scheduled renewal.
     /// `None` (the default) for a backend without connections.
     fn reconnects(&self) -> Option<watch::Receiver<u64>> {
         None
