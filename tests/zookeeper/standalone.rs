@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::support::contract::{granted, partition_then_handover, spawn_timed_lock};
 use crate::support::curator::Curator;
-use crate::support::proxy::Proxy;
+use crate::support::proxy::{Proxy, Which};
 use crate::support::server::zookeeper::{shared_zookeeper, ZkServer};
 use crate::support::zk::{
     assert_no_znodes, children, client_at, clients_at, raw, raw_as, until_contenders,
@@ -748,6 +748,46 @@ async fn force_release_racing_a_downgrade_drops_the_read_hold() {
         survived.is_empty(),
         "holds that outlived the unlock (round, lost, holders): {survived:?}"
     );
+}
+
+/// The unlock lists a lock's nodes, then reads each one. A downgrade that moves the write hold
+/// to its read node in between left it reading a write node gone, dropping nothing and
+/// reporting success, while the read hold lived on (the race above, 2 runs in 8 under load).
+/// Here the unlock's reads of the write node are held up 300 ms so that the downgrade lands
+/// in between, every time: the unlock must find the read node and drop it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_that_listed_a_write_hold_mid_downgrade_drops_its_read_node() {
+    let ns = test_namespace!();
+    let proxy = Proxy::start(shared_zookeeper().port());
+    let a = client(&ns).await;
+    let op = client_at(&format!("127.0.0.1:{}", proxy.port()), &ns, SESSION).await;
+    let w = a.rw_lock("dg").write().await.unwrap();
+    let zk = raw(&connect()).await;
+    let [write_node]: [String; 1] = children(&zk, &format!("/{ns}/dg"))
+        .await
+        .try_into()
+        .unwrap();
+    let name: &'static [u8] = Box::leak(write_node.into_bytes().into_boxed_slice());
+    proxy.delay_requests_containing(Which::All, name, Duration::from_millis(300));
+    let unlock = tokio::spawn({
+        let op = op.clone();
+        async move { op.force_release("dg").await }
+    });
+    sleep(Duration::from_millis(100)).await;
+    let r = w
+        .downgrade()
+        .await
+        .expect("downgraded before the unlock read the write node");
+    let removed = unlock.await.unwrap().unwrap();
+    proxy.pass();
+    timeout(Duration::from_secs(5), r.lost())
+        .await
+        .expect("the read hold outlived the unlock");
+    assert_eq!(removed.removed.len(), 1, "{removed:?}");
+    assert!(op.inspect("dg").await.unwrap().holders.is_empty());
+    drop(r);
+    a.shutdown().await;
+    op.shutdown().await;
 }
 
 /// The operator's unlock refuses path tricks before any I/O (the unlock itself is in the

@@ -10,11 +10,14 @@ use crate::backend::{Family, LockKind};
 use crate::error::Result;
 use crate::inspect::{ForceReleased, Holder, Inspection, Waiter};
 
+/// How many times the operator's unlock reads a lock whose nodes keep changing under it.
+const RELISTS: u32 = 4;
+
 impl Inner {
     pub(super) async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
         self.inspect_nodes(namespace, key)
             .await
-            .map(|(seen, _)| seen)
+            .map(|(seen, ..)| seen)
     }
 
     /// The operator's unlock: deletes the nodes that carry every holder's grant (a mutex's or
@@ -22,7 +25,17 @@ impl Inner {
     /// Their waiters' watches fire; the holders' own checks (renewal) find their nodes gone
     /// and report lost. Each new node's czxid, the next grant's token, is above theirs.
     pub(super) async fn force_release(&self, namespace: &str, key: &str) -> Result<ForceReleased> {
-        let (seen, carriers) = self.inspect_nodes(namespace, key).await?;
+        // A listing whose nodes changed before each was read may have missed a hold that moved
+        // (a write hold downgraded to its read node between the list and the reads): read
+        // again, a few times at most (a busy lock's waiters come and go).
+        let mut reads = 1;
+        let (seen, carriers) = loop {
+            let (seen, carriers, changed) = self.inspect_nodes(namespace, key).await?;
+            if !changed || reads == RELISTS {
+                break (seen, carriers);
+            }
+            reads += 1;
+        };
         let up = self.hub.until_up(self.hub.now().timeout).await?;
         let mut removed = ForceReleased::nothing(key);
         removed.family = seen.family;
@@ -53,13 +66,14 @@ impl Inner {
         Ok(removed)
     }
 
-    /// What [`inspect`](Self::inspect) reads, and for each holder the paths of the nodes that
-    /// carry its grant.
+    /// What [`inspect`](Self::inspect) reads, for each holder the paths of the nodes that
+    /// carry its grant, and whether a node listed was gone by the time it was read.
     async fn inspect_nodes(
         &self,
         namespace: &str,
         key: &str,
-    ) -> Result<(Inspection, Vec<Vec<String>>)> {
+    ) -> Result<(Inspection, Vec<Vec<String>>, bool)> {
+        let changed = std::sync::atomic::AtomicBool::new(false);
         let up = self.hub.until_up(self.hub.now().timeout).await?;
         let path = format!("/{namespace}/{key}");
         let mut seen = Inspection::free(key);
@@ -76,8 +90,9 @@ impl Inner {
         };
         // One `exists` per node, all in flight together; each list comes back in lock order.
         let stats = |parent: String, kind: LockKind, names: Vec<String>| {
-            let zk = up.zk.clone();
+            let (zk, changed) = (up.zk.clone(), &changed);
             async move {
+                let listed = names.len();
                 let found = futures::future::try_join_all(names.into_iter().map(|name| {
                     let (zk, at) = (zk.clone(), format!("{parent}/{name}"));
                     async move {
@@ -90,6 +105,9 @@ impl Inner {
                 .await?;
                 // Nodes gone since the listing are left out.
                 let mut nodes: Vec<(String, NodeStat)> = found.into_iter().flatten().collect();
+                if nodes.len() < listed {
+                    changed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 recipe::sort_by_name(kind, &mut nodes, |(name, _)| name.as_str());
                 Ok::<_, crate::Error>(nodes)
             }
@@ -235,7 +253,8 @@ impl Inner {
                     .collect();
             }
         }
-        Ok((seen, carriers))
+        let changed = changed.into_inner();
+        Ok((seen, carriers, changed))
     }
 }
 
