@@ -392,6 +392,16 @@ impl SessionHub {
     /// Closes the session for good: waiters get `Closed`, held locks are lost. Returns once
     /// the server confirmed the close, or after a short wait.
     pub(super) async fn close(&self) {
+        if let Some(zk) = self.ended() {
+            let done = zk.closed();
+            drop(zk);
+            let _ = tokio::time::timeout(CLOSE_WAIT, done).await;
+        }
+    }
+
+    /// Marks the hub closed (waiters get `Closed`) and every held lock lost; returns the
+    /// session's client, if it had one, for the caller to close or drop.
+    fn ended(&self) -> Option<Arc<dyn Zk>> {
         let (session, lost) = {
             let mut held = self.held.locked();
             let mut session = self.session.locked();
@@ -405,18 +415,22 @@ impl SessionHub {
         for claim in lost {
             claim.mark_lost();
         }
-        if let Some(zk) = session {
-            let done = zk.closed();
-            drop(zk);
-            let _ = tokio::time::timeout(CLOSE_WAIT, done).await;
-        }
+        session
     }
 }
 
 /// Follows the current session's states; declares it lost when it ends or stays down for a
 /// session timeout, then opens the next one. Holds the hub weakly, so that dropping the
-/// backend still closes the session.
+/// backend still closes the session. It ends only when the hub is closed or gone, or with its
+/// runtime, which takes the session's own task too: the hub is closed then, so that calls and
+/// waiters of other runtimes get `Closed` at once instead of waiting on a session that cannot
+/// answer.
 async fn run(hub: Weak<SessionHub>, mut links: mpsc::UnboundedReceiver<(u64, Link)>) {
+    let _ended = scopeguard::guard(hub.clone(), |hub| {
+        if let Some(hub) = hub.upgrade() {
+            hub.ended();
+        }
+    });
     // When the current outage began.
     let mut down_since: Option<Instant> = None;
     loop {
