@@ -147,30 +147,15 @@ impl<B: Backend> DynBackend for B {
         claims: &'a [(&'a Claim, &'a AnyTicket)],
     ) -> BoxFuture<'a, Vec<Renewal>> {
         Box::pin(async move {
-            let mut typed_claims = Vec::with_capacity(claims.len());
-            let mut slots = Vec::with_capacity(claims.len());
-            for (claim, ticket) in claims {
-                match typed::<B::Ticket>(ticket) {
-                    Ok(t) => {
-                        slots.push(Ok(typed_claims.len()));
-                        typed_claims.push((*claim, t));
-                    }
-                    Err(e) => slots.push(Err(e)),
-                }
+            // Every ticket comes from this backend's `new_ticket`: a stranger fails them all.
+            let typed: Result<Vec<(&Claim, &B::Ticket)>> = claims
+                .iter()
+                .map(|(claim, ticket)| Ok((*claim, typed::<B::Ticket>(ticket)?)))
+                .collect();
+            match typed {
+                Ok(typed) => Backend::renew(self, &typed).await,
+                Err(e) => vec![Renewal::Failed(e); claims.len()],
             }
-            let mut renewed = Backend::renew(self, &typed_claims).await.into_iter();
-            slots
-                .into_iter()
-                .map(|slot| match slot {
-                    Ok(_) => renewed.next().unwrap_or_else(|| {
-                        Renewal::Failed(Error::new(
-                            ErrorKind::Backend,
-                            "backend returned fewer renewals than claims",
-                        ))
-                    }),
-                    Err(e) => Renewal::Failed(e),
-                })
-                .collect()
         })
     }
 

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ::redis::FromRedisValue;
 use futures::future::join_all;
 use tokio::time::Instant;
 
@@ -12,6 +13,7 @@ use super::library;
 use super::quorum::held_until;
 use super::scripts::{ForceRelease, Inspect};
 use super::RedlockBackend;
+use crate::backend::redis::call::Call;
 use crate::backend::redis::kind_of_code;
 use crate::backend::redis::scripts::Inspect as RedisInspect;
 use crate::backend::wire::parse_family;
@@ -132,32 +134,10 @@ impl RedlockBackend {
     pub(super) async fn inspect_key(&self, namespace: &str, key: &str) -> Result<Inspection> {
         let keys = Keys::named(namespace, key, &self.inner.client_id, "");
         let inv = library::call(&Inspect(RedisInspect { keys: &keys }));
-        let calls = self.inner.nodes.iter().map(|node| {
-            let inv = &inv;
-            async move { node.call::<Reply>("inspect", inv).await }
-        });
-        let mut views = Vec::new();
-        let mut first_error = None;
-        for reply in join_all(calls).await {
-            match reply {
-                Ok((reply, sent)) => views.push((NodeView::parse(reply), sent)),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        if views.len() < self.inner.quorum {
-            let err = self.no_quorum(views.len(), "inspect");
-            return Err(match first_error {
-                Some(cause) => err.with_source(cause),
-                None => err,
-            });
-        }
+        let views = self.gather("inspect", &inv, |reply: Reply| reply).await?;
         Ok(merge(key, self.inner.quorum, views))
     }
-}
 
-impl RedlockBackend {
     /// The operator's unlock on every node (`force_release.lua`, gated by each node's rejoin
     /// delay): each drops every holder there, keeps its fencing counter at their tokens at
     /// least (a quorum's token was settled on each node it held, so every later quorum's token
@@ -173,64 +153,40 @@ impl RedlockBackend {
             handoff_ttl: self.inner.handoff_ttl,
             rejoin_ms: self.rejoin_ms(),
         });
-        let calls = self.inner.nodes.iter().map(|node| {
-            let inv = &inv;
-            async move {
-                node.call::<(String, Vec<String>)>("force_release", inv)
-                    .await
-            }
-        });
-        let mut family = None;
-        let mut holds: BTreeMap<String, (LockKind, u64, Vec<Instant>)> = BTreeMap::new();
-        let (mut answered, mut first_error) = (0, None);
-        for reply in join_all(calls).await {
-            match reply {
-                Ok(((fam, removed), sent)) => {
-                    answered += 1;
-                    family = family.or_else(|| {
-                        parse_family(&fam).filter(|f| !matches!(f, Family::Semaphore { .. }))
-                    });
-                    for h in removed.chunks(4) {
-                        let [owner, kind, fence, left] = h else {
-                            continue;
-                        };
-                        let entry =
-                            holds
-                                .entry(owner.clone())
-                                .or_insert((kind_of(kind), 0, Vec::new()));
-                        entry.1 = entry.1.max(fence.parse().unwrap_or(0));
-                        entry
-                            .2
-                            .push(sent + Duration::from_millis(left.parse().unwrap_or(0)));
-                    }
-                }
+        // Each node lists what it dropped as the inspect script lists holders.
+        let dropped = |(family, removed): (String, Vec<String>)| (family, removed, Vec::new());
+        let views = self.gather("force_release", &inv, dropped).await?;
+        let seen = merge(key, self.inner.quorum, views);
+        let mut out = ForceReleased::nothing(key);
+        (out.family, out.removed) = (seen.family, seen.holders);
+        Ok(out)
+    }
+
+    /// Runs `inv` on every node at once: the view of each node that answered (its reply as
+    /// `reply` reads it), if a quorum did.
+    async fn gather<R: FromRedisValue + Send>(
+        &self,
+        what: &str,
+        inv: &Call<'_>,
+        reply: impl Fn(R) -> Reply,
+    ) -> Result<Vec<(NodeView, Instant)>> {
+        let calls = self
+            .inner
+            .nodes
+            .iter()
+            .map(|node| node.call::<R>(what, inv));
+        let (mut views, mut first_error) = (Vec::new(), None);
+        for answer in join_all(calls).await {
+            match answer {
+                Ok((r, sent)) => views.push((NodeView::parse(reply(r)), sent)),
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
             }
         }
-        if answered < self.inner.quorum {
-            let err = self.no_quorum(answered, "force_release");
-            return Err(match first_error {
-                Some(cause) => err.with_source(cause),
-                None => err,
-            });
+        if views.len() < self.inner.quorum {
+            return Err(self.no_quorum_from(views.len(), what, first_error));
         }
-        let mut out = ForceReleased::nothing(key);
-        let now = Instant::now();
-        for (kind, fence, deadlines) in holds.into_values() {
-            let Some(until) = held_until(deadlines, self.inner.quorum) else {
-                continue;
-            };
-            out.removed.push(Holder {
-                kind,
-                fencing_token: Some(fence),
-                lease_left: Some(until.saturating_duration_since(now)),
-            });
-        }
-        if !out.removed.is_empty() {
-            out.family = family;
-        }
-        Ok(out)
+        Ok(views)
     }
 }

@@ -65,6 +65,20 @@ impl RedlockBackend {
         .transient()
     }
 
+    /// [`no_quorum`](Self::no_quorum), with the first node's error as its cause, if any.
+    pub(super) fn no_quorum_from(
+        &self,
+        succeeded: usize,
+        what: &str,
+        first_error: Option<Error>,
+    ) -> Error {
+        let err = self.no_quorum(succeeded, what);
+        match first_error {
+            Some(cause) => err.with_source(cause),
+            None => err,
+        }
+    }
+
     /// Runs the acquire script on every node at once.
     pub(super) async fn ask_all(
         &self,
@@ -327,11 +341,7 @@ impl RedlockBackend {
             earliest(&mut recheck_at, Instant::now() + self.inner.handoff_ttl);
         }
         if unreachable {
-            let err = self.no_quorum(n - failed, "acquire");
-            return Err(match first_error {
-                Some(cause) => err.with_source(cause),
-                None => err,
-            });
+            return Err(self.no_quorum_from(n - failed, "acquire", first_error));
         }
         Ok(Attempt::Queued {
             recheck_at: recheck_at.or_else(|| Some(Instant::now() + self.inner.handoff_ttl)),
