@@ -213,7 +213,7 @@ impl Call<'_> {
 }
 
 /// This machine's wall clock in µs since 1970; 0 before then.
-fn wall_clock_us() -> u64 {
+pub(crate) fn wall_clock_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))

@@ -2,7 +2,7 @@
 //! claims queued on any of them, by priority.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ::redis::FromRedisValue;
 use futures::future::join_all;
@@ -13,7 +13,7 @@ use super::library;
 use super::quorum::held_until;
 use super::scripts::{ForceRelease, Inspect};
 use super::RedlockBackend;
-use crate::backend::redis::call::Call;
+use crate::backend::redis::call::{wall_clock_us, Call};
 use crate::backend::redis::kind_of_code;
 use crate::backend::redis::scripts::Inspect as RedisInspect;
 use crate::backend::wire::parse_family;
@@ -113,9 +113,7 @@ pub(super) fn merge(key: &str, quorum: usize, views: Vec<(NodeView, Instant)>) -
             lease_left: Some(until.saturating_duration_since(now)),
         });
     }
-    let wall_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let wall_us = wall_clock_us();
     let mut queued: Vec<(u64, LockKind)> = waiting.into_values().collect();
     queued.sort_by_key(|(priority, _)| *priority);
     for (priority, kind) in queued {

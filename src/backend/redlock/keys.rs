@@ -1,8 +1,8 @@
 //! One lock's key names on every node (the single-node layout, Redlock's queues under names of
 //! their own) and the claim's owner token.
 
-use crate::backend::redis::{claim_token, kind_code, Counter, Keys as RedisKeys};
-use crate::backend::{Claim, LockKind};
+use crate::backend::redis::{claim_token, Counter, Keys as RedisKeys};
+use crate::backend::Claim;
 
 /// One lock's key names, the same on every node, and the claim's owner token: the single-node
 /// names (queues under names of their own, `:rq` and `:rw`, since here they are zsets by
@@ -44,9 +44,4 @@ impl Keys {
             born: format!("{namespace}:born"),
         }
     }
-}
-
-/// `r` or `w` for a read-write lock claim, `None` for a mutex (the single-node code).
-pub(super) fn shared_kind(kind: LockKind) -> Option<String> {
-    kind_code(kind)
 }

@@ -5,12 +5,13 @@ use std::sync::atomic::Ordering;
 
 use futures::future::join_all;
 
-use super::keys::{shared_kind, Keys};
+use super::keys::Keys;
 use super::library;
 use super::quorum::held_until;
 use super::scripts::{Renew, RenewMode};
 use super::{RedlockBackend, RedlockTicket};
 use crate::backend::handoff::renewal::RenewAnswer;
+use crate::backend::redis::kind_code;
 use crate::backend::redis::scripts::Renewed;
 use crate::backend::{Claim, Renewal, MIN_RENEW_CALL};
 
@@ -24,10 +25,7 @@ impl RedlockBackend {
             .collect();
         let mut args = Renew::default();
         for ((claim, ticket), keys) in claims.iter().zip(&keys) {
-            let mode = match (
-                ticket.held.load(Ordering::Acquire),
-                shared_kind(claim.kind()),
-            ) {
+            let mode = match (ticket.held.load(Ordering::Acquire), kind_code(claim.kind())) {
                 (true, None) => RenewMode::Mutex,
                 (true, Some(_)) => RenewMode::Shared,
                 (false, _) => RenewMode::Waiting,

@@ -7,13 +7,14 @@ use std::time::Duration;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use super::keys::{shared_kind, Keys};
+use super::keys::Keys;
 use super::library;
 use super::quorum::held_until;
 use super::scripts::{Acquire, AcquireShared, Release, ReleaseShared, Settle, Yield, YieldShared};
 use super::{RedlockBackend, RedlockTicket};
 use crate::backend::handoff::reply::{lease_left, queued};
 use crate::backend::handoff::wait::earliest;
+use crate::backend::redis::kind_code;
 use crate::backend::wire::{fence_of, kind_mismatch};
 use crate::backend::{Attempt, Claim, Grant, LockKind};
 use crate::error::{Error, ErrorKind, Result};
@@ -97,7 +98,7 @@ impl RedlockBackend {
             rejoin_ms: self.rejoin_ms(),
             leads: leads(claim, &value),
         };
-        let inv = match shared_kind(claim.kind()) {
+        let inv = match kind_code(claim.kind()) {
             Some(kind) => library::call(&AcquireShared {
                 acquire,
                 kind: &kind,
@@ -163,7 +164,7 @@ impl RedlockBackend {
         keys: &Keys,
         held: &[NodeHold],
     ) -> Option<Grant> {
-        let shared = shared_kind(claim.kind()).is_some();
+        let shared = kind_code(claim.kind()).is_some();
         let q = self.inner.quorum;
         let token = held.iter().map(|h| h.fence).max()?;
         let ready: Vec<Instant> = held
@@ -236,7 +237,7 @@ impl RedlockBackend {
             ttl: claim.ttl(),
             handoff_ttl: self.inner.handoff_ttl,
         };
-        let inv = match shared_kind(claim.kind()) {
+        let inv = match kind_code(claim.kind()) {
             Some(kind) => library::call(&YieldShared {
                 yielding,
                 kind: &kind,
@@ -260,7 +261,7 @@ impl RedlockBackend {
             rejoin_ms: self.rejoin_ms(),
             election: claim.kind() == LockKind::Leader,
         };
-        let inv = match shared_kind(claim.kind()) {
+        let inv = match kind_code(claim.kind()) {
             Some(kind) => library::call(&ReleaseShared {
                 release,
                 kind: &kind,

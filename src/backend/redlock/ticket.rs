@@ -2,9 +2,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::backend::handoff::HandoffTicket;
+use crate::backend::redis::call::wall_clock_us;
 use crate::backend::redis::notify::Subscription;
 use crate::backend::Grant;
 
@@ -38,11 +38,7 @@ impl RedlockTicket {
     /// The waiter's place, the same on every node: this machine's clock in µs when it first
     /// asked.
     pub(super) fn priority(&self) -> u64 {
-        *self.priority.get_or_init(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        })
+        *self.priority.get_or_init(wall_clock_us)
     }
 
     pub(super) fn unsubscribe(&self) {
