@@ -1,11 +1,10 @@
-//! The few ZooKeeper calls the lock recipe needs, behind one small trait, and their
-//! implementation on `zookeeper-client`.
+//! The few ZooKeeper calls the lock recipe needs, on `zookeeper-client`.
 //!
-//! One [`Zk`] value is one session. The crate gives what a lock must know and do: the session
+//! One [`Session`] value is one session. The crate gives what a lock must know and do: the session
 //! timeout the server *granted* (a lease cannot be longer), watches re-registered after a
 //! reconnect, `multi` for renewals that go through the quorum (a read could be served by a
 //! follower cut off from the leader), and container parents. This module adds a deadline to
-//! every call (R12) and reports the session's states on a channel, tagged with the session's
+//! every call and reports the session's states on a channel, tagged with the session's
 //! number, so that nothing runs on the crate's I/O task.
 
 use std::panic::AssertUnwindSafe;
@@ -92,50 +91,6 @@ pub(super) enum Fired {
 /// A one-shot watch: resolves once, when the node changes or goes. Dropping it removes it.
 pub(super) type Watch = BoxFuture<'static, Fired>;
 
-/// The calls the recipe makes on one session. One implementation today
-/// (`zookeeper-client`); the seam keeps a switch to another client cheap.
-pub(super) trait Zk: Send + Sync + 'static {
-    /// The session timeout the server granted.
-    fn session_timeout(&self) -> Duration;
-    /// Creates the EPHEMERAL_SEQUENTIAL node `<prefix><seq>` holding `data` (a latch
-    /// participant's id; empty for the locks).
-    fn create_lock_node<'a>(
-        &'a self,
-        prefix: &'a str,
-        data: &'a [u8],
-    ) -> BoxFuture<'a, Outcome<(String, NodeStat)>>;
-    /// Creates `count` EPHEMERAL_SEQUENTIAL nodes `<prefix><seq>` in one `multi`: all of them
-    /// or none. Their names and stats, in sequence order (one zxid, so one czxid).
-    fn create_lease_nodes<'a>(
-        &'a self,
-        prefix: &'a str,
-        count: u32,
-    ) -> BoxFuture<'a, Outcome<Vec<(String, NodeStat)>>>;
-    /// Creates the plain EPHEMERAL node `path` (a downgraded read node).
-    fn create_ephemeral<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<NodeStat>>;
-    fn create_parent<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>>;
-    fn delete<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>>;
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Vec<String>>>;
-    fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Option<NodeStat>>>;
-    /// `path`'s data and stat.
-    fn get_data<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<u8>, NodeStat)>>;
-    /// Replaces `path`'s data, whatever its version.
-    fn set_data<'a>(&'a self, path: &'a str, data: &'a [u8]) -> BoxFuture<'a, Outcome<()>>;
-    /// Whether `path` exists, and a one-shot watch on its creation, deletion or data.
-    fn watch_exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(bool, Watch)>>;
-    /// Lists `path`'s children and watches them for a change (a child added or removed).
-    fn watch_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<String>, Watch)>>;
-    /// Sets a one-shot data watch on `path` (`NoNode` if it is already gone).
-    fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Watch>>;
-    /// Checks in one quorum write (a `multi` of `check` operations) that every path exists: a
-    /// follower cut off from the leader cannot acknowledge it (it could a read). Through a
-    /// follower it proves the session alive at the leader only for earlier requests
-    /// ([`super::proof`]). One outcome per path.
-    fn check<'a>(&'a self, paths: &'a [String]) -> BoxFuture<'a, Vec<Outcome<()>>>;
-    /// Resolves once this session is closed (after the last handle to it is dropped).
-    fn closed(&self) -> BoxFuture<'static, ()>;
-}
-
 /// How to reach the ensemble.
 #[derive(Debug, Clone)]
 pub(super) struct Settings {
@@ -149,8 +104,8 @@ pub(super) struct Settings {
     pub(super) acl: ZkAcl,
 }
 
-/// `zookeeper-client`, with deadlines.
-struct Session {
+/// One session (`zookeeper-client`), with deadlines: the calls the recipe makes on it.
+pub(super) struct Session {
     client: zkc::Client,
     call_timeout: Duration,
     acl: ZkAcl,
@@ -175,7 +130,7 @@ pub(super) async fn connect(
     settings: &Settings,
     epoch: u64,
     links: mpsc::UnboundedSender<(u64, Link)>,
-) -> crate::Result<Arc<dyn Zk>> {
+) -> crate::Result<Arc<Session>> {
     let mut connector = zkc::Client::connector()
         .with_session_timeout(settings.session_timeout)
         // We retry ourselves, with a pause, so fail an attempt once every host was tried.
@@ -381,217 +336,208 @@ fn fired(event: &zkc::WatchedEvent) -> Fired {
     }
 }
 
-impl Zk for Session {
-    fn session_timeout(&self) -> Duration {
+impl Session {
+    /// The session timeout the server granted.
+    pub(super) fn session_timeout(&self) -> Duration {
         self.client.session_timeout()
     }
 
-    fn create_lock_node<'a>(
-        &'a self,
-        prefix: &'a str,
-        data: &'a [u8],
-    ) -> BoxFuture<'a, Outcome<(String, NodeStat)>> {
-        Box::pin(async move {
-            let options = zkc::CreateMode::EphemeralSequential.with_acls(acls(self.acl));
-            let (made, seq) = self
-                .call(self.client.create(prefix, data, &options))
-                .await?;
-            Ok((format!("{prefix}{seq}"), stat(&made)))
-        })
+    /// Creates the EPHEMERAL_SEQUENTIAL node `<prefix><seq>` holding `data` (a latch
+    /// participant's id; empty for the locks).
+    pub(super) async fn create_lock_node(
+        &self,
+        prefix: &str,
+        data: &[u8],
+    ) -> Outcome<(String, NodeStat)> {
+        let options = zkc::CreateMode::EphemeralSequential.with_acls(acls(self.acl));
+        let (made, seq) = self
+            .call(self.client.create(prefix, data, &options))
+            .await?;
+        Ok((format!("{prefix}{seq}"), stat(&made)))
     }
 
-    fn create_lease_nodes<'a>(
-        &'a self,
-        prefix: &'a str,
+    /// Creates `count` EPHEMERAL_SEQUENTIAL nodes `<prefix><seq>` in one `multi`: all of them
+    /// or none. Their names and stats, in sequence order (one zxid, so one czxid).
+    pub(super) async fn create_lease_nodes(
+        &self,
+        prefix: &str,
         count: u32,
-    ) -> BoxFuture<'a, Outcome<Vec<(String, NodeStat)>>> {
-        Box::pin(async move {
-            let options = zkc::CreateMode::EphemeralSequential.with_acls(acls(self.acl));
-            let mut multi = self.client.new_multi_writer();
-            for _ in 0..count {
-                multi.add_create(prefix, &[], &options).map_err(failure)?;
+    ) -> Outcome<Vec<(String, NodeStat)>> {
+        let options = zkc::CreateMode::EphemeralSequential.with_acls(acls(self.acl));
+        let mut multi = self.client.new_multi_writer();
+        for _ in 0..count {
+            multi.add_create(prefix, &[], &options).map_err(failure)?;
+        }
+        let results = match tokio::time::timeout(self.call_timeout, multi.commit()).await {
+            Ok(Ok(results)) => results,
+            Ok(Err(
+                zkc::MultiWriteError::OperationFailed { source, .. }
+                | zkc::MultiWriteError::RequestFailed { source },
+            )) => return Err(failure(source)),
+            Err(_) => {
+                return Err(Failure::Unknown(format!(
+                    "no reply within {:?}",
+                    self.call_timeout
+                )))
             }
-            let results = match tokio::time::timeout(self.call_timeout, multi.commit()).await {
-                Ok(Ok(results)) => results,
-                Ok(Err(
-                    zkc::MultiWriteError::OperationFailed { source, .. }
-                    | zkc::MultiWriteError::RequestFailed { source },
-                )) => return Err(failure(source)),
-                Err(_) => {
-                    return Err(Failure::Unknown(format!(
-                        "no reply within {:?}",
-                        self.call_timeout
-                    )))
-                }
+        };
+        let mut made = Vec::with_capacity(results.len());
+        for result in results {
+            let zkc::MultiWriteResult::Create { path, stat: s } = result else {
+                return Err(Failure::Unknown("unexpected multi result".into()));
             };
-            let mut made = Vec::with_capacity(results.len());
-            for result in results {
-                let zkc::MultiWriteResult::Create { path, stat: s } = result else {
-                    return Err(Failure::Unknown("unexpected multi result".into()));
-                };
-                // Some servers leave the stat of a create inside a multi empty
-                // (ZOOKEEPER-4026): read it.
-                let s = if s.is_invalid() {
-                    match self.call(self.client.check_stat(&path)).await? {
-                        Some(s) => s,
-                        None => return Err(Failure::NoNode),
-                    }
-                } else {
-                    s
-                };
-                made.push((path, stat(&s)));
-            }
-            made.sort_by(|a, b| a.0.cmp(&b.0));
-            Ok(made)
-        })
+            // Some servers leave the stat of a create inside a multi empty
+            // (ZOOKEEPER-4026): read it.
+            let s = if s.is_invalid() {
+                match self.call(self.client.check_stat(&path)).await? {
+                    Some(s) => s,
+                    None => return Err(Failure::NoNode),
+                }
+            } else {
+                s
+            };
+            made.push((path, stat(&s)));
+        }
+        made.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(made)
     }
 
-    fn create_ephemeral<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<NodeStat>> {
-        Box::pin(async move {
-            let options = zkc::CreateMode::Ephemeral.with_acls(acls(self.acl));
-            let (made, _) = self.call(self.client.create(path, &[], &options)).await?;
-            if made.is_invalid() {
-                return match self.call(self.client.check_stat(path)).await? {
-                    Some(s) => Ok(stat(&s)),
-                    None => Err(Failure::NoNode),
-                };
-            }
-            Ok(stat(&made))
-        })
+    /// Creates the plain EPHEMERAL node `path` (a downgraded read node).
+    pub(super) async fn create_ephemeral(&self, path: &str) -> Outcome<NodeStat> {
+        let options = zkc::CreateMode::Ephemeral.with_acls(acls(self.acl));
+        let (made, _) = self.call(self.client.create(path, &[], &options)).await?;
+        if made.is_invalid() {
+            return match self.call(self.client.check_stat(path)).await? {
+                Some(s) => Ok(stat(&s)),
+                None => Err(Failure::NoNode),
+            };
+        }
+        Ok(stat(&made))
     }
 
-    fn create_parent<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>> {
-        Box::pin(async move {
-            // Containers, as Curator makes them: the server deletes one that has emptied,
-            // should we die before deleting it ourselves.
-            let options = zkc::CreateMode::Container.with_acls(acls(self.acl));
-            let made = self.call(self.client.create(path, &[], &options)).await;
-            // A first-level node with no parent: the chroot was deleted under us. Make it
-            // again, once, as a new session would.
-            if matches!(made, Err(Failure::NoNode))
-                && path.get(1..).is_some_and(|p| !p.contains('/'))
-            {
-                ensure_chroot(&self.client, self.acl, self.call_timeout)
-                    .await
-                    .map_err(|e| Failure::Refused(e.to_string()))?;
-                return self
-                    .call(self.client.create(path, &[], &options))
-                    .await
-                    .map(drop);
-            }
-            made.map(drop)
-        })
-    }
-
-    fn delete<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<()>> {
-        Box::pin(self.call(self.client.delete(path, None)))
-    }
-
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Vec<String>>> {
-        Box::pin(self.call(self.client.list_children(path)))
-    }
-
-    fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Option<NodeStat>>> {
-        Box::pin(async move {
-            let found = self.call(self.client.check_stat(path)).await?;
-            Ok(found.as_ref().map(stat))
-        })
-    }
-
-    fn get_data<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<u8>, NodeStat)>> {
-        Box::pin(async move {
-            let (data, s) = self.call(self.client.get_data(path)).await?;
-            Ok((data, stat(&s)))
-        })
-    }
-
-    fn set_data<'a>(&'a self, path: &'a str, data: &'a [u8]) -> BoxFuture<'a, Outcome<()>> {
-        Box::pin(async move {
-            self.call(self.client.set_data(path, data, None))
+    pub(super) async fn create_parent(&self, path: &str) -> Outcome<()> {
+        // Containers, as Curator makes them: the server deletes one that has emptied,
+        // should we die before deleting it ourselves.
+        let options = zkc::CreateMode::Container.with_acls(acls(self.acl));
+        let made = self.call(self.client.create(path, &[], &options)).await;
+        // A first-level node with no parent: the chroot was deleted under us. Make it
+        // again, once, as a new session would.
+        if matches!(made, Err(Failure::NoNode)) && path.get(1..).is_some_and(|p| !p.contains('/')) {
+            ensure_chroot(&self.client, self.acl, self.call_timeout)
                 .await
-                .map(drop)
-        })
+                .map_err(|e| Failure::Refused(e.to_string()))?;
+            return self
+                .call(self.client.create(path, &[], &options))
+                .await
+                .map(drop);
+        }
+        made.map(drop)
     }
 
-    fn watch_exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(bool, Watch)>> {
-        Box::pin(async move {
-            let (found, watcher) = self.call(self.client.check_and_watch_stat(path)).await?;
-            let watch: Watch = Box::pin(fired_at(watcher));
-            Ok((found.is_some(), watch))
-        })
+    pub(super) async fn delete(&self, path: &str) -> Outcome<()> {
+        self.call(self.client.delete(path, None)).await
     }
 
-    fn watch_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<(Vec<String>, Watch)>> {
-        Box::pin(async move {
-            let (children, watcher) = self.call(self.client.list_and_watch_children(path)).await?;
-            let watch: Watch = Box::pin(fired_at(watcher));
-            Ok((children, watch))
-        })
+    pub(super) async fn children(&self, path: &str) -> Outcome<Vec<String>> {
+        self.call(self.client.list_children(path)).await
     }
 
-    fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Outcome<Watch>> {
-        Box::pin(async move {
-            // `getData`, not `exists`: no watch is left on the server if the node is already
-            // gone (CURATOR-107).
-            let (_, _, watcher) = self.call(self.client.get_and_watch_data(path)).await?;
-            let watch: Watch = Box::pin(fired_at(watcher));
-            Ok(watch)
-        })
+    pub(super) async fn exists(&self, path: &str) -> Outcome<Option<NodeStat>> {
+        let found = self.call(self.client.check_stat(path)).await?;
+        Ok(found.as_ref().map(stat))
     }
 
-    fn check<'a>(&'a self, paths: &'a [String]) -> BoxFuture<'a, Vec<Outcome<()>>> {
-        Box::pin(async move {
-            let mut out: Vec<Outcome<()>> = Vec::with_capacity(paths.len());
-            // A failed multi names its first failing operation; those before it passed, those
-            // after it were not looked at: check them again.
-            while out.len() < paths.len() {
-                let rest = &paths[out.len()..];
-                let mut multi = self.client.new_multi_writer();
-                let mut added = 0;
-                let mut refused = None;
-                for path in rest {
-                    match multi.add_check_version(path, -1) {
-                        Ok(()) => added += 1,
-                        Err(e) => {
-                            refused = Some(failure(e));
-                            break;
-                        }
-                    }
-                }
-                if added == 0 {
-                    out.push(Err(refused.unwrap_or_else(|| {
-                        Failure::Refused("path cannot be checked".into())
-                    })));
-                    continue;
-                }
-                let batch = &rest[..added];
-                match tokio::time::timeout(self.call_timeout, multi.commit()).await {
-                    Ok(Ok(_)) => out.extend(batch.iter().map(|_| Ok(()))),
-                    Ok(Err(zkc::MultiWriteError::OperationFailed { index, source })) => {
-                        out.extend(batch.iter().take(index).map(|_| Ok(())));
-                        out.push(Err(failure(source)));
-                    }
-                    Ok(Err(zkc::MultiWriteError::RequestFailed { source })) => {
-                        let f = failure(source);
-                        out.extend(batch.iter().map(|_| Err(f.clone())));
-                    }
-                    Err(_) => {
-                        let f =
-                            Failure::Unknown(format!("no reply within {:?}", self.call_timeout));
-                        out.extend(batch.iter().map(|_| Err(f.clone())));
+    /// `path`'s data and stat.
+    pub(super) async fn get_data(&self, path: &str) -> Outcome<(Vec<u8>, NodeStat)> {
+        let (data, s) = self.call(self.client.get_data(path)).await?;
+        Ok((data, stat(&s)))
+    }
+
+    /// Replaces `path`'s data, whatever its version.
+    pub(super) async fn set_data(&self, path: &str, data: &[u8]) -> Outcome<()> {
+        self.call(self.client.set_data(path, data, None))
+            .await
+            .map(drop)
+    }
+
+    /// Whether `path` exists, and a one-shot watch on its creation, deletion or data.
+    pub(super) async fn watch_exists(&self, path: &str) -> Outcome<(bool, Watch)> {
+        let (found, watcher) = self.call(self.client.check_and_watch_stat(path)).await?;
+        let watch: Watch = Box::pin(fired_at(watcher));
+        Ok((found.is_some(), watch))
+    }
+
+    /// Lists `path`'s children and watches them for a change (a child added or removed).
+    pub(super) async fn watch_children(&self, path: &str) -> Outcome<(Vec<String>, Watch)> {
+        let (children, watcher) = self.call(self.client.list_and_watch_children(path)).await?;
+        let watch: Watch = Box::pin(fired_at(watcher));
+        Ok((children, watch))
+    }
+
+    /// Sets a one-shot data watch on `path` (`NoNode` if it is already gone).
+    pub(super) async fn watch(&self, path: &str) -> Outcome<Watch> {
+        // `getData`, not `exists`: no watch is left on the server if the node is already
+        // gone (CURATOR-107).
+        let (_, _, watcher) = self.call(self.client.get_and_watch_data(path)).await?;
+        let watch: Watch = Box::pin(fired_at(watcher));
+        Ok(watch)
+    }
+
+    /// Checks in one quorum write (a `multi` of `check` operations) that every path exists: a
+    /// follower cut off from the leader cannot acknowledge it (it could a read). Through a
+    /// follower it proves the session alive at the leader only for earlier requests
+    /// ([`super::proof`]). One outcome per path.
+    pub(super) async fn check(&self, paths: &[String]) -> Vec<Outcome<()>> {
+        let mut out: Vec<Outcome<()>> = Vec::with_capacity(paths.len());
+        // A failed multi names its first failing operation; those before it passed, those
+        // after it were not looked at: check them again.
+        while out.len() < paths.len() {
+            let rest = &paths[out.len()..];
+            let mut multi = self.client.new_multi_writer();
+            let mut added = 0;
+            let mut refused = None;
+            for path in rest {
+                match multi.add_check_version(path, -1) {
+                    Ok(()) => added += 1,
+                    Err(e) => {
+                        refused = Some(failure(e));
+                        break;
                     }
                 }
             }
-            out
-        })
+            if added == 0 {
+                out.push(Err(refused.unwrap_or_else(|| {
+                    Failure::Refused("path cannot be checked".into())
+                })));
+                continue;
+            }
+            let batch = &rest[..added];
+            match tokio::time::timeout(self.call_timeout, multi.commit()).await {
+                Ok(Ok(_)) => out.extend(batch.iter().map(|_| Ok(()))),
+                Ok(Err(zkc::MultiWriteError::OperationFailed { index, source })) => {
+                    out.extend(batch.iter().take(index).map(|_| Ok(())));
+                    out.push(Err(failure(source)));
+                }
+                Ok(Err(zkc::MultiWriteError::RequestFailed { source })) => {
+                    let f = failure(source);
+                    out.extend(batch.iter().map(|_| Err(f.clone())));
+                }
+                Err(_) => {
+                    let f = Failure::Unknown(format!("no reply within {:?}", self.call_timeout));
+                    out.extend(batch.iter().map(|_| Err(f.clone())));
+                }
+            }
+        }
+        out
     }
 
-    fn closed(&self) -> BoxFuture<'static, ()> {
+    /// Resolves once this session is closed (after the last handle to it is dropped).
+    pub(super) fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut states = self.client.state_watcher();
-        Box::pin(async move {
+        async move {
             while !states.peek_state().is_terminated() {
                 states.changed().await;
             }
-        })
+        }
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use super::client::Zk;
+use super::client::Session;
 use super::session::SessionHub;
 use crate::sync::LockExt;
 
@@ -104,11 +104,11 @@ impl Parents {
         let Some(up) = self.hub.current() else {
             return;
         };
-        delete_upward(&*up.zk, path).await;
+        delete_upward(&up.zk, path).await;
     }
 }
 
-async fn delete_upward(zk: &dyn Zk, path: &str) {
+async fn delete_upward(zk: &Session, path: &str) {
     let mut at = path;
     while at.rfind('/').is_some_and(|i| i > 0) {
         if zk.delete(at).await.is_err() {

@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::{sleep, sleep_until, Instant};
 
-use super::client::{self, Failure, Link, Settings, Zk};
+use super::client::{self, Failure, Link, Session, Settings};
 use super::proof::Proof;
 use super::recipe;
 use crate::backend::Claim;
@@ -56,7 +56,7 @@ pub(super) struct Conn {
 /// A live session, with the state it was read with.
 pub(super) struct Up {
     pub(super) conn: Conn,
-    pub(super) zk: Arc<dyn Zk>,
+    pub(super) zk: Arc<Session>,
 }
 
 /// A node to delete whatever happens: by path, or by the protection prefix of a create whose
@@ -86,7 +86,7 @@ pub(super) struct SessionHub {
     state: watch::Sender<Conn>,
     /// The current session. Changed together with `state` (under this lock), so a reader of
     /// both sees them agree.
-    session: StdMutex<Option<Arc<dyn Zk>>>,
+    session: StdMutex<Option<Arc<Session>>>,
     /// Granted claims by owner token, with the epoch they were granted in. The lock also
     /// orders registration against epoch changes.
     held: StdMutex<HashMap<Arc<str>, HeldClaim>>,
@@ -343,7 +343,7 @@ impl SessionHub {
 
     /// Puts a new session in place (its epoch was set when the old one was lost), whose
     /// connect began at `connecting`.
-    fn install(&self, zk: Arc<dyn Zk>, connecting: Instant) {
+    fn install(&self, zk: Arc<Session>, connecting: Instant) {
         let mut session = self.session.locked();
         let timeout = zk.session_timeout();
         *self.proof.locked() = Proof::new(
@@ -381,7 +381,7 @@ impl SessionHub {
         };
         let deletes = async {
             for doomed in &work {
-                if let Err(f) = delete_doomed(&*up.zk, doomed).await {
+                if let Err(f) = delete_doomed(&up.zk, doomed).await {
                     tracing::debug!(node = ?doomed, failure = %f, "zookeeper: delete at shutdown failed; the session's close removes it");
                 }
             }
@@ -401,7 +401,7 @@ impl SessionHub {
 
     /// Marks the hub closed (waiters get `Closed`) and every held lock lost; returns the
     /// session's client, if it had one, for the caller to close or drop.
-    fn ended(&self) -> Option<Arc<dyn Zk>> {
+    fn ended(&self) -> Option<Arc<Session>> {
         let (session, lost) = {
             let mut held = self.held.locked();
             let mut session = self.session.locked();
@@ -548,7 +548,7 @@ async fn cleanup(hub: Weak<SessionHub>, wake: Arc<Notify>) {
         }
         let mut failed = Vec::new();
         for doomed in work {
-            match delete_doomed(&*up.zk, &doomed).await {
+            match delete_doomed(&up.zk, &doomed).await {
                 Ok(()) => {}
                 Err(Failure::Unknown(_)) => failed.push(doomed),
                 Err(f) => {
@@ -565,7 +565,7 @@ async fn cleanup(hub: Weak<SessionHub>, wake: Arc<Notify>) {
     }
 }
 
-async fn delete_doomed(zk: &dyn Zk, doomed: &Doomed) -> client::Outcome<()> {
+async fn delete_doomed(zk: &Session, doomed: &Doomed) -> client::Outcome<()> {
     let paths = match doomed {
         Doomed::Path(path) => vec![path.clone()],
         Doomed::Prefix { lock_path, uuid } => {
