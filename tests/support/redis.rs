@@ -241,12 +241,17 @@ pub fn library_of(backend: &distlock::backend::RedisBackend) -> Option<String> {
 /// that do not (DEL, PEXPIRE, HDEL, ZREM).
 pub async fn out_of_memory(url: &str) {
     let mut con = connection(url).await;
-    let _: i64 = redis::cmd("EVAL")
-        .arg("for i=1,50000 do redis.call('SET','fill:'..i,string.rep('x',200)) end return 1")
-        .arg(0)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    // In ten calls: one call of 50,000 writes outlasted the connection's reply timeout on a
+    // loaded machine.
+    for from in (0..50_000).step_by(5_000) {
+        let _: i64 = redis::cmd("EVAL")
+            .arg("for i=ARGV[1],ARGV[1]+4999 do redis.call('SET','fill:'..i,string.rep('x',200)) end return 1")
+            .arg(0)
+            .arg(from)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
     config_set(
         url,
         &[("maxmemory-policy", "noeviction"), ("maxmemory", "2mb")],
