@@ -254,6 +254,8 @@ pub enum Renewal {
 /// task drives it to its end first, so the release reaches the server after it even when the
 /// two go out on different connections (a pool). `release` must remove the claim's queue entry
 /// *and* a grant that may have raced with the drop, using only the claim and its ticket.
+/// Before that release the claim is marked [abandoned](Claim::is_abandoned): a request for it
+/// that the backend queued and has not sent yet must not be sent.
 ///
 /// # Examples
 ///
