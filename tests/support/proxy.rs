@@ -346,7 +346,8 @@ fn pump(
     let _ = to.shutdown(Shutdown::Both);
 }
 
-/// Whether a client's bytes subscribe to messages: Redis `SUBSCRIBE`, PostgreSQL `LISTEN `.
+/// Whether a client's bytes subscribe to messages: Redis `SUBSCRIBE`, a PostgreSQL query that
+/// starts with `LISTEN `.
 ///
 /// A (P|S)SUBSCRIBE command's name as its own bulk string, not the word inside a longer one (a
 /// Redis library's source, sent by `FUNCTION LOAD`, may say "subscribed"). Looked for only where
@@ -366,7 +367,9 @@ fn contains_subscribe(bytes: &[u8]) -> bool {
     };
     bytes.iter().enumerate().any(|(i, b)| match b {
         b'$' => NAMES.iter().any(|name| at(i, name)),
-        b'L' => at(i, b"LISTEN "),
+        // A simple query (`Q`, then its length) that starts with it: not the word in a
+        // statement's text (the schema's comments say "LISTEN connection").
+        b'L' => i >= 5 && bytes[i - 5] == b'Q' && at(i, b"LISTEN "),
         _ => false,
     })
 }
