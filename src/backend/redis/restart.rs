@@ -110,6 +110,10 @@ impl Restarts {
                 #[cfg(feature = "redis-cluster")]
                 Source::Cluster(_) => return Ok(None),
             };
+            // The whole ask has `limit`; redis-rs's own default (500 ms) would fail every
+            // connect to a server slower than that to answer, and the pub/sub connection
+            // would never open.
+            conn.set_response_timeout(limit);
             let info = ::redis::cmd("INFO")
                 .arg("server")
                 .query_async::<::redis::InfoDict>(&mut conn)
