@@ -9,9 +9,7 @@ use super::Inner;
 use crate::backend::{Family, LockKind};
 use crate::error::Result;
 use crate::inspect::{ForceReleased, Holder, Inspection, Waiter};
-
-/// How many times the operator's unlock reads a lock whose nodes keep changing under it.
-const RELISTS: u32 = 4;
+use crate::sync::LockExt;
 
 impl Inner {
     pub(super) async fn inspect(&self, namespace: &str, key: &str) -> Result<Inspection> {
@@ -25,55 +23,51 @@ impl Inner {
     /// Their waiters' watches fire; the holders' own checks (renewal) find their nodes gone
     /// and report lost. Each new node's czxid, the next grant's token, is above theirs.
     pub(super) async fn force_release(&self, namespace: &str, key: &str) -> Result<ForceReleased> {
-        // A listing whose nodes changed before each was read may have missed a hold that moved
-        // (a write hold downgraded to its read node between the list and the reads): read
-        // again, a few times at most (a busy lock's waiters come and go).
-        let mut reads = 1;
-        let (seen, carriers) = loop {
-            let (seen, carriers, changed) = self.inspect_nodes(namespace, key).await?;
-            if !changed || reads == RELISTS {
-                break (seen, carriers);
-            }
-            reads += 1;
-        };
+        let (seen, carriers, vanished) = self.inspect_nodes(namespace, key).await?;
         let up = self.hub.until_up(self.hub.now().timeout).await?;
         let mut removed = ForceReleased::nothing(key);
         removed.family = seen.family;
         for (holder, paths) in seen.holders.into_iter().zip(carriers) {
             let mut dropped = false;
             for path in &paths {
-                match up.zk.delete(path).await {
-                    Ok(()) => dropped = true,
-                    // Released (or expired) meanwhile, or moved (below).
-                    Err(Failure::NoNode) => {}
-                    Err(f) => return Err(f.into_error(&format!("delete {path}"))),
-                }
+                // Released (or expired) meanwhile, or moved (below).
+                dropped |= delete(&up, path).await?;
                 // A write hold being downgraded moves to a read node of the same sequence,
                 // made before the write node goes: drop that too. (A downgrade that finds its
                 // write node already gone gives its read node up itself.)
                 for read in moved_to(&up, path).await? {
-                    match up.zk.delete(&read).await {
-                        Ok(()) => dropped = true,
-                        Err(Failure::NoNode) => {}
-                        Err(f) => return Err(f.into_error(&format!("delete {read}"))),
-                    }
+                    dropped |= delete(&up, &read).await?;
                 }
             }
             if dropped {
                 removed.removed.push(holder);
             }
         }
+        // A write node listed and gone before it was read may have been downgraded in
+        // between: its hold moved to a read node the listing did not see. Drop that too.
+        for path in &vanished {
+            for read in moved_to(&up, path).await? {
+                if delete(&up, &read).await? {
+                    removed.family = Some(Family::RwLock);
+                    removed.removed.push(Holder {
+                        kind: LockKind::Read,
+                        fencing_token: None,
+                        lease_left: None,
+                    });
+                }
+            }
+        }
         Ok(removed)
     }
 
     /// What [`inspect`](Self::inspect) reads, for each holder the paths of the nodes that
-    /// carry its grant, and whether a node listed was gone by the time it was read.
+    /// carry its grant, and the paths of the nodes listed but gone by the time they were read.
     async fn inspect_nodes(
         &self,
         namespace: &str,
         key: &str,
-    ) -> Result<(Inspection, Vec<Vec<String>>, bool)> {
-        let changed = std::sync::atomic::AtomicBool::new(false);
+    ) -> Result<(Inspection, Vec<Vec<String>>, Vec<String>)> {
+        let vanished = std::sync::Mutex::new(Vec::new());
         let up = self.hub.until_up(self.hub.now().timeout).await?;
         let path = format!("/{namespace}/{key}");
         let mut seen = Inspection::free(key);
@@ -90,14 +84,17 @@ impl Inner {
         };
         // One `exists` per node, all in flight together; each list comes back in lock order.
         let stats = |parent: String, kind: LockKind, names: Vec<String>| {
-            let (zk, changed) = (up.zk.clone(), &changed);
+            let (zk, vanished) = (up.zk.clone(), &vanished);
             async move {
-                let listed = names.len();
                 let found = futures::future::try_join_all(names.into_iter().map(|name| {
                     let (zk, at) = (zk.clone(), format!("{parent}/{name}"));
                     async move {
                         match zk.exists(&at).await {
-                            Ok(stat) => Ok(stat.map(|stat| (name, stat))),
+                            Ok(Some(stat)) => Ok(Some((name, stat))),
+                            Ok(None) => {
+                                vanished.locked().push(at);
+                                Ok(None)
+                            }
                             Err(f) => Err(f.into_error(&format!("stat {at}"))),
                         }
                     }
@@ -105,9 +102,6 @@ impl Inner {
                 .await?;
                 // Nodes gone since the listing are left out.
                 let mut nodes: Vec<(String, NodeStat)> = found.into_iter().flatten().collect();
-                if nodes.len() < listed {
-                    changed.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
                 recipe::sort_by_name(kind, &mut nodes, |(name, _)| name.as_str());
                 Ok::<_, crate::Error>(nodes)
             }
@@ -253,8 +247,8 @@ impl Inner {
                     .collect();
             }
         }
-        let changed = changed.into_inner();
-        Ok((seen, carriers, changed))
+        let vanished = std::mem::take(&mut *vanished.locked());
+        Ok((seen, carriers, vanished))
     }
 }
 
@@ -263,6 +257,15 @@ fn protection_of(name: &str) -> Option<&str> {
     let uuid = name.strip_prefix("_c_")?.get(..36)?;
     name.get(..3 + uuid.len() + 1)
         .filter(|p| p.ends_with('-') && uuid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+}
+
+/// Deletes the node at `path`: whether it was there.
+async fn delete(up: &super::session::Up, path: &str) -> Result<bool> {
+    match up.zk.delete(path).await {
+        Ok(()) => Ok(true),
+        Err(Failure::NoNode) => Ok(false),
+        Err(f) => Err(f.into_error(&format!("delete {path}"))),
+    }
 }
 
 /// The read nodes the write node at `path` is being downgraded to (the same sequence, any
