@@ -177,9 +177,11 @@ impl Claim {
     ///
     /// ```
     /// # use distlock::backend::Claim;
+    /// // A backend's calls queued to go together: an abandoned claim's acquire stays out.
     /// fn still_wanted(claim: &Claim) -> bool {
     ///     !claim.is_abandoned()
     /// }
+    /// # let _ = still_wanted;
     /// ```
     pub fn is_abandoned(&self) -> bool {
         self.state().abandoned.load(Ordering::Acquire)
