@@ -383,31 +383,31 @@ impl At<'_> {
         if lane.turn != self.turn {
             return;
         }
-        match &coalescer.runtime {
-            runtime if !lane.queued.is_empty() => {
-                if over {
-                    lane.turn = lane.turn.wrapping_add(1);
-                }
-                let turn = lane.turn;
-                drop(lanes);
-                let mut unsent = Unsent {
-                    backend: self.backend.clone(),
-                    name: self.name,
-                    turn,
-                    done: false,
-                };
-                let what = self.what;
-                runtime.spawn(async move {
-                    let lane = unsent.backend.clone();
-                    lane.send_lane(what, unsent.name, turn).await;
-                    unsent.sent();
-                });
+        if lane.queued.is_empty() {
+            // Passed over with nothing queued, the call out still holds the lane; else the
+            // lane is idle.
+            if !over {
+                lane.sending = false;
             }
-            // Passed over with nothing queued: the call out still holds the lane.
-            _ if over => {}
-            // Nothing queued.
-            _ => lane.sending = false,
+            return;
         }
+        if over {
+            lane.turn = lane.turn.wrapping_add(1);
+        }
+        let turn = lane.turn;
+        drop(lanes);
+        let mut unsent = Unsent {
+            backend: self.backend.clone(),
+            name: self.name,
+            turn,
+            done: false,
+        };
+        let what = self.what;
+        coalescer.runtime.spawn(async move {
+            let lane = unsent.backend.clone();
+            lane.send_lane(what, unsent.name, turn).await;
+            unsent.sent();
+        });
     }
 }
 
